@@ -1,0 +1,89 @@
+package idem
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"time"
+)
+
+// Config configures a [Processor]. Pass it to [NewProcessor], which applies
+// the defaults below and refuses an invalid configuration.
+type Config[TTx any] struct {
+	// Consumer names the consumer; its markers are kept apart from every
+	// other consumer's. Required; must match ^[a-z][a-z0-9_.-]{0,62}$.
+	// Renaming a consumer forgets its markers: treat the name as permanent.
+	Consumer string
+	// Key returns the inbox key of a message's effect. Required unless
+	// Natural is set: there is no silent default. [ByMessageID] is the common
+	// choice; [JSONKey] builds business keys.
+	Key KeyFunc
+	// Handler applies the effect inside the claim's transaction. Required.
+	Handler Handler[TTx]
+	// Natural declares the effect naturally idempotent (a set, an upsert, a
+	// recompute): no marker is written, but the handler still runs in a
+	// transaction with the same outcome, ack and dead-letter discipline.
+	Natural bool
+	// Retry is the in-process retry policy for transient failures.
+	Retry RetryPolicy
+	// LockTimeout bounds how long a claim waits for a concurrent transaction
+	// holding the same key, so a hung holder cannot stall the consumer.
+	// Defaults to 5s. -1 leaves the database default.
+	LockTimeout time.Duration
+	// Logger receives one record per outcome worth telling. Defaults to
+	// slog.Default().
+	Logger *slog.Logger
+	// Observer receives every result, for metrics. Optional; see package
+	// idemprom for Prometheus.
+	Observer Observer
+	// Faults injects failures at named points, for tests. Optional.
+	Faults FaultFunc
+}
+
+// Observer receives every result a processor produces, with the time its
+// transaction took (for a batch, the whole batch's time).
+type Observer interface {
+	Observe(consumer string, r Result, elapsed time.Duration)
+}
+
+var consumerName = regexp.MustCompile(`^[a-z][a-z0-9_.-]{0,62}$`)
+
+// ErrConfig is wrapped by every configuration error from [NewProcessor].
+var ErrConfig = errors.New("invalid idem configuration")
+
+func (c *Config[TTx]) setDefaults() {
+	c.Retry.setDefaults()
+	if c.LockTimeout == 0 {
+		c.LockTimeout = 5 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+func (c *Config[TTx]) validate() error {
+	var errs []error
+	if !consumerName.MatchString(c.Consumer) {
+		errs = append(errs, fmt.Errorf("consumer name %q must match %s", c.Consumer, consumerName))
+	}
+	if c.Key == nil && !c.Natural {
+		errs = append(errs, errors.New("key func is required (use idem.ByMessageID or a business key); set Natural for an effect with no marker"))
+	}
+	if c.Handler == nil {
+		errs = append(errs, errors.New("handler is required"))
+	}
+	if c.Retry.MaxAttempts < 1 {
+		errs = append(errs, fmt.Errorf("retry max attempts %d must be at least 1", c.Retry.MaxAttempts))
+	}
+	if c.Retry.InitialBackoff < 0 || c.Retry.MaxBackoff < c.Retry.InitialBackoff {
+		errs = append(errs, fmt.Errorf("retry backoff %v..%v is not a valid range", c.Retry.InitialBackoff, c.Retry.MaxBackoff))
+	}
+	if c.LockTimeout < -1 {
+		errs = append(errs, fmt.Errorf("lock timeout %v must be positive or -1", c.LockTimeout))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: %w", ErrConfig, errors.Join(errs...))
+	}
+	return nil
+}

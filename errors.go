@@ -1,0 +1,72 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// permanentError marks an error that no retry can fix.
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// Permanent marks err as one that retrying cannot fix (a validation failure,
+// an unknown customer). The message is dead-lettered with err at once instead
+// of being retried. Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err: err}
+}
+
+// IsPermanent reports whether err, or any error it wraps, was marked with
+// [Permanent].
+func IsPermanent(err error) bool {
+	var p *permanentError
+	return errors.As(err, &p)
+}
+
+// ErrorClass is how a store classifies a database error.
+type ErrorClass int
+
+const (
+	// ClassTransient errors may succeed when tried again: serialization
+	// failure (40001), deadlock (40P01), lock timeout (55P03), a lost
+	// connection, or any handler error not marked [Permanent].
+	ClassTransient ErrorClass = iota
+	// ClassPermanent errors fail the same way every time: a constraint the
+	// handler broke (class 23), bad data (22), a missing table (42). The
+	// message is dead-lettered at once.
+	ClassPermanent
+)
+
+// Errors the processor reports in Result.Err.
+var (
+	// ErrCommitUnknown: the connection failed during COMMIT, so the effect
+	// may or may not be durable. The message is left to redelivery, which
+	// either finds the marker or redoes the work. Stores wrap it around a
+	// failed commit whose outcome they cannot know.
+	ErrCommitUnknown = errors.New("commit outcome unknown")
+	// ErrRetriesExhausted: a transient error outlived the retry budget.
+	ErrRetriesExhausted = errors.New("retries exhausted")
+)
+
+// classify decides what to do with err: the one place that maps errors to
+// retry decisions. Classes come from error types and SQLSTATE codes (through
+// the store), never from message text.
+func classify[TTx any](s Store[TTx], err error) ErrorClass {
+	switch {
+	case IsPermanent(err):
+		return ClassPermanent
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return ClassTransient
+	}
+	return s.Classify(err)
+}
+
+// wrapStep names the step an error came from, so a dead letter's reason says
+// where it failed.
+func wrapStep(step string, err error) error { return fmt.Errorf("%s: %w", step, err) }

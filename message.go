@@ -1,0 +1,106 @@
+package idem
+
+import (
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// MaxKeyLen is the longest inbox key, in bytes, that a processor accepts.
+// Longer keys are dead-lettered as bad input rather than truncated, because
+// two truncated keys could collide and hide a real effect.
+const MaxKeyLen = 512
+
+// Message is one delivery of a broker message, as the adapters hand it to a
+// [Processor]. Only ID is required; the rest is context for keys and handlers.
+type Message struct {
+	// ID is the producer-assigned identity of the message, stable across
+	// redeliveries (AMQP message_id, a Kafka header). Never a broker offset or
+	// delivery tag. A message without an ID is dead-lettered, never applied.
+	ID string
+	// Source names where the message came from: a queue, or topic/partition.
+	Source string
+	// Key is the broker's routing or record key. It is NOT the inbox key: that
+	// is what the consumer's [KeyFunc] returns.
+	Key string
+	// Headers are the message headers, as strings.
+	Headers map[string]string
+	// Body is the payload.
+	Body []byte
+	// Time is the producer's event time, when known (zero otherwise).
+	Time time.Time
+	// Redelivered is the broker's hint that this delivery was seen before. It is
+	// informative only and never replaces the inbox.
+	Redelivered bool
+	// Attempt counts deliveries of this message as the broker reports them,
+	// starting at 1 (0 when the broker does not say).
+	Attempt int
+}
+
+// KeyFunc returns the inbox key of the effect a message causes. Two messages
+// with the same key cause the effect once. Every consumer declares one; there
+// is no default.
+type KeyFunc func(Message) (string, error)
+
+// ByMessageID keys the effect by the message ID: each distinct message is
+// applied once. It is the usual choice when no business key exists.
+func ByMessageID(m Message) (string, error) { return m.ID, nil }
+
+// JSONKey decodes the body as JSON into T and keys the effect by what f
+// returns, for business keys such as "invoice:<customer>:<period>" that dedupe
+// two different messages asking for the same effect. A body that does not
+// decode is bad input and is dead-lettered.
+func JSONKey[T any](f func(T) string) KeyFunc {
+	return func(m Message) (string, error) {
+		var v T
+		if err := json.Unmarshal(m.Body, &v); err != nil {
+			return "", fmt.Errorf("decoding body for key: %w", err)
+		}
+		return f(v), nil
+	}
+}
+
+// Errors that classify bad input. A result's Err wraps one of them, so
+// callers can test with errors.Is.
+var (
+	ErrNoMessageID = errors.New("message has no ID")
+	ErrBadKey      = errors.New("invalid inbox key")
+)
+
+// validKey reports why key cannot be stored as an inbox key, or nil.
+func validKey(key string) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: empty", ErrBadKey)
+	case len(key) > MaxKeyLen:
+		return fmt.Errorf("%w: %d bytes, longer than %d", ErrBadKey, len(key), MaxKeyLen)
+	case !utf8.ValidString(key):
+		return fmt.Errorf("%w: not valid UTF-8", ErrBadKey)
+	case strings.IndexByte(key, 0) >= 0:
+		return fmt.Errorf("%w: contains a NUL byte", ErrBadKey)
+	}
+	return nil
+}
+
+// validID reports why a message ID is unusable, or nil. The ID is stored next
+// to the marker, so it obeys the same limits as a key.
+func validID(id string) error {
+	if id == "" {
+		return ErrNoMessageID
+	}
+	if err := validKey(id); err != nil {
+		return fmt.Errorf("message ID: %w", err)
+	}
+	return nil
+}
+
+// BodyHash is the SHA-256 of a message body, recorded with each marker so
+// that a later message with the same key but another body can be noticed.
+func BodyHash(body []byte) []byte {
+	h := sha256.Sum256(body)
+	return h[:]
+}

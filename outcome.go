@@ -1,0 +1,67 @@
+package idem
+
+import "time"
+
+// Outcome is what became of one message. Each adapter maps outcomes onto its
+// broker's verbs in one place (ack, nack, dead letter).
+type Outcome int
+
+const (
+	// Applied: the marker and the effect committed together. Ack.
+	Applied Outcome = iota + 1
+	// Duplicate: the key was already claimed; nothing was written. Ack.
+	Duplicate
+	// Retry: the message was not applied and may be tried again later (a
+	// transient error outlived the retry budget, the commit outcome is
+	// unknown, or processing was cancelled). Do not ack; let the broker
+	// redeliver.
+	Retry
+	// DeadLettered: bad input, a permanent error or a poison message. Send it
+	// to the dead-letter path with Result.Err; never ack it as applied.
+	DeadLettered
+	// Expired: the message is older than the inbox retention window, so it
+	// cannot be proven new. Dead-lettered unless the user opts in.
+	Expired
+)
+
+var outcomeNames = [...]string{"", "applied", "duplicate", "retry", "dead_lettered", "expired"}
+
+// String returns the lower-case name used in logs and metric labels.
+func (o Outcome) String() string {
+	if o < Applied || o > Expired {
+		return "unknown"
+	}
+	return outcomeNames[o]
+}
+
+// Acked reports whether the outcome lets the broker forget the message as
+// done: Applied and Duplicate. Everything else either returns to the broker
+// or goes to the dead-letter path.
+func (o Outcome) Acked() bool { return o == Applied || o == Duplicate }
+
+// Result describes what happened to one message.
+type Result struct {
+	Outcome Outcome
+	// MessageID and Key identify the message and its inbox key (Key is empty
+	// when the key could not be computed).
+	MessageID string
+	Key       string
+	// Err explains Retry, DeadLettered and Expired; nil otherwise.
+	Err error
+	// Attempts is how many times the processor ran the transaction in process.
+	Attempts int
+	// First describes the marker that won, for a Duplicate when known.
+	First *Marker
+	// Conflict is set on a Duplicate whose body differs from the body that
+	// won: the same key was reused for different content, usually a producer
+	// bug.
+	Conflict bool
+}
+
+// Marker is a row of the inbox: the claim of one key by one consumer.
+type Marker struct {
+	Key         string
+	MessageID   string
+	BodySHA256  []byte
+	ProcessedAt time.Time
+}

@@ -1,0 +1,367 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Processor applies messages exactly once in effect: for each message it
+// claims the message's key in the inbox and runs the handler in the same
+// transaction, then commits. Adapters ack the broker only after Process or
+// ProcessBatch returns an outcome for which [Outcome.Acked] is true.
+// A Processor is safe for concurrent use.
+type Processor[TTx any] struct {
+	store Store[TTx]
+	cfg   Config[TTx]
+}
+
+// NewProcessor returns a processor over store. It applies cfg's defaults and
+// returns an error wrapping [ErrConfig] when cfg is invalid.
+func NewProcessor[TTx any](store Store[TTx], cfg *Config[TTx]) (*Processor[TTx], error) {
+	if store == nil {
+		return nil, fmt.Errorf("%w: store is nil", ErrConfig)
+	}
+	if cfg == nil {
+		return nil, fmt.Errorf("%w: config is nil", ErrConfig)
+	}
+	c := *cfg
+	c.setDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	return &Processor[TTx]{store: store, cfg: c}, nil
+}
+
+// Consumer returns the consumer name.
+func (p *Processor[TTx]) Consumer() string { return p.cfg.Consumer }
+
+// item is one message on its way through the processor.
+type item struct {
+	msg   Message
+	claim Claim
+	res   Result
+	fresh bool // claimed by this transaction: the handler must run
+}
+
+// Process applies one message in its own transaction, retrying transient
+// failures per the retry policy, and returns its outcome.
+func (p *Processor[TTx]) Process(ctx context.Context, msg Message) Result {
+	start := time.Now()
+	it := p.prepare(msg)
+	if it.res.Outcome == 0 {
+		p.processOne(ctx, it)
+	}
+	p.report(it.res, time.Since(start))
+	return it.res
+}
+
+// ProcessBatch applies msgs in one transaction: their claims go in one
+// statement in sorted key order, the handler runs for fresh keys in message
+// order, and a key repeated inside the batch is applied once. If anything
+// fails, the transaction rolls back and each message is processed on its own,
+// so one poison message cannot sink its neighbours. Results are in the order
+// of msgs.
+func (p *Processor[TTx]) ProcessBatch(ctx context.Context, msgs []Message) []Result {
+	start := time.Now()
+	items := make([]*item, len(msgs))
+	valid := make([]*item, 0, len(msgs))
+	for i, m := range msgs {
+		items[i] = p.prepare(m)
+		if items[i].res.Outcome == 0 {
+			valid = append(valid, items[i])
+		}
+	}
+	switch len(valid) {
+	case 0:
+	case 1:
+		p.processOne(ctx, valid[0])
+	default:
+		err := p.runTx(ctx, valid)
+		for _, it := range valid {
+			it.res.Attempts = 1
+		}
+		if err != nil {
+			if stopAll(ctx, err) {
+				for _, it := range valid {
+					it.res.Outcome, it.res.Err = Retry, err
+				}
+				break
+			}
+			// Something in the batch failed, perhaps one poison message: apply
+			// each message alone so its neighbours still go through.
+			for _, it := range valid {
+				p.processOne(ctx, it)
+			}
+		}
+	}
+	elapsed := time.Since(start)
+	results := make([]Result, len(items))
+	for i, it := range items {
+		p.report(it.res, elapsed)
+		results[i] = it.res
+	}
+	return results
+}
+
+// ProcessTx claims msg's key and runs the handler inside tx, a transaction
+// the caller owns and must commit (on Applied) or may roll back. It writes
+// nothing for a Duplicate or a DeadLettered message. A non-nil error means
+// the claim or the handler failed and tx must be rolled back.
+func (p *Processor[TTx]) ProcessTx(ctx context.Context, tx TTx, msg Message) (Result, error) {
+	start := time.Now()
+	it := p.prepare(msg)
+	if it.res.Outcome == 0 {
+		it.res.Attempts = 1
+		fresh := []*item{it}
+		var err error
+		if !p.cfg.Natural {
+			if fresh, err = p.claim(ctx, tx, fresh); err != nil {
+				return it.res, err
+			}
+		}
+		for _, f := range fresh {
+			if err := p.handle(ctx, tx, f); err != nil {
+				return it.res, err
+			}
+			f.res.Outcome = Applied
+		}
+	}
+	p.report(it.res, time.Since(start))
+	return it.res, nil
+}
+
+// prepare validates msg and computes its key. Bad input comes back with
+// outcome DeadLettered before anything touches the database.
+func (p *Processor[TTx]) prepare(msg Message) *item {
+	it := &item{msg: msg, res: Result{MessageID: msg.ID}}
+	if err := validID(msg.ID); err != nil {
+		it.res.Outcome, it.res.Err = DeadLettered, err
+		return it
+	}
+	if p.cfg.Natural {
+		return it
+	}
+	key, err := p.key(msg)
+	if err == nil {
+		err = validKey(key)
+	}
+	if err != nil {
+		it.res.Outcome, it.res.Err = DeadLettered, err
+		return it
+	}
+	it.res.Key = key
+	it.claim = Claim{Key: key, MessageID: msg.ID, BodySHA256: BodyHash(msg.Body), EventTime: msg.Time}
+	return it
+}
+
+func (p *Processor[TTx]) key(msg Message) (key string, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: key func panicked: %v", ErrBadKey, r)
+		}
+	}()
+	key, err = p.cfg.Key(msg)
+	if err != nil {
+		return "", fmt.Errorf("%w: computing key: %w", ErrBadKey, err)
+	}
+	return key, nil
+}
+
+// processOne runs it in its own transaction until it succeeds or the retry
+// policy gives up.
+func (p *Processor[TTx]) processOne(ctx context.Context, it *item) {
+	for attempt := 1; ; attempt++ {
+		it.res.Attempts = attempt
+		err := p.runTx(ctx, []*item{it})
+		if err == nil {
+			return
+		}
+		next, again := p.decide(ctx, err, attempt)
+		if !again {
+			it.res.Outcome, it.res.Err = next, err
+			if next == Retry && !stopAll(ctx, err) {
+				it.res.Err = fmt.Errorf("%w after %d attempts: %w", ErrRetriesExhausted, attempt, err)
+			}
+			return
+		}
+		t := time.NewTimer(p.cfg.Retry.Backoff(attempt))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			it.res.Outcome, it.res.Err = Retry, fmt.Errorf("%w (after: %w)", ctx.Err(), err)
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// runTx is one transaction over items: claim, handle, commit. On success
+// every item's outcome is Applied or Duplicate.
+func (p *Processor[TTx]) runTx(ctx context.Context, items []*item) error {
+	for _, it := range items {
+		it.res.Outcome, it.res.Err, it.res.First, it.res.Conflict, it.fresh = 0, nil, nil, false, false
+	}
+	tx, err := p.store.Begin(ctx)
+	if err != nil {
+		return wrapStep("beginning transaction", err)
+	}
+	open := true
+	defer func() {
+		if open {
+			_ = p.store.Rollback(context.WithoutCancel(ctx), tx)
+		}
+	}()
+	if err := p.fault(ctx, BeforeClaim, items); err != nil {
+		return err
+	}
+	fresh := items
+	if !p.cfg.Natural {
+		if fresh, err = p.claim(ctx, tx, items); err != nil {
+			return err
+		}
+	}
+	if err := p.fault(ctx, AfterClaim, items); err != nil {
+		return err
+	}
+	for _, it := range fresh {
+		if err := p.handle(ctx, tx, it); err != nil {
+			return err
+		}
+	}
+	if err := p.fault(ctx, AfterHandler, items); err != nil {
+		return err
+	}
+	if len(fresh) == 0 {
+		return nil // all duplicates: nothing to commit, the deferred rollback ends it
+	}
+	// A consumer shutting down mid-commit is better served by a commit that
+	// finishes than by one whose outcome is unknown.
+	open = false
+	if err := p.store.Commit(context.WithoutCancel(ctx), tx); err != nil {
+		return wrapStep("committing", err)
+	}
+	for _, it := range fresh {
+		it.res.Outcome = Applied
+	}
+	if err := p.fault(ctx, AfterCommit, items); err != nil {
+		for _, it := range fresh {
+			it.res.Outcome = 0
+		}
+		return &afterCommitError{err}
+	}
+	return nil
+}
+
+// claim inserts the markers of items' distinct keys in sorted key order and
+// returns, in message order, the items this transaction claimed. The others
+// become Duplicates.
+func (p *Processor[TTx]) claim(ctx context.Context, tx TTx, items []*item) ([]*item, error) {
+	owners := make(map[string]*item, len(items))
+	claims := make([]Claim, 0, len(items))
+	for _, it := range items {
+		if owner, ok := owners[it.claim.Key]; ok {
+			// The same key twice in one batch: the first message owns it.
+			it.res.Outcome = Duplicate
+			it.res.First = &Marker{Key: it.claim.Key, MessageID: owner.msg.ID, BodySHA256: owner.claim.BodySHA256}
+			it.res.Conflict = !bytes.Equal(owner.claim.BodySHA256, it.claim.BodySHA256)
+			continue
+		}
+		owners[it.claim.Key] = it
+		claims = append(claims, it.claim)
+	}
+	// Sorted keys make every transaction lock markers in the same order, so
+	// two batches with overlapping keys wait for each other instead of
+	// deadlocking.
+	slices.SortFunc(claims, func(a, b Claim) int { return strings.Compare(a.Key, b.Key) })
+	inserted, err := p.store.Claim(ctx, tx, p.cfg.Consumer, claims, p.lockTimeout())
+	if err != nil {
+		return nil, wrapStep("claiming inbox keys", err)
+	}
+	if len(inserted) != len(claims) {
+		return nil, fmt.Errorf("claiming inbox keys: store answered %d results for %d claims", len(inserted), len(claims))
+	}
+	var dups []string
+	for i, c := range claims {
+		if inserted[i] {
+			owners[c.Key].fresh = true
+		} else {
+			owners[c.Key].res.Outcome = Duplicate
+			dups = append(dups, c.Key)
+		}
+	}
+	if len(dups) > 0 {
+		markers, err := p.store.Lookup(ctx, tx, p.cfg.Consumer, dups)
+		if err != nil {
+			return nil, wrapStep("looking up duplicate markers", err)
+		}
+		for _, k := range dups {
+			if m, ok := markers[k]; ok {
+				it := owners[k]
+				it.res.First = &m
+				it.res.Conflict = !bytes.Equal(m.BodySHA256, it.claim.BodySHA256)
+			}
+		}
+	}
+	fresh := items[:0:0]
+	for _, it := range items {
+		if it.fresh {
+			fresh = append(fresh, it)
+		}
+	}
+	return fresh, nil
+}
+
+// handle runs the handler for it. A panic is a poison message: it becomes a
+// permanent error rather than a crash loop.
+func (p *Processor[TTx]) handle(ctx context.Context, tx TTx, it *item) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = Permanent(fmt.Errorf("handler panicked on message %s: %v", it.msg.ID, r))
+		}
+	}()
+	if err := p.cfg.Handler(ctx, tx, it.msg); err != nil {
+		return fmt.Errorf("handling message %s: %w", it.msg.ID, err)
+	}
+	return nil
+}
+
+func (p *Processor[TTx]) fault(ctx context.Context, point FaultPoint, items []*item) error {
+	if p.cfg.Faults == nil {
+		return nil
+	}
+	msgs := make([]Message, len(items))
+	for i, it := range items {
+		msgs[i] = it.msg
+	}
+	if err := p.cfg.Faults(ctx, point, msgs); err != nil {
+		return fmt.Errorf("fault at %s: %w", point, err)
+	}
+	return nil
+}
+
+func (p *Processor[TTx]) lockTimeout() time.Duration {
+	if p.cfg.LockTimeout < 0 {
+		return 0
+	}
+	return p.cfg.LockTimeout
+}
+
+// afterCommitError is a failure after the commit and before the ack: the
+// effect is durable, but the broker must not be acked (a crash there).
+type afterCommitError struct{ err error }
+
+func (e *afterCommitError) Error() string { return "after commit: " + e.err.Error() }
+func (e *afterCommitError) Unwrap() error { return e.err }
+
+// stopAll reports whether err ends processing of a whole batch at once,
+// without trying its messages one by one: the commit may have happened, or
+// the caller gave up.
+func stopAll(ctx context.Context, err error) bool {
+	var ac *afterCommitError
+	return ctx.Err() != nil || errors.Is(err, ErrCommitUnknown) || errors.As(err, &ac)
+}

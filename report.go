@@ -1,0 +1,44 @@
+package idem
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// report logs and counts one result: every outcome is observed, and those a
+// person should see are logged.
+func (p *Processor[TTx]) report(r Result, elapsed time.Duration) {
+	if p.cfg.Observer != nil {
+		p.cfg.Observer.Observe(p.cfg.Consumer, r, elapsed)
+	}
+	log := p.cfg.Logger
+	ctx := context.Background()
+	attrs := []slog.Attr{
+		slog.String("consumer", p.cfg.Consumer),
+		slog.String("key", r.Key),
+		slog.String("message_id", r.MessageID),
+	}
+	switch r.Outcome {
+	case Applied:
+		if log.Enabled(ctx, slog.LevelDebug) {
+			log.LogAttrs(ctx, slog.LevelDebug, "message applied", append(attrs, slog.Int("attempts", r.Attempts))...)
+		}
+	case Duplicate:
+		if r.First != nil {
+			attrs = append(attrs, slog.String("first_message_id", r.First.MessageID))
+			if !r.First.ProcessedAt.IsZero() {
+				attrs = append(attrs, slog.Duration("first_age", time.Since(r.First.ProcessedAt)))
+			}
+		}
+		if r.Conflict {
+			log.LogAttrs(ctx, slog.LevelWarn, "duplicate key with a different body skipped (producer reused a key?)", attrs...)
+			return
+		}
+		log.LogAttrs(ctx, slog.LevelInfo, "duplicate skipped", attrs...)
+	case Retry:
+		log.LogAttrs(ctx, slog.LevelWarn, "message left for redelivery", append(attrs, slog.Int("attempts", r.Attempts), slog.Any("error", r.Err))...)
+	case DeadLettered, Expired:
+		log.LogAttrs(ctx, slog.LevelWarn, "message "+r.Outcome.String(), append(attrs, slog.Int("attempts", r.Attempts), slog.Any("error", r.Err))...)
+	}
+}
