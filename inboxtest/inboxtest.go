@@ -1,0 +1,541 @@
+// Package inboxtest is the conformance suite every idem inbox store must
+// pass, against a real database: the unique constraint is the thing under
+// test, so no fake will do. A store's test plugs itself in with a [Harness]
+// and calls [Run].
+package inboxtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+// Env is one isolated database (a fresh schema or file) with a migrated
+// inbox and an "effects" business table that has NO unique constraint, so a
+// second application of a message would show as a second row.
+type Env[TTx any] struct {
+	Store idem.Store[TTx]
+	// Apply writes one effect row inside tx.
+	Apply func(ctx context.Context, tx TTx, consumer, key, messageID string) error
+	// Effects counts committed effect rows of consumer (all keys when key is "").
+	Effects func(ctx context.Context, consumer, key string) (int, error)
+	// Markers counts committed inbox rows of consumer.
+	Markers func(ctx context.Context, consumer string) (int, error)
+	// Begin, Commit and Rollback a caller-owned transaction (for ProcessTx).
+	Begin    func(ctx context.Context) (TTx, error)
+	Commit   func(ctx context.Context, tx TTx) error
+	Rollback func(ctx context.Context, tx TTx) error
+}
+
+// Harness describes a store to the suite.
+type Harness[TTx any] struct {
+	// Open returns a fresh Env for t; cleanup is registered on t.
+	Open func(t *testing.T) Env[TTx]
+	// LockTimeout is true when the store bounds a claim's wait on a
+	// concurrent holder of the same key (PostgreSQL does; SQLite serializes
+	// writers instead).
+	LockTimeout bool
+}
+
+// Run runs the whole suite as subtests of t.
+func Run[TTx any](t *testing.T, h Harness[TTx]) {
+	s := suite[TTx]{h: h}
+	tests := []struct {
+		name string
+		fn   func(*testing.T)
+	}{
+		{"TwiceIsDuplicate", s.twiceIsDuplicate},
+		{"ConcurrentSameMessage", s.concurrentSameMessage},
+		{"OverlappingBatchesNoDeadlock", s.overlappingBatches},
+		{"HandlerErrorLeavesNothing", s.handlerErrorLeavesNothing},
+		{"RetriesExhausted", s.retriesExhausted},
+		{"PoisonInBatch", s.poisonInBatch},
+		{"CrashAfterCommit", s.crashAfterCommit},
+		{"TwoConsumers", s.twoConsumers},
+		{"BadInput", s.badInput},
+		{"DuplicatesInsideBatch", s.duplicatesInsideBatch},
+		{"BusinessKey", s.businessKey},
+		{"KeyConflict", s.keyConflict},
+		{"Natural", s.natural},
+		{"ProcessTx", s.processTx},
+		{"LockTimeout", s.lockTimeout},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.fn(t)
+		})
+	}
+}
+
+type suite[TTx any] struct{ h Harness[TTx] }
+
+// proc builds a processor over env whose handler applies one effect per
+// message, after calling before (when set) for fault injection.
+func (s suite[TTx]) proc(t *testing.T, env Env[TTx], consumer string, before func(idem.Message) error, mod func(*idem.Config[TTx])) *idem.Processor[TTx] {
+	t.Helper()
+	cfg := &idem.Config[TTx]{
+		Consumer: consumer,
+		Key:      idem.ByMessageID,
+		Handler: func(ctx context.Context, tx TTx, m idem.Message) error {
+			if before != nil {
+				if err := before(m); err != nil {
+					return err
+				}
+			}
+			return env.Apply(ctx, tx, consumer, m.ID, m.ID)
+		},
+		Retry: idem.RetryPolicy{InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond},
+	}
+	if mod != nil {
+		mod(cfg)
+	}
+	p, err := idem.NewProcessor(env.Store, cfg)
+	if err != nil {
+		t.Fatalf("NewProcessor: %v", err)
+	}
+	return p
+}
+
+func msg(id string) idem.Message {
+	return idem.Message{ID: id, Body: []byte(`{"id":"` + id + `"}`)}
+}
+
+func count(t *testing.T, f func(context.Context, string, string) (int, error), consumer, key string) int {
+	t.Helper()
+	n, err := f(context.Background(), consumer, key)
+	if err != nil {
+		t.Fatalf("counting effects: %v", err)
+	}
+	return n
+}
+
+func markers[TTx any](t *testing.T, env Env[TTx], consumer string) int {
+	t.Helper()
+	n, err := env.Markers(context.Background(), consumer)
+	if err != nil {
+		t.Fatalf("counting markers: %v", err)
+	}
+	return n
+}
+
+func want(t *testing.T, r idem.Result, o idem.Outcome) {
+	t.Helper()
+	if r.Outcome != o {
+		t.Fatalf("message %q: outcome %v, want %v (err: %v)", r.MessageID, r.Outcome, o, r.Err)
+	}
+}
+
+func (s suite[TTx]) twiceIsDuplicate(t *testing.T) {
+	ctx := context.Background()
+	env := s.h.Open(t)
+	p := s.proc(t, env, "ledger", nil, nil)
+	r1 := p.Process(ctx, msg("evt-42"))
+	want(t, r1, idem.Applied)
+	r2 := p.Process(ctx, msg("evt-42"))
+	want(t, r2, idem.Duplicate)
+	if r2.First == nil || r2.First.MessageID != "evt-42" || r2.First.ProcessedAt.IsZero() {
+		t.Fatalf("duplicate should name the winning marker, got %+v", r2.First)
+	}
+	if r2.Conflict {
+		t.Fatalf("same body reported as a key conflict")
+	}
+	if n := count(t, env.Effects, "ledger", ""); n != 1 {
+		t.Fatalf("effects after two deliveries = %d, want 1", n)
+	}
+	if n := markers(t, env, "ledger"); n != 1 {
+		t.Fatalf("markers = %d, want 1", n)
+	}
+}
+
+func (s suite[TTx]) concurrentSameMessage(t *testing.T) {
+	ctx := context.Background()
+	env := s.h.Open(t)
+	p := s.proc(t, env, "ledger", nil, nil)
+	const n = 32
+	var wg sync.WaitGroup
+	results := make([]idem.Result, n)
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			results[i] = p.Process(ctx, msg("evt-race"))
+		}()
+	}
+	close(start)
+	wg.Wait()
+	applied, dup := 0, 0
+	for _, r := range results {
+		switch r.Outcome {
+		case idem.Applied:
+			applied++
+		case idem.Duplicate:
+			dup++
+		default:
+			t.Errorf("unexpected outcome %v: %v", r.Outcome, r.Err)
+		}
+	}
+	if applied != 1 || dup != n-1 {
+		t.Fatalf("applied=%d duplicate=%d, want 1 and %d", applied, dup, n-1)
+	}
+	if c := count(t, env.Effects, "ledger", ""); c != 1 {
+		t.Fatalf("effects = %d, want 1", c)
+	}
+}
+
+// overlappingBatches runs two batches over the same keys in opposite orders
+// at once, many times. Without sorted claims they would take row locks in
+// opposite orders and deadlock; retries are off so a deadlock would show.
+func (s suite[TTx]) overlappingBatches(t *testing.T) {
+	ctx := context.Background()
+	env := s.h.Open(t)
+	p := s.proc(t, env, "stock", nil, func(c *idem.Config[TTx]) { c.Retry.MaxAttempts = 1 })
+	const rounds, size = 20, 40
+	applied := 0
+	for r := range rounds {
+		fwd := make([]idem.Message, size)
+		rev := make([]idem.Message, size)
+		for i := range size {
+			fwd[i] = msg(fmt.Sprintf("r%02d-k%03d", r, i))
+			rev[size-1-i] = fwd[i]
+		}
+		var a, b []idem.Result
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() { defer wg.Done(); a = p.ProcessBatch(ctx, fwd) }()
+		go func() { defer wg.Done(); b = p.ProcessBatch(ctx, rev) }()
+		wg.Wait()
+		for _, res := range append(a, b...) {
+			switch res.Outcome {
+			case idem.Applied:
+				applied++
+			case idem.Duplicate:
+			default:
+				t.Fatalf("round %d: %s: %v: %v", r, res.MessageID, res.Outcome, res.Err)
+			}
+		}
+	}
+	if applied != rounds*size {
+		t.Fatalf("applied %d, want %d (each key once)", applied, rounds*size)
+	}
+	if c := count(t, env.Effects, "stock", ""); c != rounds*size {
+		t.Fatalf("effects = %d, want %d", c, rounds*size)
+	}
+}
+
+func (s suite[TTx]) handlerErrorLeavesNothing(t *testing.T) {
+	ctx := context.Background()
+	env := s.h.Open(t)
+	var calls atomic.Int32
+	var seen []string
+	p := s.proc(t, env, "ledger", func(m idem.Message) error {
+		// What other transactions see while this attempt runs: the previous
+		// failed attempts must have left neither marker nor effect.
+		seen = append(seen, fmt.Sprintf("markers=%d effects=%d", markers(t, env, "ledger"), count(t, env.Effects, "ledger", "")))
+		if calls.Add(1) <= 2 {
+			return errors.New("downstream unavailable")
+		}
+		return nil
+	}, nil)
+	r := p.Process(ctx, msg("evt-1"))
+	want(t, r, idem.Applied)
+	if r.Attempts != 3 {
+		t.Fatalf("attempts = %d, want 3", r.Attempts)
+	}
+	for i, s := range seen {
+		if s != "markers=0 effects=0" {
+			t.Fatalf("attempt %d saw %s left behind by a failed attempt", i+1, s)
+		}
+	}
+	if c := count(t, env.Effects, "ledger", ""); c != 1 {
+		t.Fatalf("effects = %d, want 1", c)
+	}
+}
+
+func (s suite[TTx]) retriesExhausted(t *testing.T) {
+	ctx := context.Background()
+	env := s.h.Open(t)
+	p := s.proc(t, env, "ledger", func(idem.Message) error { return errors.New("always down") },
+		func(c *idem.Config[TTx]) { c.Retry.MaxAttempts = 3 })
+	r := p.Process(ctx, msg("evt-1"))
+	want(t, r, idem.Retry)
+	if !errors.Is(r.Err, idem.ErrRetriesExhausted) || r.Attempts != 3 {
+		t.Fatalf("err = %v attempts = %d, want retries exhausted after 3", r.Err, r.Attempts)
+	}
+	if markers(t, env, "ledger") != 0 || count(t, env.Effects, "ledger", "") != 0 {
+		t.Fatalf("a failed message left a marker or an effect")
+	}
+}
+
+func (s suite[TTx]) poisonInBatch(t *testing.T) {
+	ctx := context.Background()
+	env := s.h.Open(t)
+	p := s.proc(t, env, "ledger", func(m idem.Message) error {
+		switch m.ID {
+		case "evt-04":
+			return idem.Permanent(errors.New("unknown merchant"))
+		case "evt-07":
+			panic("nil map in handler")
+		}
+		return nil
+	}, nil)
+	var batch []idem.Message
+	for i := range 10 {
+		batch = append(batch, msg(fmt.Sprintf("evt-%02d", i)))
+	}
+	rs := p.ProcessBatch(ctx, batch)
+	for i, r := range rs {
+		if r.MessageID != batch[i].ID {
+			t.Fatalf("result %d is for %s, want %s (results must be in message order)", i, r.MessageID, batch[i].ID)
+		}
+		if i == 4 || i == 7 {
+			want(t, r, idem.DeadLettered)
+			if r.Err == nil || !idem.IsPermanent(r.Err) {
+				t.Fatalf("poison %s: err %v should be permanent with a reason", r.MessageID, r.Err)
+			}
+			continue
+		}
+		want(t, r, idem.Applied)
+	}
+	if c := count(t, env.Effects, "ledger", ""); c != 8 {
+		t.Fatalf("effects = %d, want 8", c)
+	}
+	if m := markers(t, env, "ledger"); m != 8 {
+		t.Fatalf("markers = %d, want 8 (no marker for poison)", m)
+	}
+	if !strings.Contains(rs[4].Err.Error(), "unknown merchant") || !strings.Contains(rs[7].Err.Error(), "panicked") {
+		t.Fatalf("reasons lost: %v / %v", rs[4].Err, rs[7].Err)
+	}
+}
+
+func (s suite[TTx]) crashAfterCommit(t *testing.T) {
+	ctx := context.Background()
+	env := s.h.Open(t)
+	var crashed atomic.Bool
+	p := s.proc(t, env, "invoices", nil, func(c *idem.Config[TTx]) {
+		c.Faults = func(_ context.Context, pt idem.FaultPoint, _ []idem.Message) error {
+			if pt == idem.AfterCommit && crashed.CompareAndSwap(false, true) {
+				return errors.New("process killed before ack")
+			}
+			return nil
+		}
+	})
+	r1 := p.Process(ctx, msg("evt-7f3a"))
+	want(t, r1, idem.Retry) // not acked: the broker will deliver it again
+	if c := count(t, env.Effects, "invoices", ""); c != 1 {
+		t.Fatalf("effects after commit = %d, want 1", c)
+	}
+	r2 := p.Process(ctx, msg("evt-7f3a"))
+	want(t, r2, idem.Duplicate)
+	if c := count(t, env.Effects, "invoices", ""); c != 1 {
+		t.Fatalf("effects after redelivery = %d, want 1", c)
+	}
+}
+
+func (s suite[TTx]) twoConsumers(t *testing.T) {
+	ctx := context.Background()
+	env := s.h.Open(t)
+	a := s.proc(t, env, "invoices", nil, nil)
+	b := s.proc(t, env, "stats", nil, nil)
+	for range 2 {
+		a.Process(ctx, msg("evt-1"))
+		b.Process(ctx, msg("evt-1"))
+	}
+	if count(t, env.Effects, "invoices", "") != 1 || count(t, env.Effects, "stats", "") != 1 {
+		t.Fatalf("each consumer must apply the message once")
+	}
+}
+
+func (s suite[TTx]) badInput(t *testing.T) {
+	ctx := context.Background()
+	env := s.h.Open(t)
+	var called atomic.Int32
+	p := s.proc(t, env, "ledger", func(idem.Message) error { called.Add(1); return nil }, func(c *idem.Config[TTx]) {
+		c.Key = func(m idem.Message) (string, error) {
+			if k, ok := m.Headers["key"]; ok {
+				return k, nil
+			}
+			return m.ID, nil
+		}
+	})
+	withKey := func(k string) idem.Message { m := msg("evt-1"); m.Headers = map[string]string{"key": k}; return m }
+	cases := []struct {
+		name string
+		m    idem.Message
+		is   error
+	}{
+		{"no message ID", idem.Message{Body: []byte("{}")}, idem.ErrNoMessageID},
+		{"empty key", withKey(""), idem.ErrBadKey},
+		{"invalid UTF-8", withKey("inv\xff\xfe"), idem.ErrBadKey},
+		{"NUL byte", withKey("a\x00b"), idem.ErrBadKey},
+		{"key too long", withKey(strings.Repeat("k", idem.MaxKeyLen+1)), idem.ErrBadKey},
+		{"ID too long", msg(strings.Repeat("i", idem.MaxKeyLen+1)), idem.ErrBadKey},
+	}
+	for _, c := range cases {
+		r := p.Process(ctx, c.m)
+		if r.Outcome != idem.DeadLettered || !errors.Is(r.Err, c.is) {
+			t.Errorf("%s: outcome %v err %v, want dead-lettered with %v", c.name, r.Outcome, r.Err, c.is)
+		}
+		// In a batch too, and without sinking a good neighbour.
+		rs := p.ProcessBatch(ctx, []idem.Message{c.m, msg("evt-good-" + c.name)})
+		if rs[0].Outcome != idem.DeadLettered || rs[1].Outcome.Acked() == false {
+			t.Errorf("%s in a batch: %v / %v", c.name, rs[0].Outcome, rs[1].Outcome)
+		}
+	}
+	if int(called.Load()) != len(cases) {
+		t.Fatalf("handler ran %d times, want %d (only the good neighbours)", called.Load(), len(cases))
+	}
+	if m := markers(t, env, "ledger"); m != len(cases) {
+		t.Fatalf("markers = %d, want %d: bad input must write nothing", m, len(cases))
+	}
+	if k := strings.Repeat("k", idem.MaxKeyLen); p.Process(ctx, withKey(k)).Outcome != idem.Applied {
+		t.Fatalf("a key of exactly %d bytes must be accepted", idem.MaxKeyLen)
+	}
+}
+
+func (s suite[TTx]) duplicatesInsideBatch(t *testing.T) {
+	ctx := context.Background()
+	env := s.h.Open(t)
+	p := s.proc(t, env, "ledger", nil, nil)
+	rs := p.ProcessBatch(ctx, []idem.Message{msg("a"), msg("b"), msg("a"), msg("c"), msg("b")})
+	got := []idem.Outcome{}
+	for _, r := range rs {
+		got = append(got, r.Outcome)
+	}
+	wantOut := []idem.Outcome{idem.Applied, idem.Applied, idem.Duplicate, idem.Applied, idem.Duplicate}
+	if fmt.Sprint(got) != fmt.Sprint(wantOut) {
+		t.Fatalf("outcomes %v, want %v", got, wantOut)
+	}
+	if c := count(t, env.Effects, "ledger", ""); c != 3 {
+		t.Fatalf("effects = %d, want 3", c)
+	}
+}
+
+// businessKey dedupes two different messages that ask for the same effect:
+// the seeds' invoice per (customer, period).
+func (s suite[TTx]) businessKey(t *testing.T) {
+	ctx := context.Background()
+	env := s.h.Open(t)
+	type renewed struct {
+		Customer string `json:"customer_id"`
+		Period   string `json:"period"`
+	}
+	p := s.proc(t, env, "invoices", nil, func(c *idem.Config[TTx]) {
+		c.Key = idem.JSONKey(func(e renewed) string { return "invoice:" + e.Customer + ":" + e.Period })
+		c.Handler = func(ctx context.Context, tx TTx, m idem.Message) error {
+			return env.Apply(ctx, tx, "invoices", "cus-8421:2026-09", m.ID)
+		}
+	})
+	body := []byte(`{"customer_id":"cus-8421","period":"2026-09"}`)
+	want(t, p.Process(ctx, idem.Message{ID: "msg-1", Body: body}), idem.Applied)
+	want(t, p.Process(ctx, idem.Message{ID: "msg-2", Body: body}), idem.Duplicate)
+	if c := count(t, env.Effects, "invoices", ""); c != 1 {
+		t.Fatalf("invoices = %d, want 1", c)
+	}
+	r := p.Process(ctx, idem.Message{ID: "msg-3", Body: []byte("not json")})
+	if r.Outcome != idem.DeadLettered || !errors.Is(r.Err, idem.ErrBadKey) {
+		t.Fatalf("undecodable body: %v %v, want dead-lettered", r.Outcome, r.Err)
+	}
+}
+
+func (s suite[TTx]) keyConflict(t *testing.T) {
+	ctx := context.Background()
+	env := s.h.Open(t)
+	p := s.proc(t, env, "ledger", nil, nil)
+	want(t, p.Process(ctx, idem.Message{ID: "evt-1", Body: []byte(`{"amount":12500}`)}), idem.Applied)
+	r := p.Process(ctx, idem.Message{ID: "evt-1", Body: []byte(`{"amount":99999}`)})
+	want(t, r, idem.Duplicate)
+	if !r.Conflict {
+		t.Fatalf("a reused key with another body must be flagged")
+	}
+}
+
+func (s suite[TTx]) natural(t *testing.T) {
+	ctx := context.Background()
+	env := s.h.Open(t)
+	p := s.proc(t, env, "stats", nil, func(c *idem.Config[TTx]) { c.Natural = true; c.Key = nil })
+	want(t, p.Process(ctx, msg("evt-1")), idem.Applied)
+	want(t, p.Process(ctx, msg("evt-1")), idem.Applied)
+	if m := markers(t, env, "stats"); m != 0 {
+		t.Fatalf("natural consumer wrote %d markers", m)
+	}
+	if c := count(t, env.Effects, "stats", ""); c != 2 {
+		t.Fatalf("natural consumer: handler effects %d, want 2 (it runs every time)", c)
+	}
+	if r := p.Process(ctx, idem.Message{}); r.Outcome != idem.DeadLettered {
+		t.Fatalf("natural consumer must still refuse a message without ID, got %v", r.Outcome)
+	}
+}
+
+func (s suite[TTx]) processTx(t *testing.T) {
+	ctx := context.Background()
+	env := s.h.Open(t)
+	p := s.proc(t, env, "ledger", nil, nil)
+	run := func(commit bool) idem.Result {
+		tx, err := env.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := p.ProcessTx(ctx, tx, msg("evt-1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if commit {
+			err = env.Commit(ctx, tx)
+		} else {
+			err = env.Rollback(ctx, tx)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	want(t, run(false), idem.Applied)
+	if count(t, env.Effects, "ledger", "") != 0 || markers(t, env, "ledger") != 0 {
+		t.Fatalf("rolled-back caller transaction left an effect or marker")
+	}
+	want(t, run(true), idem.Applied)
+	want(t, run(true), idem.Duplicate)
+	if c := count(t, env.Effects, "ledger", ""); c != 1 {
+		t.Fatalf("effects = %d, want 1", c)
+	}
+}
+
+// lockTimeout holds a claim open in one transaction and shows that a second
+// claim of the same key gives up after the lock timeout instead of hanging,
+// then becomes a Duplicate once the holder commits.
+func (s suite[TTx]) lockTimeout(t *testing.T) {
+	if !s.h.LockTimeout {
+		t.Skip("store serializes writers; no lock timeout to test")
+	}
+	ctx := context.Background()
+	env := s.h.Open(t)
+	p := s.proc(t, env, "ledger", nil, func(c *idem.Config[TTx]) {
+		c.LockTimeout = 100 * time.Millisecond
+		c.Retry.MaxAttempts = 2
+	})
+	holder, err := env.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.ProcessTx(ctx, holder, msg("evt-held")); err != nil {
+		t.Fatal(err)
+	}
+	r := p.Process(ctx, msg("evt-held"))
+	if r.Outcome != idem.Retry || r.Attempts != 2 {
+		t.Fatalf("claim behind a held lock: %v after %d attempts (%v), want Retry after 2", r.Outcome, r.Attempts, r.Err)
+	}
+	if err := env.Commit(ctx, holder); err != nil {
+		t.Fatal(err)
+	}
+	want(t, p.Process(ctx, msg("evt-held")), idem.Duplicate)
+}

@@ -1,0 +1,13 @@
+-- The inbox: one row per (consumer, key) claim. The primary key is the
+-- constraint that decides every race between two deliveries.
+CREATE TABLE IF NOT EXISTS {{.Table}} (
+    consumer     text        NOT NULL,
+    key          text        NOT NULL,
+    message_id   text        NOT NULL,
+    body_sha256  bytea       NOT NULL,
+    event_time   timestamptz,
+    processed_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (consumer, key)
+);
+-- Retention prunes by processed_at.
+CREATE INDEX IF NOT EXISTS {{index "processed_at"}} ON {{.Table}} (processed_at);
