@@ -1,0 +1,13 @@
+-- The inbox: one marker per (consumer, key). The primary key is what decides
+-- races between concurrent claims; processed_at is indexed because retention
+-- prunes by it.
+CREATE TABLE {{.Table}} (
+    consumer     text        NOT NULL,
+    key          text        NOT NULL,
+    message_id   text        NOT NULL,
+    body_sha256  bytea       NOT NULL,
+    event_time   timestamptz,
+    processed_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (consumer, key)
+);
+CREATE INDEX {{.Index}} ON {{.Table}} (processed_at);
