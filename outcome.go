@@ -48,7 +48,8 @@ type Result struct {
 	Key       string
 	// Err explains Retry, DeadLettered and Expired; nil otherwise.
 	Err error
-	// Attempts is how many times the processor ran the transaction in process.
+	// Attempts is how many transactions the processor ran with this message:
+	// a batch that failed and was retried message by message counts as one.
 	Attempts int
 	// First describes the marker that won, for a Duplicate when known.
 	First *Marker

@@ -54,7 +54,7 @@ func (p *Processor[TTx]) Process(ctx context.Context, msg Message) Result {
 	start := time.Now()
 	it := p.prepare(msg)
 	if it.res.Outcome == 0 {
-		p.processOne(ctx, it)
+		p.processOne(ctx, it, 0)
 	}
 	p.report(it.res, time.Since(start))
 	return it.res
@@ -79,7 +79,7 @@ func (p *Processor[TTx]) ProcessBatch(ctx context.Context, msgs []Message) []Res
 	switch len(valid) {
 	case 0:
 	case 1:
-		p.processOne(ctx, valid[0])
+		p.processOne(ctx, valid[0], 0)
 	default:
 		err := p.runTx(ctx, valid)
 		for _, it := range valid {
@@ -95,7 +95,7 @@ func (p *Processor[TTx]) ProcessBatch(ctx context.Context, msgs []Message) []Res
 			// Something in the batch failed, perhaps one poison message: apply
 			// each message alone so its neighbours still go through.
 			for _, it := range valid {
-				p.processOne(ctx, it)
+				p.processOne(ctx, it, 1)
 			}
 		}
 	}
@@ -173,10 +173,12 @@ func (p *Processor[TTx]) key(msg Message) (key string, err error) {
 }
 
 // processOne runs it in its own transaction until it succeeds or the retry
-// policy gives up.
-func (p *Processor[TTx]) processOne(ctx context.Context, it *item) {
+// policy gives up. prior counts the batch transactions it was already part
+// of: they show in Result.Attempts but do not use up the retry budget, so a
+// poison neighbour cannot cost a message its own retries.
+func (p *Processor[TTx]) processOne(ctx context.Context, it *item, prior int) {
 	for attempt := 1; ; attempt++ {
-		it.res.Attempts = attempt
+		it.res.Attempts = prior + attempt
 		err := p.runTx(ctx, []*item{it})
 		if err == nil {
 			return
