@@ -34,6 +34,9 @@ type Config[TTx any] struct {
 	// Logger receives one record per outcome worth telling. Defaults to
 	// slog.Default().
 	Logger *slog.Logger
+	// Horizon guards against messages older than the inbox retention window:
+	// they get Expired. Disabled unless Horizon.Window is set.
+	Horizon Horizon
 	// Observer receives every result, for metrics. Optional; see package
 	// idemprom for Prometheus.
 	Observer Observer
@@ -54,6 +57,7 @@ var ErrConfig = errors.New("invalid idem configuration")
 
 func (c *Config[TTx]) setDefaults() {
 	c.Retry.setDefaults()
+	c.Horizon.setDefaults()
 	if c.LockTimeout == 0 {
 		c.LockTimeout = 5 * time.Second
 	}
@@ -78,6 +82,9 @@ func (c *Config[TTx]) validate() error {
 	}
 	if c.Retry.InitialBackoff < 0 || c.Retry.MaxBackoff < c.Retry.InitialBackoff {
 		errs = append(errs, fmt.Errorf("retry backoff %v..%v is not a valid range", c.Retry.InitialBackoff, c.Retry.MaxBackoff))
+	}
+	if err := c.Horizon.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.LockTimeout < -1 {
 		errs = append(errs, fmt.Errorf("lock timeout %v must be positive or -1", c.LockTimeout))

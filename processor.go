@@ -143,6 +143,14 @@ func (p *Processor[TTx]) prepare(msg Message) *item {
 		it.res.Outcome, it.res.Err = DeadLettered, err
 		return it
 	}
+	if err := p.cfg.Horizon.check(msg); err != nil {
+		if !p.cfg.Horizon.ApplyExpired {
+			it.res.Outcome, it.res.Err = Expired, err
+			return it
+		}
+		p.cfg.Logger.Warn("applying an expired message (Horizon.ApplyExpired)",
+			"consumer", p.cfg.Consumer, "message_id", msg.ID, "error", err)
+	}
 	if p.cfg.Natural {
 		return it
 	}

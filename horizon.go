@@ -1,0 +1,84 @@
+package idem
+
+import (
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// ErrExpired is wrapped by the error of an Expired result.
+var ErrExpired = errors.New("message older than the inbox retention window")
+
+// Horizon is the retention guard of a consumer (DESIGN.md 8): markers are
+// kept for Window, so a message whose event time is older than that cannot
+// be proven new — its marker may already be pruned. Such a message gets the
+// outcome Expired instead of being silently applied again.
+type Horizon struct {
+	// Window is how long the inbox keeps markers; it must match the store's
+	// retention. 0 (the default) disables the guard.
+	Window time.Duration
+	// Skew is a safety margin for clocks: a message is expired once its event
+	// time is older than Window minus Skew, so a producer clock running ahead
+	// cannot make the guard accept a message whose marker prune removes.
+	// Defaults to 5 minutes when Window is set.
+	Skew time.Duration
+	// ApplyExpired applies an expired message anyway, with a Warn log, for
+	// consumers whose effect is safe to repeat after that long. Off by
+	// default: expired messages are dead-lettered.
+	ApplyExpired bool
+	// Now returns the current time. Defaults to time.Now; tests set it.
+	Now func() time.Time
+}
+
+func (h *Horizon) setDefaults() {
+	if h.Window > 0 && h.Skew == 0 {
+		h.Skew = 5 * time.Minute
+	}
+	if h.Now == nil {
+		h.Now = time.Now
+	}
+}
+
+func (h *Horizon) validate() error {
+	if h.Window < 0 || h.Skew < 0 || (h.Window > 0 && h.Skew >= h.Window) {
+		return fmt.Errorf("horizon window %v with skew %v: both must be positive and skew smaller than the window", h.Window, h.Skew)
+	}
+	return nil
+}
+
+// check returns a non-nil error when msg is too old to be proven new. A
+// message without an event time cannot be judged and passes; stores whose
+// layout needs the time (the partitioned inbox) refuse it themselves.
+func (h *Horizon) check(msg Message) error {
+	if h.Window <= 0 || msg.Time.IsZero() {
+		return nil
+	}
+	limit := h.Now().Add(-h.Window + h.Skew)
+	if msg.Time.Before(limit) {
+		return fmt.Errorf("%w: event time %s is before %s (window %v, skew %v)",
+			ErrExpired, msg.Time.UTC().Format(time.RFC3339), limit.UTC().Format(time.RFC3339), h.Window, h.Skew)
+	}
+	return nil
+}
+
+// TimeFromUUIDv7 returns the time inside a UUIDv7 (RFC 9562): its first 48
+// bits are Unix milliseconds. It is a delivery-stable event time whenever
+// the producer assigns UUIDv7 message IDs. ok is false for anything that is
+// not a UUIDv7.
+func TimeFromUUIDv7(id string) (t time.Time, ok bool) {
+	s := strings.ReplaceAll(id, "-", "")
+	if len(s) != 32 || len(id) != 36 && len(id) != 32 {
+		return time.Time{}, false
+	}
+	b, err := hex.DecodeString(s)
+	if err != nil || b[6]>>4 != 7 || b[8]>>6 != 2 {
+		return time.Time{}, false
+	}
+	var ms int64
+	for _, x := range b[:6] {
+		ms = ms<<8 | int64(x)
+	}
+	return time.UnixMilli(ms).UTC(), true
+}

@@ -1,0 +1,51 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+func TestHorizonExpiresOldMessages(t *testing.T) {
+	now := time.Date(2026, 3, 15, 9, 18, 0, 0, time.UTC)
+	h := func(context.Context, struct{}, Message) error { t.Fatal("handler must not run for an expired message"); return nil }
+	p, err := NewProcessor[struct{}](nopStore{}, &Config[struct{}]{
+		Consumer: "invoices", Key: ByMessageID, Handler: h,
+		Horizon: Horizon{Window: 14 * 24 * time.Hour, Skew: time.Hour, Now: func() time.Time { return now }},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := Message{ID: "evt-1", Time: now.Add(-14*24*time.Hour + 30*time.Minute)} // inside skew margin: expired
+	r := p.Process(context.Background(), old)
+	if r.Outcome != Expired || !errors.Is(r.Err, ErrExpired) {
+		t.Fatalf("old replay: %v %v, want Expired", r.Outcome, r.Err)
+	}
+	rs := p.ProcessBatch(context.Background(), []Message{old})
+	if rs[0].Outcome != Expired {
+		t.Fatalf("old replay in a batch: %v, want Expired", rs[0].Outcome)
+	}
+}
+
+func TestHorizonConfig(t *testing.T) {
+	h := func(context.Context, struct{}, Message) error { return nil }
+	_, err := NewProcessor[struct{}](nopStore{}, &Config[struct{}]{Consumer: "x", Key: ByMessageID, Handler: h,
+		Horizon: Horizon{Window: time.Minute, Skew: time.Hour}})
+	if !errors.Is(err, ErrConfig) {
+		t.Fatalf("skew above window accepted: %v", err)
+	}
+}
+
+func TestTimeFromUUIDv7(t *testing.T) {
+	// 0x019cf1a2b3c4 ms since the epoch, version 7, variant 10.
+	got, ok := TimeFromUUIDv7("019cf1a2-b3c4-7def-8123-456789abcdef")
+	if !ok || got.UnixMilli() != 0x019cf1a2b3c4 {
+		t.Fatalf("got %v %v", got, ok)
+	}
+	for _, bad := range []string{"", "not-a-uuid", "019cf1a2-b3c4-4def-8123-456789abcdef" /* v4 */, "019cf1a2-b3c4-7def-c123-456789abcdef" /* variant */} {
+		if _, ok := TimeFromUUIDv7(bad); ok {
+			t.Errorf("%q accepted as UUIDv7", bad)
+		}
+	}
+}
