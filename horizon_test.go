@@ -9,7 +9,10 @@ import (
 
 func TestHorizonExpiresOldMessages(t *testing.T) {
 	now := time.Date(2026, 3, 15, 9, 18, 0, 0, time.UTC)
-	h := func(context.Context, struct{}, Message) error { t.Fatal("handler must not run for an expired message"); return nil }
+	h := func(context.Context, struct{}, Message) error {
+		t.Fatal("handler must not run for an expired message")
+		return nil
+	}
 	p, err := NewProcessor[struct{}](nopStore{}, &Config[struct{}]{
 		Consumer: "invoices", Key: ByMessageID, Handler: h,
 		Horizon: Horizon{Window: 14 * 24 * time.Hour, Skew: time.Hour, Now: func() time.Time { return now }},
