@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -25,6 +26,8 @@ type Dialect interface {
 	placeholder(n int) string
 	// maxParams is the most bind parameters one statement may carry.
 	maxParams() int
+	// nowColumn is the type and default of a "when it happened" column.
+	nowColumn() string
 	// schemas says whether table names may be schema-qualified.
 	schemas() bool
 	// migrationDir is the directory under migrations/ holding the dialect's
@@ -57,13 +60,14 @@ var SQLite Dialect = sqlite{}
 
 type postgres struct{}
 
-func (postgres) Name() string               { return "postgres" }
-func (postgres) placeholder(n int) string   { return "$" + strconv.Itoa(n) }
-func (postgres) maxParams() int             { return 65535 }
-func (postgres) schemas() bool              { return true }
-func (postgres) migrationDir() string       { return "postgres" }
-func (postgres) timeArg(t time.Time) any    { return t }
-func (postgres) String() string             { return "postgres" }
+func (postgres) Name() string             { return "postgres" }
+func (postgres) placeholder(n int) string { return "$" + strconv.Itoa(n) }
+func (postgres) maxParams() int           { return 65535 }
+func (postgres) nowColumn() string        { return "timestamptz NOT NULL DEFAULT now()" }
+func (postgres) schemas() bool            { return true }
+func (postgres) migrationDir() string     { return "postgres" }
+func (postgres) timeArg(t time.Time) any  { return t }
+func (postgres) String() string           { return "postgres" }
 func (postgres) scanTime(v any) (time.Time, error) {
 	switch t := v.(type) {
 	case time.Time:
@@ -74,11 +78,6 @@ func (postgres) scanTime(v any) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("scanning time: unexpected %T", v)
 }
 
-// migrationLockKey is the advisory lock every idem migrator takes, whatever
-// the table: the bookkeeping table is shared, and CREATE TABLE IF NOT EXISTS
-// is not safe against a concurrent creator.
-const migrationLockKey int64 = 0x6964656d_6d696772 // "idemmigr"
-
 func (postgres) beginMigration(ctx context.Context, db *sql.DB) (*migrationTx, error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
@@ -86,7 +85,10 @@ func (postgres) beginMigration(ctx context.Context, db *sql.DB) (*migrationTx, e
 	}
 	// Held until the transaction ends: a second migrator waits here, then
 	// finds the version the first one recorded.
-	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", migrationLockKey); err != nil {
+	// The key is the one pgxinbox takes, whatever the table: the bookkeeping
+	// table is shared, CREATE TABLE IF NOT EXISTS is not safe against a
+	// concurrent creator, and both stores migrate the same schema.
+	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(hashtext('idem.migrate'))"); err != nil {
 		_ = tx.Rollback()
 		return nil, fmt.Errorf("taking migration lock: %w", err)
 	}
@@ -108,8 +110,9 @@ func (postgres) commitUnknown(err error) bool {
 	if errors.As(err, &pgErr) {
 		return false
 	}
-	// database/sql refused before anything reached the server.
-	if errors.Is(err, sql.ErrTxDone) {
+	// pgx sent COMMIT and the server answered ROLLBACK (the transaction had
+	// failed), or database/sql refused before anything reached the server.
+	if errors.Is(err, pgx.ErrTxCommitRollback) || errors.Is(err, sql.ErrTxDone) {
 		return false
 	}
 	return true
@@ -119,6 +122,9 @@ func (postgres) classify(err error) idem.ErrorClass {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		return idem.ClassTransient // connection errors and everything not the server's
+	}
+	if len(pgErr.Code) != 5 {
+		return idem.ClassTransient
 	}
 	switch pgErr.Code[:2] {
 	case "22", "23": // data exception, integrity constraint violation
@@ -140,8 +146,13 @@ func (sqlite) String() string           { return "sqlite" }
 func (sqlite) placeholder(n int) string { return "?" + strconv.Itoa(n) }
 
 // maxParams is SQLITE_MAX_VARIABLE_NUMBER as modernc.org/sqlite compiles it.
-func (sqlite) maxParams() int       { return 32766 }
-func (sqlite) schemas() bool        { return false }
+func (sqlite) maxParams() int { return 32766 }
+func (sqlite) schemas() bool  { return false }
+func (sqlite) nowColumn() string {
+	// SQLite's clock has milliseconds; three zeros give the fixed width
+	// of sqliteTimeFormat.
+	return "TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%f000Z', 'now'))"
+}
 func (sqlite) migrationDir() string { return "sqlite" }
 func (sqlite) timeArg(t time.Time) any {
 	return t.UTC().Format(sqliteTimeFormat)

@@ -23,7 +23,9 @@ import (
 var migrationFS embed.FS
 
 // migrationsTable is the bookkeeping table, created next to the inbox (in the
-// same schema): one row per inbox table with the last version applied.
+// same schema): one row per inbox table, keyed by its quoted name, with the
+// last version applied. pgxinbox keeps the same table with the same keys, so
+// a user can switch between the two stores on PostgreSQL.
 const migrationsTable = "idem_migrations"
 
 var errBadConn = driver.ErrBadConn
@@ -141,13 +143,14 @@ func (s *Store) migrate(ctx context.Context) (err error) {
 	}()
 	book := s.table.qualify(migrationsTable)
 	if _, err := tx.q.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+book+` (
-	inbox_table text PRIMARY KEY,
-	version     integer NOT NULL
+	table_name text PRIMARY KEY,
+	version    integer NOT NULL,
+	applied_at `+s.dialect.nowColumn()+`
 )`); err != nil {
 		return fmt.Errorf("creating %s: %w", migrationsTable, err)
 	}
 	var current int
-	err = tx.q.QueryRowContext(ctx, `SELECT version FROM `+book+` WHERE inbox_table = `+s.dialect.placeholder(1), s.table.name).Scan(&current)
+	err = tx.q.QueryRowContext(ctx, `SELECT version FROM `+book+` WHERE table_name = `+s.dialect.placeholder(1), s.table.quoted()).Scan(&current)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		current = 0
@@ -168,8 +171,8 @@ func (s *Store) migrate(ctx context.Context) (err error) {
 		return nil // up to date: the deferred rollback releases the lock
 	}
 	p1, p2 := s.dialect.placeholder(1), s.dialect.placeholder(2)
-	if _, err := tx.q.ExecContext(ctx, `INSERT INTO `+book+` (inbox_table, version) VALUES (`+p1+`, `+p2+`)
-ON CONFLICT (inbox_table) DO UPDATE SET version = excluded.version`, s.table.name, len(ms)); err != nil {
+	if _, err := tx.q.ExecContext(ctx, `INSERT INTO `+book+` (table_name, version) VALUES (`+p1+`, `+p2+`)
+ON CONFLICT (table_name) DO UPDATE SET version = excluded.version, applied_at = excluded.applied_at`, s.table.quoted(), len(ms)); err != nil {
 		return fmt.Errorf("recording schema version: %w", err)
 	}
 	committed = true

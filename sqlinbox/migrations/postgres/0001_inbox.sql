@@ -1,7 +1,8 @@
 -- The inbox: one marker per (consumer, key). The primary key is what decides
 -- races between concurrent claims; processed_at is indexed because retention
--- prunes by it.
-CREATE TABLE {{.Table}} (
+-- prunes by it. IF NOT EXISTS: pgxinbox creates the same table, and a user
+-- may switch stores.
+CREATE TABLE IF NOT EXISTS {{.Table}} (
     consumer     text        NOT NULL,
     key          text        NOT NULL,
     message_id   text        NOT NULL,
@@ -10,4 +11,4 @@ CREATE TABLE {{.Table}} (
     processed_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (consumer, key)
 );
-CREATE INDEX {{.Index}} ON {{.Table}} (processed_at);
+CREATE INDEX IF NOT EXISTS {{.Index}} ON {{.Table}} (processed_at);

@@ -1,7 +1,7 @@
 -- The inbox: one marker per (consumer, key). Times are fixed-width UTC text
 -- (2006-01-02T15:04:05.000000Z) so that they sort and compare as text; the
 -- default pads SQLite's millisecond clock to the same width.
-CREATE TABLE {{.Table}} (
+CREATE TABLE IF NOT EXISTS {{.Table}} (
     consumer     TEXT NOT NULL,
     key          TEXT NOT NULL,
     message_id   TEXT NOT NULL,
@@ -10,4 +10,4 @@ CREATE TABLE {{.Table}} (
     processed_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%f000Z', 'now')),
     PRIMARY KEY (consumer, key)
 ) WITHOUT ROWID;
-CREATE INDEX {{.Index}} ON {{.Table}} (processed_at);
+CREATE INDEX IF NOT EXISTS {{.Index}} ON {{.Table}} (processed_at);
