@@ -1,0 +1,211 @@
+package idemrabbitmq
+
+import (
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+// Verb is what the consumer tells the broker about one delivery.
+type Verb int
+
+const (
+	// Ack: basic.ack. The effect committed (Applied) or had committed before
+	// (Duplicate); the broker may forget the message.
+	Ack Verb = iota + 1
+	// Requeue: basic.nack with requeue, after a backoff. The message was not
+	// applied and will be delivered again.
+	Requeue
+	// DeadLetter: basic.reject without requeue, so the queue's dead-letter
+	// exchange receives it; or, with [Config.DeadLetterExchange], a confirmed
+	// republish carrying x-idem-reason followed by basic.ack.
+	DeadLetter
+)
+
+// String returns the lower-case name used in logs and metric labels.
+func (v Verb) String() string {
+	switch v {
+	case Ack:
+		return "ack"
+	case Requeue:
+		return "requeue"
+	case DeadLetter:
+		return "dead_letter"
+	}
+	return "unknown"
+}
+
+// VerbFor maps a processor outcome to the broker verb. It is the only place
+// in the package that makes this decision.
+//
+//   - Applied, Duplicate → Ack (only after the commit: the processor returns
+//     them only then)
+//   - Retry → Requeue after a backoff; never acked, so a commit whose outcome
+//     is unknown is redelivered and settled by the inbox
+//   - DeadLettered, Expired → DeadLetter, never acked as applied and never
+//     requeued, so a poison message cannot loop
+//   - anything else → Requeue: when in doubt, let the broker keep it
+func VerbFor(o idem.Outcome) Verb {
+	switch {
+	case o.Acked():
+		return Ack
+	case o == idem.DeadLettered, o == idem.Expired:
+		return DeadLetter
+	}
+	return Requeue
+}
+
+// tagState is where one delivery tag of the current channel stands.
+type tagState int8
+
+const (
+	processing tagState = iota // in a batch, in the database
+	ackable                    // finished; may be acked
+	waiting                    // Retry; to be nacked with requeue when due
+)
+
+type tagEntry struct {
+	tag   uint64
+	state tagState
+	due   time.Time // for waiting
+	res   idem.Result
+}
+
+// tracker holds every delivery tag of one channel that the broker has not
+// been told about yet, in delivery order. It decides how acks are sent so
+// that a multiple ack never covers a delivery that is not finished. A
+// tracker belongs to one channel: when the channel dies, the tracker is
+// dropped with it, because its tags mean nothing on the next channel
+// (acking them there closes it with 406 PRECONDITION_FAILED).
+type tracker struct {
+	entries  []tagEntry // ascending tags: the broker numbers deliveries in order
+	nWaiting int        // entries in state waiting
+}
+
+// op is one frame to send to the broker.
+type op struct {
+	verb     Verb
+	tag      uint64
+	multiple bool          // ack only
+	results  []idem.Result // of the deliveries this frame settles, for hooks
+}
+
+func (t *tracker) add(tag uint64) {
+	t.entries = append(t.entries, tagEntry{tag: tag, state: processing})
+}
+
+func (t *tracker) len() int { return len(t.entries) }
+
+func (t *tracker) find(tag uint64) int {
+	// Entries are few (at most the prefetch) and ascending.
+	lo, hi := 0, len(t.entries)
+	for lo < hi {
+		m := (lo + hi) / 2
+		if t.entries[m].tag < tag {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	if lo < len(t.entries) && t.entries[lo].tag == tag {
+		return lo
+	}
+	return -1
+}
+
+// finish records a batch's verbs. It returns the frames to send now: the
+// dead letters (rejected one by one: a rejected delivery must not wait
+// behind others) and the acks that became possible. Requeues wait until due;
+// see [tracker.due].
+func (t *tracker) finish(tags []uint64, verbs []Verb, results []idem.Result, requeueAt time.Time) []op {
+	var ops []op
+	for i, tag := range tags {
+		j := t.find(tag)
+		if j < 0 {
+			continue
+		}
+		t.entries[j].res = results[i]
+		switch verbs[i] {
+		case Ack:
+			t.entries[j].state = ackable
+		case Requeue:
+			t.entries[j].state, t.entries[j].due = waiting, requeueAt
+			t.nWaiting++
+		default:
+			ops = append(ops, op{verb: DeadLetter, tag: tag, results: []idem.Result{results[i]}})
+			t.remove(j)
+		}
+	}
+	return append(ops, t.acks()...)
+}
+
+// due returns the nacks whose wait is over at now, and the acks they
+// unblock.
+func (t *tracker) due(now time.Time) []op {
+	var ops []op
+	for j := 0; j < len(t.entries); {
+		e := t.entries[j]
+		if e.state == waiting && !e.due.After(now) {
+			ops = append(ops, op{verb: Requeue, tag: e.tag, results: []idem.Result{e.res}})
+			t.remove(j)
+			t.nWaiting--
+			continue
+		}
+		j++
+	}
+	return append(ops, t.acks()...)
+}
+
+// nextDue returns the earliest time a waiting requeue falls due.
+func (t *tracker) nextDue() (time.Time, bool) {
+	var next time.Time
+	if t.nWaiting == 0 {
+		return next, false
+	}
+	for _, e := range t.entries {
+		if e.state == waiting && (next.IsZero() || e.due.Before(next)) {
+			next = e.due
+		}
+	}
+	return next, !next.IsZero()
+}
+
+// acks returns the acks possible now. The finished prefix of the tags goes
+// in one multiple ack: every tag up to its last one is finished, so the
+// multiple flag covers nothing in flight. Finished tags behind a waiting
+// requeue are acked one by one, because a multiple ack would swallow the
+// requeue and a requeue may wait for seconds. Finished tags behind a batch
+// still in the database wait for it: it ends soon, and then one frame acks
+// them all.
+func (t *tracker) acks() []op {
+	var ops []op
+	n := 0
+	for n < len(t.entries) && t.entries[n].state == ackable {
+		n++
+	}
+	if n > 0 {
+		res := make([]idem.Result, n)
+		for i := range n {
+			res[i] = t.entries[i].res
+		}
+		ops = append(ops, op{verb: Ack, tag: t.entries[n-1].tag, multiple: n > 1, results: res})
+		t.entries = t.entries[n:]
+	}
+	if len(t.entries) == 0 || t.entries[0].state != waiting {
+		return ops
+	}
+	kept := t.entries[:0]
+	for _, e := range t.entries {
+		if e.state == ackable {
+			ops = append(ops, op{verb: Ack, tag: e.tag, results: []idem.Result{e.res}})
+			continue
+		}
+		kept = append(kept, e)
+	}
+	t.entries = kept
+	return ops
+}
+
+func (t *tracker) remove(j int) {
+	t.entries = append(t.entries[:j], t.entries[j+1:]...)
+}

@@ -1,0 +1,221 @@
+package idemrabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemkit/idem"
+)
+
+// Config configures a [Consumer]. Pass it to [NewConsumer], which applies
+// the defaults below and refuses an invalid configuration.
+type Config struct {
+	// URL is the broker's AMQP URI, e.g. amqp://guest:guest@127.0.0.1:5672/.
+	// Required.
+	URL string
+	// Queue is the queue to consume. Required. The consumer does not declare
+	// it; see [DeclareQuorumWithDLQ] for a topology that ends crash-looping
+	// messages in a dead-letter queue.
+	Queue string
+	// Prefetch is the basic.qos prefetch count: how many unacknowledged
+	// deliveries the broker lets this consumer hold. Defaults to 500. It must
+	// be at least BatchSize, or batches could never fill.
+	Prefetch int
+	// BatchSize is the most deliveries processed in one transaction.
+	// Defaults to 100. 1 processes each message alone.
+	BatchSize int
+	// BatchWait is how long a partial batch waits for more deliveries before
+	// it is processed anyway. Defaults to 20ms.
+	BatchWait time.Duration
+	// Workers is how many batches may be in the database at once. Defaults
+	// to 1, which keeps the queue's order. More workers raise throughput
+	// when the database round trip dominates, at the price of order: two
+	// batches of one queue may then commit in either order. Deliveries are
+	// still acknowledged only when committed, and a multiple ack never covers
+	// a delivery another worker still holds.
+	Workers int
+	// IDHeader names the header that carries the message identity. Empty
+	// (the default) uses the AMQP message_id property. When set, only the
+	// header is read; a delivery without it is dead-lettered.
+	IDHeader string
+	// DeadLetterExchange, when set, makes the consumer republish each
+	// dead-lettered or expired message to this exchange itself (with
+	// publisher confirms, persistent, the original properties and headers plus
+	// x-idem-reason, x-idem-outcome, x-idem-consumer, x-idem-queue), and ack
+	// the original only once the broker confirmed the copy. Empty (the
+	// default) rejects the message without requeue, so that the queue's own
+	// x-dead-letter-exchange receives it; the reason is then only logged.
+	// [Topology.DeadLetterExchange] is the usual value.
+	DeadLetterExchange string
+	// DeadLetterRoutingKey is the routing key of republished dead letters.
+	// Defaults to Queue, which is what [DeclareQuorumWithDLQ] binds.
+	DeadLetterRoutingKey string
+	// RequeueBackoff is the first wait before a delivery whose outcome is
+	// Retry is nacked back to the queue; consecutive Retry outcomes double
+	// it up to MaxRequeueBackoff. The processor has already retried in
+	// process, so a Retry usually means the database is down: while a
+	// requeue waits, no new batch starts. Defaults to 500ms.
+	RequeueBackoff time.Duration
+	// MaxRequeueBackoff caps RequeueBackoff. Defaults to 10s.
+	MaxRequeueBackoff time.Duration
+	// ReconnectBackoff is the first wait before reconnecting after the
+	// connection or channel was lost; it doubles up to MaxReconnectBackoff
+	// and resets once a session consumed successfully. Defaults to 100ms.
+	ReconnectBackoff time.Duration
+	// MaxReconnectBackoff caps ReconnectBackoff. Defaults to 10s.
+	MaxReconnectBackoff time.Duration
+	// ShutdownGrace is how long, after Run's context is cancelled, batches in
+	// flight may keep running to their commit before their transactions are
+	// cancelled (rolled back, left to redelivery). Defaults to 10s.
+	ShutdownGrace time.Duration
+	// ConnectionName is the client-provided connection name shown by the
+	// management UI and rabbitmqctl. Defaults to "idem-<consumer>".
+	ConnectionName string
+	// AMQP is the connection configuration (TLS, SASL, heartbeat, vhost).
+	// Optional. Its Recovery setting must stay nil: the consumer reconnects
+	// by itself, and a library-recovered channel would accept acks for tags
+	// of the channel that died.
+	AMQP *amqp.Config
+	// Logger receives connection events. Defaults to slog.Default().
+	Logger *slog.Logger
+	// Hooks receives deliveries, settlements and reconnects, for metrics.
+	// Optional.
+	Hooks Hooks
+	// Faults injects failures at the adapter's fault points, for tests and
+	// drills. Optional; nil costs nothing.
+	Faults FaultFunc
+}
+
+// Hooks observes a consumer, for metrics. Processor outcomes are counted by
+// the processor's own idem.Observer; these are the broker-side events. Calls
+// come from the consumer's goroutines and must not block. Embed [NopHooks]
+// to implement only some methods.
+type Hooks interface {
+	// Redelivered is called for each delivery the broker flagged as
+	// redelivered (idem_redelivered_total). The flag is a hint only; the
+	// inbox, not the flag, decides duplicates.
+	Redelivered(queue string)
+	// Settled is called once the broker was told verb about a message.
+	Settled(queue string, verb Verb, r idem.Result)
+	// Reconnecting is called when a session ended with err and the consumer
+	// is about to reconnect.
+	Reconnecting(queue string, err error)
+}
+
+// NopHooks implements [Hooks] and does nothing; embed it to override only
+// some methods.
+type NopHooks struct{}
+
+// Redelivered implements [Hooks].
+func (NopHooks) Redelivered(string) {}
+
+// Settled implements [Hooks].
+func (NopHooks) Settled(string, Verb, idem.Result) {}
+
+// Reconnecting implements [Hooks].
+func (NopHooks) Reconnecting(string, error) {}
+
+// FaultPoint names a place in the consumer where a test or a drill can
+// inject a failure.
+type FaultPoint string
+
+// BeforeSettle: the batch's transaction has ended (committed, for the
+// Applied messages) and the broker has not been told yet. An error there
+// withholds every ack of the batch and cuts the connection, exactly as a
+// crash or a broker restart between commit and ack would: the broker
+// redelivers, and the inbox turns the redeliveries into duplicates.
+const BeforeSettle FaultPoint = "before_settle"
+
+// FaultFunc is called at every fault point with the messages concerned. A
+// non-nil error makes the step fail there.
+type FaultFunc func(ctx context.Context, point FaultPoint, msgs []idem.Message) error
+
+// ErrConfig is wrapped by every configuration error from [NewConsumer].
+var ErrConfig = errors.New("invalid idemrabbitmq configuration")
+
+func (c *Config) setDefaults(consumer string) {
+	if c.Prefetch == 0 {
+		c.Prefetch = 500
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 100
+	}
+	if c.BatchWait == 0 {
+		c.BatchWait = 20 * time.Millisecond
+	}
+	if c.Workers == 0 {
+		c.Workers = 1
+	}
+	if c.DeadLetterRoutingKey == "" {
+		c.DeadLetterRoutingKey = c.Queue
+	}
+	if c.RequeueBackoff == 0 {
+		c.RequeueBackoff = 500 * time.Millisecond
+	}
+	if c.MaxRequeueBackoff == 0 {
+		c.MaxRequeueBackoff = 10 * time.Second
+	}
+	if c.ReconnectBackoff == 0 {
+		c.ReconnectBackoff = 100 * time.Millisecond
+	}
+	if c.MaxReconnectBackoff == 0 {
+		c.MaxReconnectBackoff = 10 * time.Second
+	}
+	if c.ShutdownGrace == 0 {
+		c.ShutdownGrace = 10 * time.Second
+	}
+	if c.ConnectionName == "" {
+		c.ConnectionName = "idem-" + consumer
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Hooks == nil {
+		c.Hooks = NopHooks{}
+	}
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	if c.URL == "" {
+		errs = append(errs, errors.New("URL is required"))
+	} else if _, err := amqp.ParseURI(c.URL); err != nil {
+		errs = append(errs, fmt.Errorf("parsing URL: %w", err))
+	}
+	if c.Queue == "" {
+		errs = append(errs, errors.New("queue is required"))
+	}
+	if c.BatchSize < 1 {
+		errs = append(errs, fmt.Errorf("batch size %d must be at least 1", c.BatchSize))
+	}
+	if c.Prefetch < c.BatchSize || c.Prefetch > 65535 {
+		errs = append(errs, fmt.Errorf("prefetch %d must be between batch size %d and 65535", c.Prefetch, c.BatchSize))
+	}
+	if c.BatchWait < 0 {
+		errs = append(errs, fmt.Errorf("batch wait %v must not be negative", c.BatchWait))
+	}
+	if c.Workers < 1 {
+		errs = append(errs, fmt.Errorf("workers %d must be at least 1", c.Workers))
+	}
+	if c.RequeueBackoff < 0 || c.MaxRequeueBackoff < c.RequeueBackoff {
+		errs = append(errs, fmt.Errorf("requeue backoff %v..%v is not a valid range", c.RequeueBackoff, c.MaxRequeueBackoff))
+	}
+	if c.ReconnectBackoff < 0 || c.MaxReconnectBackoff < c.ReconnectBackoff {
+		errs = append(errs, fmt.Errorf("reconnect backoff %v..%v is not a valid range", c.ReconnectBackoff, c.MaxReconnectBackoff))
+	}
+	if c.ShutdownGrace < 0 {
+		errs = append(errs, fmt.Errorf("shutdown grace %v must not be negative", c.ShutdownGrace))
+	}
+	if c.AMQP != nil && c.AMQP.Recovery != nil {
+		errs = append(errs, errors.New("AMQP.Recovery must be nil: the consumer reconnects by itself and must never ack an old tag on a recovered channel"))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: %w", ErrConfig, errors.Join(errs...))
+	}
+	return nil
+}
