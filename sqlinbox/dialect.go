@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -104,18 +105,39 @@ func (postgres) setLockTimeout(ctx context.Context, tx *sql.Tx, d time.Duration)
 }
 
 func (postgres) commitUnknown(err error) bool {
-	// The server answered: the transaction is rolled back (for example a
-	// deferred constraint failed), and the outcome is known.
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		return false
+		// An ERROR answer means the server rolled back (a deferred
+		// constraint failed, say): the outcome is known. A FATAL answer
+		// means the server is dropping the session, and it may do so after
+		// the commit is durable: terminating a backend that waits for a
+		// synchronous standby leaves the transaction committed locally.
+		// pg_terminate_backend before COMMIT also surfaces here, as 57P01.
+		return sessionEnding(pgErr)
 	}
 	// pgx sent COMMIT and the server answered ROLLBACK (the transaction had
 	// failed), or database/sql refused before anything reached the server.
 	if errors.Is(err, pgx.ErrTxCommitRollback) || errors.Is(err, sql.ErrTxDone) {
 		return false
 	}
+	// No answer: the connection broke.
 	return true
+}
+
+// sessionEnding reports whether the server sent e as it closed the session,
+// judged by the protocol's unlocalized severity and by SQLSTATE.
+func sessionEnding(e *pgconn.PgError) bool {
+	switch e.SeverityUnlocalized {
+	case "FATAL", "PANIC":
+		return true
+	}
+	switch {
+	case strings.HasPrefix(e.Code, "08"): // connection exception
+		return true
+	case e.Code == "57P01", e.Code == "57P02", e.Code == "57P03": // admin/crash shutdown, cannot connect now
+		return true
+	}
+	return false
 }
 
 func (postgres) classify(err error) idem.ErrorClass {

@@ -58,3 +58,15 @@ func migrated(t *testing.T, db *sql.DB, d sqlinbox.Dialect, cfg *sqlinbox.Config
 	}
 	return s
 }
+
+func postgresDialect() sqlinbox.Dialect { return sqlinbox.Postgres }
+
+// countRows counts the rows of table (a trusted name).
+func countRows(t *testing.T, db *sql.DB, table string) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow("SELECT count(*) FROM " + table).Scan(&n); err != nil {
+		t.Fatalf("counting %s: %v", table, err)
+	}
+	return n
+}
