@@ -1,0 +1,336 @@
+package idemkafka_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemkafka"
+	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/pgxinbox"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// kafkaEnv is one Kafka for one test: a fresh in-process kfake cluster, or
+// the real cluster named by IDEM_KAFKA_BROKERS with topics unique to the test.
+type kafkaEnv struct {
+	brokers []string
+	real    bool
+	suffix  string
+}
+
+func newKafka(t testing.TB) *kafkaEnv {
+	t.Helper()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	env := &kafkaEnv{suffix: hex.EncodeToString(b[:])}
+	if s := os.Getenv("IDEM_KAFKA_BROKERS"); s != "" {
+		env.brokers, env.real = strings.Split(s, ","), true
+		return env
+	}
+	c, err := kfake.NewCluster(
+		kfake.NumBrokers(1),
+		kfake.AllowAutoTopicCreation(),
+		// Short sessions so that churn settles in seconds (see DESIGN.md).
+		kfake.GroupMinSessionTimeout(100*time.Millisecond),
+	)
+	if err != nil {
+		t.Fatalf("starting kfake: %v", err)
+	}
+	t.Cleanup(c.Close)
+	env.brokers = c.ListenAddrs()
+	return env
+}
+
+// topic creates a topic with n partitions (and its dead-letter topic) and
+// returns its name.
+func (e *kafkaEnv) topic(t testing.TB, name string, n int32) string {
+	t.Helper()
+	name = name + "-" + e.suffix
+	cl := e.client(t)
+	adm := kadm.NewClient(cl)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, tn := range []string{name, name + ".dlq"} {
+		resp, err := adm.CreateTopic(ctx, n, 1, nil, tn)
+		if err == nil {
+			err = resp.Err
+		}
+		if err != nil {
+			t.Fatalf("creating topic %s: %v", tn, err)
+		}
+	}
+	return name
+}
+
+func (e *kafkaEnv) group(name string) string { return name + "-" + e.suffix }
+
+// client returns a plain client (producer, admin), closed at test end.
+func (e *kafkaEnv) client(t testing.TB, opts ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(append([]kgo.Opt{
+		kgo.SeedBrokers(e.brokers...),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.ProducerLinger(0),
+	}, opts...)...)
+	if err != nil {
+		t.Fatalf("creating client: %v", err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+// groupClient returns a client fit for a Consumer, with short session and
+// rebalance timeouts so that members that leave or die are replaced fast.
+func (e *kafkaEnv) groupClient(t testing.TB, group string, topics ...string) *kgo.Client {
+	t.Helper()
+	session, rebalance := 3*time.Second, 6*time.Second
+	if e.real {
+		session, rebalance = 6*time.Second, 10*time.Second // brokers refuse sessions under 6s by default
+	}
+	opts := append(idemkafka.GroupOptions(group, topics...),
+		kgo.SessionTimeout(session),
+		kgo.RebalanceTimeout(rebalance),
+		kgo.HeartbeatInterval(300*time.Millisecond),
+		kgo.FetchMaxWait(100*time.Millisecond),
+	)
+	return e.client(t, opts...)
+}
+
+// produce writes n records to topic, round-robin over parts partitions, with
+// IDs id(i).
+func produce(t testing.TB, cl *kgo.Client, topic string, parts int32, from, n int, id func(int) string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	recs := make([]*kgo.Record, 0, 1000)
+	flush := func() {
+		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+			t.Errorf("producing: %v", err)
+		}
+		recs = recs[:0]
+	}
+	for i := from; i < from+n; i++ {
+		r := idemkafka.NewRecord(topic, id(i), []byte(fmt.Sprint(i)), []byte(fmt.Sprintf(`{"id":%q}`, id(i))))
+		r.Partition = int32(i) % parts
+		recs = append(recs, r)
+		if len(recs) == cap(recs) {
+			flush()
+		}
+	}
+	if len(recs) > 0 {
+		flush()
+	}
+}
+
+func msgID(i int) string { return fmt.Sprintf("evt-%06d", i) }
+
+// outcomes counts the processor's results; it is the test's idem.Observer.
+type outcomes struct {
+	mu      sync.Mutex
+	n       map[idem.Outcome]int
+	waiters []waiter
+}
+
+type waiter struct {
+	o  idem.Outcome
+	n  int
+	ch chan struct{}
+}
+
+func newOutcomes() *outcomes { return &outcomes{n: make(map[idem.Outcome]int)} }
+
+func (o *outcomes) Observe(_ string, r idem.Result, _ time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.n[r.Outcome]++
+	kept := o.waiters[:0]
+	for _, w := range o.waiters {
+		if o.n[w.o] >= w.n {
+			close(w.ch)
+		} else {
+			kept = append(kept, w)
+		}
+	}
+	o.waiters = kept
+}
+
+func (o *outcomes) get(out idem.Outcome) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.n[out]
+}
+
+// reached is closed once outcome out was seen n times.
+func (o *outcomes) reached(out idem.Outcome, n int) <-chan struct{} {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	ch := make(chan struct{})
+	if o.n[out] >= n {
+		close(ch)
+		return ch
+	}
+	o.waiters = append(o.waiters, waiter{out, n, ch})
+	return ch
+}
+
+// commits records every offset commit the consumers report and signals when
+// every partition of a topic reached its end. It fails the test if a
+// partition's committed offset ever moves backwards.
+type commits struct {
+	idemkafka.NopHooks
+	t    testing.TB
+	mu   sync.Mutex
+	last map[int32]int64
+	log  map[int32][]int64
+	want map[int32]int64
+	done chan struct{}
+	dl   []*kgo.Record
+}
+
+func newCommits(t testing.TB, want map[int32]int64) *commits {
+	return &commits{t: t, last: map[int32]int64{}, log: map[int32][]int64{}, want: want, done: make(chan struct{})}
+}
+
+func (c *commits) OnCommit(topic string, p int32, offset int64, err error) {
+	if err != nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if prev, ok := c.last[p]; ok && offset < prev {
+		c.t.Errorf("committed offset of %s/%d moved backwards: %d after %d", topic, p, offset, prev)
+	}
+	c.last[p] = offset
+	c.log[p] = append(c.log[p], offset)
+	for part, end := range c.want {
+		if c.last[part] < end {
+			return
+		}
+	}
+	select {
+	case <-c.done:
+	default:
+		close(c.done)
+	}
+}
+
+func (c *commits) OnDeadLetter(r *kgo.Record, _ idem.Result, err error) {
+	if err == nil {
+		c.mu.Lock()
+		c.dl = append(c.dl, r)
+		c.mu.Unlock()
+	}
+}
+
+// ends returns the end offset per partition for n records produced
+// round-robin over parts partitions from offset 0.
+func ends(n int, parts int32) map[int32]int64 {
+	m := make(map[int32]int64, parts)
+	for i := range n {
+		m[int32(i)%parts]++
+	}
+	return m
+}
+
+// db is one test's PostgreSQL schema with the inbox and an effects table
+// without any unique constraint, so that an effect applied twice shows.
+type db struct {
+	pool  *pgxpool.Pool
+	store *pgxinbox.Store
+}
+
+func newDB(t testing.TB) *db {
+	t.Helper()
+	pool := pgtest.Pool(t)
+	ctx := context.Background()
+	store, err := pgxinbox.New(pool, &pgxinbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatalf("migrating inbox: %v", err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE effects (message_id text NOT NULL, source text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return &db{pool: pool, store: store}
+}
+
+// write is the business effect: one row per applied message.
+func write(ctx context.Context, tx pgx.Tx, m idem.Message) error {
+	_, err := tx.Exec(ctx, `INSERT INTO effects (message_id, source) VALUES ($1, $2)`, m.ID, m.Source)
+	return err
+}
+
+func (d *db) processor(t testing.TB, obs idem.Observer, h idem.Handler[pgx.Tx], mod ...func(*idem.Config[pgx.Tx])) *idem.Processor[pgx.Tx] {
+	t.Helper()
+	if h == nil {
+		h = write
+	}
+	cfg := &idem.Config[pgx.Tx]{Consumer: "kafka-test", Key: idem.ByMessageID, Handler: h, Observer: obs,
+		Retry: idem.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}}
+	for _, f := range mod {
+		f(cfg)
+	}
+	p, err := idem.NewProcessor(d.store, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// effects returns the number of effect rows and of distinct message IDs.
+func (d *db) effects(t testing.TB) (rows, distinct int) {
+	t.Helper()
+	err := d.pool.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT message_id) FROM effects`).Scan(&rows, &distinct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rows, distinct
+}
+
+// run starts c.Run in the background and returns a stop function that
+// cancels it and returns Run's error.
+func run[TTx any](t testing.TB, c *idemkafka.Consumer[TTx]) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- c.Run(ctx) }()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case err = <-errc:
+			case <-time.After(60 * time.Second):
+				err = fmt.Errorf("Run did not return within 60s of cancel")
+			}
+		})
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+// wait fails the test if ch is not closed within d.
+func wait(t testing.TB, ch <-chan struct{}, d time.Duration, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(d):
+		t.Fatalf("timed out after %v waiting for %s", d, what)
+	}
+}
