@@ -19,8 +19,15 @@ type Config[TTx any] struct {
 	// Natural is set: there is no silent default. [ByMessageID] is the common
 	// choice; [JSONKey] builds business keys.
 	Key KeyFunc
-	// Handler applies the effect inside the claim's transaction. Required.
+	// Handler applies the effect inside the claim's transaction. Required
+	// unless HandleBatch is set.
 	Handler Handler[TTx]
+	// HandleBatch, when set, replaces Handler: it is called once per
+	// transaction with every freshly claimed message, in message order, so
+	// it can write them all with one statement or one pipelined batch. On a
+	// batch of 100 this removes 99 round trips per transaction. An error
+	// fails the whole batch, which is then retried message by message.
+	HandleBatch BatchHandler[TTx]
 	// Natural declares the effect naturally idempotent (a set, an upsert, a
 	// recompute): no marker is written, but the handler still runs in a
 	// transaction with the same outcome, ack and dead-letter discipline.
@@ -74,8 +81,11 @@ func (c *Config[TTx]) validate() error {
 	if c.Key == nil && !c.Natural {
 		errs = append(errs, errors.New("key func is required (use idem.ByMessageID or a business key); set Natural for an effect with no marker"))
 	}
-	if c.Handler == nil {
+	switch {
+	case c.Handler == nil && c.HandleBatch == nil:
 		errs = append(errs, errors.New("handler is required"))
+	case c.Handler != nil && c.HandleBatch != nil:
+		errs = append(errs, errors.New("set Handler or HandleBatch, not both"))
 	}
 	if c.Retry.MaxAttempts < 1 {
 		errs = append(errs, fmt.Errorf("retry max attempts %d must be at least 1", c.Retry.MaxAttempts))

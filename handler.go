@@ -13,6 +13,10 @@ import (
 // A handler must not commit or roll back tx.
 type Handler[TTx any] func(ctx context.Context, tx TTx, msg Message) error
 
+// BatchHandler applies the effects of several messages inside tx, in the
+// order given. See Config.HandleBatch.
+type BatchHandler[TTx any] func(ctx context.Context, tx TTx, msgs []Message) error
+
 // JSON adapts a handler that takes the body decoded from JSON into T. A body
 // that does not decode is a permanent error: the message is dead-lettered.
 func JSON[T any, TTx any](h func(ctx context.Context, tx TTx, msg Message, v T) error) Handler[TTx] {

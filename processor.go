@@ -124,10 +124,10 @@ func (p *Processor[TTx]) ProcessTx(ctx context.Context, tx TTx, msg Message) (Re
 				return it.res, err
 			}
 		}
+		if err := p.handle(ctx, tx, fresh); err != nil {
+			return it.res, err
+		}
 		for _, f := range fresh {
-			if err := p.handle(ctx, tx, f); err != nil {
-				return it.res, err
-			}
 			f.res.Outcome = Applied
 		}
 	}
@@ -238,10 +238,8 @@ func (p *Processor[TTx]) runTx(ctx context.Context, items []*item) error {
 	if err := p.fault(ctx, AfterClaim, items); err != nil {
 		return err
 	}
-	for _, it := range fresh {
-		if err := p.handle(ctx, tx, it); err != nil {
-			return err
-		}
+	if err := p.handle(ctx, tx, fresh); err != nil {
+		return err
 	}
 	if err := p.fault(ctx, AfterHandler, items); err != nil {
 		return err
@@ -326,16 +324,37 @@ func (p *Processor[TTx]) claim(ctx context.Context, tx TTx, items []*item) ([]*i
 	return fresh, nil
 }
 
-// handle runs the handler for it. A panic is a poison message: it becomes a
-// permanent error rather than a crash loop.
-func (p *Processor[TTx]) handle(ctx context.Context, tx TTx, it *item) (err error) {
+// handle runs the handler for fresh, in message order. A panic is a poison
+// message: it becomes a permanent error rather than a crash loop (in a batch,
+// the message-by-message retry then finds the culprit).
+func (p *Processor[TTx]) handle(ctx context.Context, tx TTx, fresh []*item) (err error) {
+	if len(fresh) == 0 {
+		return nil
+	}
+	current := fresh[0]
 	defer func() {
 		if r := recover(); r != nil {
-			err = Permanent(fmt.Errorf("handler panicked on message %s: %v", it.msg.ID, r))
+			err = Permanent(fmt.Errorf("handler panicked on message %s: %v", current.msg.ID, r))
 		}
 	}()
-	if err := p.cfg.Handler(ctx, tx, it.msg); err != nil {
-		return fmt.Errorf("handling message %s: %w", it.msg.ID, err)
+	if p.cfg.HandleBatch != nil {
+		msgs := make([]Message, len(fresh))
+		for i, it := range fresh {
+			msgs[i] = it.msg
+		}
+		if err := p.cfg.HandleBatch(ctx, tx, msgs); err != nil {
+			if len(fresh) == 1 {
+				return fmt.Errorf("handling message %s: %w", current.msg.ID, err)
+			}
+			return fmt.Errorf("handling batch of %d messages: %w", len(fresh), err)
+		}
+		return nil
+	}
+	for _, it := range fresh {
+		current = it
+		if err := p.cfg.Handler(ctx, tx, it.msg); err != nil {
+			return fmt.Errorf("handling message %s: %w", it.msg.ID, err)
+		}
 	}
 	return nil
 }

@@ -66,6 +66,7 @@ func Run[TTx any](t *testing.T, h Harness[TTx]) {
 		{"Natural", s.natural},
 		{"ProcessTx", s.processTx},
 		{"LockTimeout", s.lockTimeout},
+		{"BatchHandler", s.batchHandler},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -541,4 +542,50 @@ func (s suite[TTx]) lockTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	want(t, p.Process(ctx, msg("evt-held")), idem.Duplicate)
+}
+
+// batchHandler checks Config.HandleBatch: one call per transaction with only
+// the fresh messages, in message order; a failing batch falls back to one
+// message at a time so the poison one is isolated.
+func (s suite[TTx]) batchHandler(t *testing.T) {
+	ctx := context.Background()
+	env := s.h.Open(t)
+	var mu sync.Mutex
+	var calls [][]string
+	p := s.proc(t, env, "ledger", nil, func(c *idem.Config[TTx]) {
+		c.Handler = nil
+		c.HandleBatch = func(ctx context.Context, tx TTx, msgs []idem.Message) error {
+			ids := make([]string, len(msgs))
+			for i, m := range msgs {
+				ids[i] = m.ID
+				if m.ID == "poison" {
+					return idem.Permanent(errors.New("cannot parse amount"))
+				}
+				if err := env.Apply(ctx, tx, "ledger", m.ID, m.ID); err != nil {
+					return err
+				}
+			}
+			mu.Lock()
+			calls = append(calls, ids)
+			mu.Unlock()
+			return nil
+		}
+	})
+	want(t, p.Process(ctx, msg("b")), idem.Applied)
+	rs := p.ProcessBatch(ctx, []idem.Message{msg("d"), msg("b"), msg("a"), msg("c")})
+	for _, r := range rs {
+		if !r.Outcome.Acked() {
+			t.Fatalf("%s: %v %v", r.MessageID, r.Outcome, r.Err)
+		}
+	}
+	if got := fmt.Sprint(calls); got != "[[b] [d a c]]" {
+		t.Fatalf("batch handler calls %s, want [[b] [d a c]] (fresh only, message order)", got)
+	}
+	rs = p.ProcessBatch(ctx, []idem.Message{msg("e"), msg("poison"), msg("f")})
+	if rs[0].Outcome != idem.Applied || rs[1].Outcome != idem.DeadLettered || rs[2].Outcome != idem.Applied {
+		t.Fatalf("poison in a batch handler: %v %v %v", rs[0].Outcome, rs[1].Outcome, rs[2].Outcome)
+	}
+	if c := count(t, env.Effects, "ledger", ""); c != 6 {
+		t.Fatalf("effects = %d, want 6", c)
+	}
 }

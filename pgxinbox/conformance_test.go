@@ -14,7 +14,7 @@ import (
 
 // open returns a migrated store on a fresh schema with an effects table that
 // has no unique constraint, so a double application would show.
-func open(t *testing.T) (*pgxpool.Pool, *pgxinbox.Store) {
+func open(t testing.TB) (*pgxpool.Pool, *pgxinbox.Store) {
 	t.Helper()
 	ctx := context.Background()
 	pool := pgtest.Pool(t)
