@@ -64,7 +64,7 @@ func TestCrashAfterDatabaseCommitBeforeOffsetCommit(t *testing.T) {
 	proc := d.processor(t, out, nil)
 
 	var commitsSeen atomic.Int32
-	a, err := idemkafka.NewConsumer(k.groupClient(t, group, topic), proc, &idemkafka.Config{
+	a, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), proc, &idemkafka.Config{
 		MaxBatch: 100,
 		Hooks:    obs,
 		Faults: func(_ context.Context, p idemkafka.FaultPoint, _ string, _ int32, _ int64) error {
@@ -87,7 +87,7 @@ func TestCrashAfterDatabaseCommitBeforeOffsetCommit(t *testing.T) {
 		t.Fatalf("the crash came after %d of %d effects; the test needs a crash in the middle", applied, n)
 	}
 
-	b, err := idemkafka.NewConsumer(k.groupClient(t, group, topic), proc, &idemkafka.Config{MaxBatch: 100, Hooks: obs})
+	b, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), proc, &idemkafka.Config{MaxBatch: 100, Hooks: obs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +127,7 @@ func TestRebalanceStorm(t *testing.T) {
 	out := newOutcomes()
 	proc := d.processor(t, out, nil)
 	member := func(h idemkafka.Hooks) *idemkafka.Consumer[pgx.Tx] {
-		c, err := idemkafka.NewConsumer(k.groupClient(t, group, topic), proc, &idemkafka.Config{MaxBatch: 200, Hooks: h})
+		c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), proc, &idemkafka.Config{MaxBatch: 200, Hooks: h})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -235,7 +235,7 @@ func TestOffsetResetReplaysWithoutEffects(t *testing.T) {
 
 	consumeAll := func() {
 		obs := newCommits(t, ends(n, parts))
-		c, err := idemkafka.NewConsumer(k.groupClient(t, group, topic), proc, &idemkafka.Config{Hooks: obs})
+		c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), proc, &idemkafka.Config{Hooks: obs})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -283,7 +283,7 @@ func TestSameIDAtTwoOffsets(t *testing.T) {
 	d := newDB(t)
 	out := newOutcomes()
 	obs := newCommits(t, ends(10, parts))
-	c, err := idemkafka.NewConsumer(k.groupClient(t, group, topic), d.processor(t, out, nil), &idemkafka.Config{Hooks: obs})
+	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), d.processor(t, out, nil), &idemkafka.Config{Hooks: obs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -342,7 +342,7 @@ func TestRecordWithoutIDIsDeadLettered(t *testing.T) {
 	produce(t, prod, topic, 1, 2, 2, msgID)
 	d := newDB(t)
 	obs := newCommits(t, map[int32]int64{0: 5})
-	c, err := idemkafka.NewConsumer(k.groupClient(t, group, topic), d.processor(t, nil, nil), &idemkafka.Config{Hooks: obs})
+	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), d.processor(t, nil, nil), &idemkafka.Config{Hooks: obs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -385,7 +385,7 @@ func TestPoisonRecordDeadLetteredPartitionsFlow(t *testing.T) {
 		return write(ctx, tx, m)
 	}
 	hooks := &poisonHooks{commits: newCommits(t, map[int32]int64{0: 3, 1: 4}), retried: make(chan struct{}), p1: partition1Done}
-	c, err := idemkafka.NewConsumer(k.groupClient(t, group, topic), d.processor(t, out, handler), &idemkafka.Config{
+	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), d.processor(t, out, handler), &idemkafka.Config{
 		MaxAttempts:    4,
 		InitialBackoff: 50 * time.Millisecond,
 		MaxBackoff:     50 * time.Millisecond,

@@ -93,7 +93,7 @@ func (e *kafkaEnv) client(t testing.TB, opts ...kgo.Opt) *kgo.Client {
 
 // groupClient returns a client fit for a Consumer, with short session and
 // rebalance timeouts so that members that leave or die are replaced fast.
-func (e *kafkaEnv) groupClient(t testing.TB, group string, topics ...string) *kgo.Client {
+func (e *kafkaEnv) groupClient(t testing.TB, group string, topics []string, extra ...kgo.Opt) *kgo.Client {
 	t.Helper()
 	session, rebalance := 3*time.Second, 6*time.Second
 	if e.real {
@@ -105,7 +105,7 @@ func (e *kafkaEnv) groupClient(t testing.TB, group string, topics ...string) *kg
 		kgo.HeartbeatInterval(300*time.Millisecond),
 		kgo.FetchMaxWait(100*time.Millisecond),
 	)
-	return e.client(t, opts...)
+	return e.client(t, append(opts, extra...)...)
 }
 
 // produce writes n records to topic, round-robin over parts partitions, with
