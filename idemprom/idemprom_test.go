@@ -1,0 +1,59 @@
+package idemprom_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemprom"
+	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/pgxinbox"
+)
+
+// TestCountsOutcomes runs a real processor on PostgreSQL and reads the
+// counters back: applied, duplicate, dead-lettered and a key conflict.
+func TestCountsOutcomes(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	store, err := pgxinbox.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	m := idemprom.New(reg)
+	if again := idemprom.New(reg); again == nil {
+		t.Fatal("second New on the same registry must reuse the collectors")
+	}
+	p, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{
+		Consumer: "ledger", Key: idem.ByMessageID, Observer: m,
+		Handler: func(context.Context, pgx.Tx, idem.Message) error { return nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Process(ctx, idem.Message{ID: "evt-1", Body: []byte("a")})
+	p.Process(ctx, idem.Message{ID: "evt-1", Body: []byte("a")})
+	p.Process(ctx, idem.Message{ID: "evt-1", Body: []byte("b")})
+	p.Process(ctx, idem.Message{})
+	m.Redelivered("ledger")
+
+	for outcome, want := range map[string]float64{"applied": 1, "duplicate": 2, "dead_lettered": 1} {
+		if got := testutil.ToFloat64(m.MessagesCounter().WithLabelValues("ledger", outcome)); got != want {
+			t.Errorf("idem_messages_total{outcome=%q} = %v, want %v", outcome, got, want)
+		}
+	}
+	if n, err := testutil.GatherAndCount(reg, "idem_key_conflicts_total", "idem_redelivered_total", "idem_process_seconds"); err != nil || n != 3 {
+		t.Fatalf("gathered %d series (%v), want conflicts, redelivered and the histogram", n, err)
+	}
+	conflicts, err := testutil.GatherAndCount(reg, "idem_key_conflicts_total")
+	if err != nil || conflicts != 1 {
+		t.Fatalf("conflict series %d (%v)", conflicts, err)
+	}
+}
