@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -244,6 +245,10 @@ func ends(n int, parts int32) map[int32]int64 {
 	return m
 }
 
+// testLogger keeps what a person should see (warnings) and drops the
+// per-duplicate info lines the replay tests produce by the thousand.
+var testLogger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+
 // db is one test's PostgreSQL schema with the inbox and an effects table
 // without any unique constraint, so that an effect applied twice shows.
 type db struct {
@@ -279,7 +284,7 @@ func (d *db) processor(t testing.TB, obs idem.Observer, h idem.Handler[pgx.Tx], 
 	if h == nil {
 		h = write
 	}
-	cfg := &idem.Config[pgx.Tx]{Consumer: "kafka-test", Key: idem.ByMessageID, Handler: h, Observer: obs,
+	cfg := &idem.Config[pgx.Tx]{Consumer: "kafka-test", Key: idem.ByMessageID, Handler: h, Observer: obs, Logger: testLogger,
 		Retry: idem.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}}
 	for _, f := range mod {
 		f(cfg)

@@ -1,0 +1,122 @@
+package idemkafka_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemkafka"
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// An ID extractor and an event-time header replace the defaults; a record
+// whose time header does not parse is bad input and is dead-lettered.
+func TestIDExtractorAndEventTime(t *testing.T) {
+	t.Parallel()
+	k := newKafka(t)
+	topic := k.topic(t, "extract", 1)
+	group := k.group("extract")
+	prod := k.client(t)
+	at := time.Date(2026, 3, 1, 23, 59, 0, 0, time.UTC)
+	recs := []*kgo.Record{
+		{Topic: topic, Key: []byte("order-1"), Headers: []kgo.RecordHeader{{Key: "event-time", Value: []byte(at.Format(time.RFC3339Nano))}}},
+		{Topic: topic, Key: []byte("order-2"), Headers: []kgo.RecordHeader{{Key: "event-time", Value: []byte("yesterday")}}},
+		{Topic: topic, Key: []byte("order-1"), Headers: []kgo.RecordHeader{{Key: "event-time", Value: []byte(at.Format(time.RFC3339Nano))}}},
+	}
+	if err := prod.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	d := newDB(t)
+	var mu sync.Mutex
+	var seen []idem.Message
+	handler := func(ctx context.Context, tx pgx.Tx, m idem.Message) error {
+		mu.Lock()
+		seen = append(seen, m)
+		mu.Unlock()
+		return write(ctx, tx, m)
+	}
+	out := newOutcomes()
+	obs := newCommits(t, map[int32]int64{0: 3})
+	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), d.processor(t, out, handler), &idemkafka.Config{
+		ID:         func(r *kgo.Record) (string, error) { return string(r.Key), nil },
+		TimeHeader: "event-time",
+		Hooks:      obs,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	wait(t, obs.done, 60*time.Second, "the partition committed")
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != 1 || seen[0].ID != "order-1" || !seen[0].Time.Equal(at) || seen[0].Source != topic+"/0" || seen[0].Attempt != 1 {
+		t.Fatalf("handler saw %+v; want order-1 once with time %v from %s/0, attempt 1", seen, at, topic)
+	}
+	if dup := out.get(idem.Duplicate); dup != 1 {
+		t.Errorf("duplicates %d, want 1", dup)
+	}
+	dl := readDLQ(t, k, topic+".dlq", 1)[0]
+	if string(dl.Key) != "order-2" || !strings.Contains(header(dl, idemkafka.HeaderError), idemkafka.ErrBadTime.Error()) {
+		t.Errorf("dead letter key %q error %q; want order-2 with %q", dl.Key, header(dl, idemkafka.HeaderError), idemkafka.ErrBadTime)
+	}
+}
+
+// A permanent error skips the retry budget: one try, then the dead-letter
+// topic. After a graceful stop the member has left the group.
+func TestPermanentErrorDeadLetteredAtOnce(t *testing.T) {
+	t.Parallel()
+	k := newKafka(t)
+	topic := k.topic(t, "permanent", 1)
+	group := k.group("permanent")
+	produce(t, k.client(t), topic, 1, 0, 3, func(i int) string { return []string{"ok-1", "bad", "ok-2"}[i] })
+	d := newDB(t)
+	handler := func(ctx context.Context, tx pgx.Tx, m idem.Message) error {
+		if m.ID == "bad" {
+			return idem.Permanent(errors.New("unknown customer"))
+		}
+		return write(ctx, tx, m)
+	}
+	hooks := &countRetries{commits: newCommits(t, map[int32]int64{0: 3})}
+	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), d.processor(t, nil, handler), &idemkafka.Config{Hooks: hooks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	wait(t, hooks.done, 60*time.Second, "the partition committed")
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if n := hooks.retries.Load(); n != 0 {
+		t.Errorf("%d retries of a permanent error, want 0", n)
+	}
+	if rows, _ := d.effects(t); rows != 2 {
+		t.Errorf("effects: %d rows, want 2", rows)
+	}
+	dl := readDLQ(t, k, topic+".dlq", 1)[0]
+	if header(dl, idemkafka.DefaultIDHeader) != "bad" || header(dl, idemkafka.HeaderAttempts) != "1" ||
+		!strings.Contains(header(dl, idemkafka.HeaderError), "unknown customer") {
+		t.Errorf("dead letter headers %v; want bad, 1 attempt, the handler's error", dl.Headers)
+	}
+	groups, err := kadm.NewClient(k.client(t)).DescribeGroups(context.Background(), group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := groups[group]; len(g.Members) != 0 {
+		t.Errorf("group %s has %d members after Run returned; want it left", group, len(g.Members))
+	}
+}
+
+type countRetries struct {
+	*commits
+	retries atomic.Int32
+}
+
+func (h *countRetries) OnRetry(*kgo.Record, int, idem.Result) { h.retries.Add(1) }
