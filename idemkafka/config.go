@@ -48,7 +48,9 @@ type Config struct {
 	// MaxBackoff caps the pause between tries. Defaults to 5s.
 	MaxBackoff time.Duration
 	// DeadLetterTopic names the dead-letter topic of a topic. Defaults to
-	// topic + ".dlq".
+	// topic + ".dlq". The topic must exist (or the cluster must create
+	// topics on first use): until a dead letter is acknowledged, its
+	// partition waits, because moving past it would lose the record.
 	DeadLetterTopic func(topic string) string
 	// DeadLetterClient produces dead letters. Defaults to the consuming
 	// client.

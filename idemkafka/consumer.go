@@ -156,6 +156,10 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 				c.cl.LeaveGroup()
 			}
 			return nil
+		case fetches.NumRecords() == 0 && len(fetches.Errors()) > 0:
+			// A broker that keeps failing (authorization, an unknown topic)
+			// answers at once; do not spin on it.
+			_ = sleep(ctx, c.cfg.InitialBackoff)
 		}
 	}
 }
