@@ -12,10 +12,21 @@ import (
 	"text/template"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem"
 )
 
-//go:embed migrations/*.sql
+//go:embed migrations/*.sql migrations/partitioned/*.sql
 var migrationFS embed.FS
+
+// migrationDir holds the migrations of a layout. The layouts have separate
+// histories: a table is created in one layout and stays in it.
+func (s *Store) migrationDir() string {
+	if s.layout == Partitioned {
+		return "migrations/partitioned"
+	}
+	return "migrations"
+}
 
 // migration is one versioned schema change, rendered for a table name.
 type migration struct {
@@ -25,9 +36,16 @@ type migration struct {
 }
 
 func (s *Store) migrations() ([]migration, error) {
-	entries, err := fs.ReadDir(migrationFS, "migrations")
+	dir := s.migrationDir()
+	all, err := fs.ReadDir(migrationFS, dir)
 	if err != nil {
 		return nil, err
+	}
+	entries := all[:0:0]
+	for _, e := range all {
+		if !e.IsDir() {
+			entries = append(entries, e)
+		}
 	}
 	sort.Slice(entries, func(i, j int) bool { return entries[i].Name() < entries[j].Name() })
 	data := map[string]string{"Table": s.name}
@@ -44,7 +62,7 @@ func (s *Store) migrations() ([]migration, error) {
 		if err != nil {
 			return nil, fmt.Errorf("migration %s has no version prefix", e.Name())
 		}
-		raw, err := migrationFS.ReadFile("migrations/" + e.Name())
+		raw, err := migrationFS.ReadFile(dir + "/" + e.Name())
 		if err != nil {
 			return nil, err
 		}
@@ -64,8 +82,29 @@ func (s *Store) migrations() ([]migration, error) {
 // Migrate brings the inbox table up to the newest schema version. It is safe
 // to call on every start and from several processes at once: migrators queue
 // on an advisory lock, and each version is applied once, recorded in
-// idem_migrations next to the inbox table.
+// idem_migrations next to the inbox table. It refuses a table that exists in
+// the other layout. For the partitioned layout it then creates the daily
+// partitions of the whole window and of the next days (see
+// [Store.EnsurePartitions]), so the first claims find a partition.
 func (s *Store) Migrate(ctx context.Context) error {
+	if err := s.migrate(ctx); err != nil {
+		return err
+	}
+	if s.layout != Partitioned {
+		return nil
+	}
+	now, err := s.now(ctx)
+	if err != nil {
+		return fmt.Errorf("migrating inbox: %w", err)
+	}
+	days := int(s.window/day) + 1 + DefaultDaysAhead
+	if _, err := s.EnsurePartitions(ctx, now.Add(-s.window), days); err != nil {
+		return fmt.Errorf("migrating inbox: %w", err)
+	}
+	return nil
+}
+
+func (s *Store) migrate(ctx context.Context) error {
 	ms, err := s.migrations()
 	if err != nil {
 		return err
@@ -105,6 +144,16 @@ func (s *Store) Migrate(ctx context.Context) error {
 			return fmt.Errorf("applying migration %s: %w", m.name, err)
 		}
 		current = m.version
+	}
+	// CREATE TABLE IF NOT EXISTS keeps a table of the other layout; using it
+	// would either fail every claim or, worse, not deduplicate as configured.
+	var kind string
+	if err := tx.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = $1::regclass`, s.name).Scan(&kind); err != nil {
+		return fmt.Errorf("checking inbox layout: %w", err)
+	}
+	if got := map[string]Layout{"r": Plain, "p": Partitioned}[kind]; got != s.layout || (kind != "r" && kind != "p") {
+		return fmt.Errorf("%w: pgxinbox: table %s exists with relkind %q, not the %s layout; use another table name for the %s layout",
+			idem.ErrConfig, s.name, kind, s.layout, s.layout)
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO `+bookkeeping+` (table_name, version) VALUES ($1, $2)
 ON CONFLICT (table_name) DO UPDATE SET version = EXCLUDED.version, applied_at = now()`, s.name, current); err != nil {

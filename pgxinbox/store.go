@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/retention"
 )
 
 // DB is what the store needs from a pool: *pgxpool.Pool satisfies it, and so
@@ -27,7 +28,69 @@ type Config struct {
 	// Table is the inbox table, optionally schema-qualified ("billing.inbox").
 	// Defaults to "idem_inbox". Each part must match ^[A-Za-z_][A-Za-z0-9_]{0,62}$.
 	Table string
+	// Layout is the table's layout: [Plain] (the default), pruned by batched
+	// DELETE, or [Partitioned] by day of event time, whose old partitions are
+	// dropped. It is fixed when the table is created; [Store.Migrate] refuses
+	// a table of the other layout.
+	Layout Layout
+	// Window is how long markers are kept, counted from the later of their
+	// event time and their write time. Defaults to 14 days. Give consumers
+	// the same window through [Store.Horizon], so that the horizon guard and
+	// the prune agree (see package retention for the proof).
+	Window time.Duration
+	// Hooks receives retention metrics (markers pruned, partitions dropped,
+	// oldest marker age). Optional.
+	Hooks retention.Hooks
 }
+
+// Layout is how an inbox table is laid out on disk.
+type Layout int
+
+const (
+	// Plain is one table with PRIMARY KEY (consumer, key); [Store.Prune]
+	// deletes old markers in bounded batches. Messages need no event time.
+	Plain Layout = iota
+	// Partitioned is a table partitioned by RANGE (event_time), one partition
+	// per UTC day, with PRIMARY KEY (consumer, key, event_time): PostgreSQL
+	// only enforces uniqueness inside a partition, so the partition column is
+	// part of the key, and it must be a function of the message (the
+	// producer's time or the time in a UUIDv7 ID) for a redelivery to land
+	// in the same partition as the first delivery. A message without an
+	// event time is refused with a permanent error (dead-lettered). Expired
+	// days go with [Store.DropPartitions], which writes no WAL per row and
+	// leaves no dead tuples.
+	//
+	// Because the event time is part of the key, two different messages
+	// with the same business key but different event times are two effects:
+	// use this layout with keys that determine their event time, such as
+	// [idem.ByMessageID].
+	Partitioned
+)
+
+// String names the layout as the CLI spells it.
+func (l Layout) String() string {
+	switch l {
+	case Plain:
+		return "plain"
+	case Partitioned:
+		return "partitioned"
+	}
+	return fmt.Sprintf("Layout(%d)", int(l))
+}
+
+// ErrNoEventTime is wrapped (inside an [idem.Permanent] error) by a
+// partitioned inbox's claim of a message without an event time: the inbox
+// could not tell a redelivery from a new message, so the message is
+// dead-lettered rather than applied unguarded. Give messages a time
+// (Message.Time: a producer header, [idem.TimeFromUUIDv7]).
+var ErrNoEventTime = errors.New("message has no event time, which the partitioned inbox needs to find its marker")
+
+// ErrNoPartition is wrapped by a partitioned inbox's claim when no partition
+// covers a message's event time: partitions were not created far enough
+// ahead (run [Store.EnsurePartitions] daily), or the message is older than
+// the oldest partition (a consumer without the horizon guard). It is
+// transient: the message is retried, then left to the broker, not lost.
+var ErrNoPartition = errors.New("no inbox partition covers the message's event time (create partitions ahead: idem inbox partitions ensure)")
 
 // Store is the PostgreSQL inbox on pgx. It implements idem.Store[pgx.Tx]:
 // handlers receive the pgx.Tx that holds their claim.
@@ -36,6 +99,10 @@ type Store struct {
 	table pgx.Identifier
 	name  string // quoted table name
 	sql   queries
+
+	layout Layout
+	window time.Duration
+	hooks  retention.Hooks
 }
 
 type queries struct {
@@ -57,7 +124,26 @@ func New(db DB, cfg *Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{db: db, table: id, name: id.Sanitize()}
+	s := &Store{db: db, table: id, name: id.Sanitize(), window: retention.DefaultWindow, hooks: retention.NopHooks{}}
+	if cfg != nil {
+		if cfg.Layout != Plain && cfg.Layout != Partitioned {
+			return nil, fmt.Errorf("%w: pgxinbox: unknown layout %d", idem.ErrConfig, cfg.Layout)
+		}
+		if cfg.Window < 0 {
+			return nil, fmt.Errorf("%w: pgxinbox: window %v must be positive", idem.ErrConfig, cfg.Window)
+		}
+		s.layout = cfg.Layout
+		if cfg.Window > 0 {
+			s.window = cfg.Window
+		}
+		s.hooks = retention.Or(cfg.Hooks, nil)
+	}
+	// The partitioned table's unique key includes the partition column; the
+	// conflict target must name exactly that key.
+	conflict := "(consumer, key)"
+	if s.layout == Partitioned {
+		conflict = "(consumer, key, event_time)"
+	}
 	// The claim is the whole point of the library; it is spelled out here,
 	// once. Claims arrive sorted by key; WITH ORDINALITY keeps that order so
 	// concurrent batches take row locks in the same order and cannot
@@ -68,7 +154,7 @@ SELECT $1, c.key, c.message_id, c.body_sha256, c.event_time
 FROM unnest($2::text[], $3::text[], $4::bytea[], $5::timestamptz[]) WITH ORDINALITY
      AS c(key, message_id, body_sha256, event_time, n)
 ORDER BY c.n
-ON CONFLICT (consumer, key) DO NOTHING
+ON CONFLICT ` + conflict + ` DO NOTHING
 RETURNING i.key`
 	s.sql.lookup = `SELECT key, message_id, body_sha256, processed_at FROM ` + s.name + `
 WHERE consumer = $1 AND key = ANY($2::text[])`
@@ -90,6 +176,17 @@ func parseIdent(name string) (pgx.Identifier, error) {
 
 // Table returns the quoted inbox table name, for maintenance queries.
 func (s *Store) Table() string { return s.name }
+
+// Layout returns the table's layout.
+func (s *Store) Layout() Layout { return s.layout }
+
+// Window returns the retention window.
+func (s *Store) Window() time.Duration { return s.window }
+
+// Horizon returns the horizon guard that matches this store's retention, for
+// idem.Config.Horizon: consumers then expire exactly the messages whose
+// markers the prune may have removed.
+func (s *Store) Horizon() idem.Horizon { return idem.Horizon{Window: s.window} }
 
 // Begin starts a transaction.
 func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) { return s.db.Begin(ctx) }
@@ -119,6 +216,9 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims []
 	hashes := make([][]byte, len(claims))
 	times := make([]pgtype.Timestamptz, len(claims))
 	for i, c := range claims {
+		if s.layout == Partitioned && c.EventTime.IsZero() {
+			return nil, idem.Permanent(fmt.Errorf("claiming key %q of message %s: %w", c.Key, c.MessageID, ErrNoEventTime))
+		}
 		keys[i], ids[i], hashes[i] = c.Key, c.MessageID, c.BodySHA256
 		times[i] = pgtype.Timestamptz{Time: c.EventTime, Valid: !c.EventTime.IsZero()}
 	}
@@ -136,6 +236,9 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims []
 		return err
 	})
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		if s.layout == Partitioned && noPartition(err) {
+			return nil, fmt.Errorf("%w: %w", ErrNoPartition, err)
+		}
 		return nil, err
 	}
 	inserted := make([]bool, len(claims))
@@ -166,7 +269,20 @@ func (s *Store) Lookup(ctx context.Context, tx pgx.Tx, consumer string, keys []s
 // same way every time; everything else, including serialization failures,
 // deadlocks, lock timeouts, admin shutdowns and lost connections, may
 // succeed on another try.
-func (s *Store) Classify(err error) idem.ErrorClass { return Classify(err) }
+func (s *Store) Classify(err error) idem.ErrorClass {
+	if errors.Is(err, ErrNoPartition) {
+		return idem.ClassTransient // partitions may be created meanwhile
+	}
+	return Classify(err)
+}
+
+// noPartition reports PostgreSQL's "no partition of relation found for row":
+// a check violation (23514) without a constraint name, which a CHECK
+// constraint always has.
+func noPartition(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23514" && pgErr.ConstraintName == ""
+}
 
 // Classify is the SQLSTATE-based error classification of [Store.Classify],
 // for code outside a store.
