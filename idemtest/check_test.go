@@ -17,11 +17,11 @@ import (
 var ignoreUpdatedAt = &idemtest.SnapshotOptions{Ignore: []string{"updated_at"}}
 
 // guarded adds to the balance behind an inbox claim: idempotent.
-var guarded = idem.Config[pgx.Tx]{Consumer: "ledger-credit", Key: idem.ByMessageID, Handler: exec(addToBalance)}
+var guarded = idem.Config[pgx.Tx]{Consumer: "ledger-credit", Key: idem.ByMessageID, Handler: execSQL(addToBalance)}
 
 // falselyNatural adds to the balance and claims to be naturally idempotent,
 // which it is not: no marker guards the increment.
-var falselyNatural = idem.Config[pgx.Tx]{Consumer: "ledger-credit", Natural: true, Handler: exec(addToBalance)}
+var falselyNatural = idem.Config[pgx.Tx]{Consumer: "ledger-credit", Natural: true, Handler: execSQL(addToBalance)}
 
 func TestDeliverTwiceCatchesFalseNaturalClaim(t *testing.T) {
 	t.Parallel()
@@ -47,7 +47,7 @@ func TestDeliverTwicePassesGuardedConsumer(t *testing.T) {
 func TestDeliverTwicePassesTrueNaturalConsumer(t *testing.T) {
 	t.Parallel()
 	setter := idem.Config[pgx.Tx]{Consumer: "ledger-set", Natural: true,
-		Handler: exec(`UPDATE balances SET balance = 12500 WHERE account = 'acc-1'`)}
+		Handler: execSQL(`UPDATE balances SET balance = 12500 WHERE account = 'acc-1'`)}
 	setup := pgSetup(balancesDDL, setter, nil)
 	mustPass(t, func(tb testing.TB) {
 		proc, snap := setup(tb, nil)
@@ -89,7 +89,7 @@ func TestDeliverTwiceCatchesUnstableKey(t *testing.T) {
 func TestDeliverTwiceStopsOnFailedFirstDelivery(t *testing.T) {
 	t.Parallel()
 	broken := guarded
-	broken.Handler = exec(`UPDATE no_such_table SET x = 1`)
+	broken.Handler = execSQL(`UPDATE no_such_table SET x = 1`)
 	setup := pgSetup(balancesDDL, broken, nil)
 	f := observe(t, func(tb testing.TB) {
 		proc, snap := setup(tb, nil)

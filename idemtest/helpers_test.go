@@ -135,7 +135,7 @@ func pgSetup(ddl string, cfg idem.Config[pgx.Tx], snapOpts *idemtest.SnapshotOpt
 	}
 }
 
-func exec(q string, args ...any) idem.Handler[pgx.Tx] {
+func execSQL(q string, args ...any) idem.Handler[pgx.Tx] {
 	return func(ctx context.Context, tx pgx.Tx, _ idem.Message) error {
 		_, err := tx.Exec(ctx, q, args...)
 		return err
