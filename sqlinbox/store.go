@@ -115,7 +115,7 @@ func (s *Store) Rollback(_ context.Context, tx *sql.Tx) error {
 }
 
 // claimParams is the number of bind parameters per claimed row.
-const claimParams = 4
+const claimParams = 5
 
 // Claim inserts the markers in one statement per chunk of claims (one chunk
 // unless the batch exceeds the dialect's parameter limit), in the order given,
@@ -130,7 +130,7 @@ func (s *Store) Claim(ctx context.Context, tx *sql.Tx, consumer string, claims [
 			return nil, fmt.Errorf("setting lock timeout: %w", err)
 		}
 	}
-	chunk := (s.dialect.maxParams() - 1) / claimParams
+	chunk := s.dialect.maxParams() / claimParams
 	for start := 0; start < len(claims); start += chunk {
 		end := min(start+chunk, len(claims))
 		if err := s.claimChunk(ctx, tx, consumer, claims[start:end], inserted[start:end]); err != nil {
@@ -144,18 +144,17 @@ func (s *Store) claimChunk(ctx context.Context, tx *sql.Tx, consumer string, cla
 	var b strings.Builder
 	b.Grow(len(s.insertHead) + len(s.insertTail) + len(claims)*32)
 	b.WriteString(s.insertHead)
-	args := make([]any, 0, 1+len(claims)*claimParams)
-	args = append(args, consumer)
-	cons := s.dialect.placeholder(1) // the consumer is bound once and reused
+	args := make([]any, 0, len(claims)*claimParams)
 	for i, c := range claims {
 		if i > 0 {
 			b.WriteByte(',')
 		}
 		n := len(args)
 		b.WriteByte('(')
-		b.WriteString(cons)
 		for j := 1; j <= claimParams; j++ {
-			b.WriteByte(',')
+			if j > 1 {
+				b.WriteByte(',')
+			}
 			b.WriteString(s.dialect.placeholder(n + j))
 		}
 		b.WriteByte(')')
@@ -167,7 +166,7 @@ func (s *Store) claimChunk(ctx context.Context, tx *sql.Tx, consumer string, cla
 		if body == nil {
 			body = []byte{} // the column is NOT NULL; an absent hash is empty
 		}
-		args = append(args, c.Key, c.MessageID, body, et)
+		args = append(args, consumer, c.Key, c.MessageID, body, et)
 	}
 	b.WriteString(s.insertTail)
 	rows, err := tx.QueryContext(ctx, b.String(), args...)
