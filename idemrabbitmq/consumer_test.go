@@ -1,0 +1,540 @@
+package idemrabbitmq_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemrabbitmq"
+)
+
+// The incident of seed 003: a broker restart requeued 3,100 unacked
+// messages and the consumer applied them again. Here the consumer commits
+// a part of them, the connection is cut with those acks withheld, and later
+// cut again from the broker's side; the consumer reconnects by itself.
+func TestIncidentRedeliveryAfterCut(t *testing.T) {
+	t.Parallel()
+	const n = 3100
+	conn := broker(t)
+	topo := topology(t, conn, nil)
+	d := newDB(t, uniqueName(t))
+	publish(t, conn, topo.Queue, 0, n, msgID)
+
+	cfg := config(t, topo.Queue)
+	var processed atomic.Int64
+	var withheld, secondCut atomic.Bool
+	cutNow, cutDone := make(chan struct{}), make(chan struct{})
+	cfg.Faults = func(ctx context.Context, p idemrabbitmq.FaultPoint, msgs []idem.Message) error {
+		total := processed.Add(int64(len(msgs)))
+		// Once ~1,000 messages committed, withhold one batch's acks and cut
+		// the connection: exactly a restart between commit and ack.
+		if total >= 1000 && withheld.CompareAndSwap(false, true) {
+			return errors.New("drill: broker restart before ack")
+		}
+		// At ~2,000, hold a committed batch while the broker itself closes
+		// the connection; its acks then have nowhere to go.
+		if total >= 2000 && secondCut.CompareAndSwap(false, true) {
+			close(cutNow)
+			<-cutDone
+		}
+		return nil
+	}
+	rec := newSettlements()
+	cfg.Hooks = rec
+	c, err := idemrabbitmq.NewConsumer(d.processor(t, nil), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+
+	select {
+	case <-cutNow:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the stream never reached 2,000 messages")
+	}
+	how := "rabbitmqctl close_connection"
+	if !closeByName(t, cfg.ConnectionName) {
+		// No rabbitmqctl here: cut at the socket instead.
+		how = "DropConnection"
+		if !c.DropConnection() {
+			t.Error("no connection to drop while a batch was held")
+		}
+	}
+	close(cutDone)
+	t.Logf("second cut by %s", how)
+	rec.waitUntil(t, 60*time.Second, "every message acked", func() bool { return rec.distinctAcked() == n })
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+
+	rows, distinct := d.effects(t)
+	st := c.Stats()
+	t.Logf("effects %d, stats %+v", rows, st)
+	if rows != n || distinct != n {
+		t.Fatalf("effects: %d rows, %d distinct; want exactly %d", rows, distinct, n)
+	}
+	if !withheld.Load() {
+		t.Fatal("the drill never withheld acks")
+	}
+	if st.Duplicates == 0 || st.Redelivered == 0 {
+		t.Fatalf("no redelivered duplicates counted (%+v): the cut did not cause the incident's redelivery", st)
+	}
+	if st.Reconnects < 2 {
+		t.Fatalf("reconnects = %d, want at least 2 (two cuts)", st.Reconnects)
+	}
+	if q := depth(t, conn, topo.Queue); q != 0 {
+		t.Fatalf("queue holds %d messages, want 0", q)
+	}
+	if dl := drain(t, conn, topo.DeadLetterQueue); len(dl) != 0 {
+		t.Fatalf("%d messages dead-lettered, want 0", len(dl))
+	}
+}
+
+// Two publishes of one message_id, neither flagged redelivered: the flag
+// cannot help, the inbox must.
+func TestSameMessageIDTwiceAppliesOnce(t *testing.T) {
+	t.Parallel()
+	conn := broker(t)
+	topo := topology(t, conn, nil)
+	d := newDB(t, uniqueName(t))
+	publish(t, conn, topo.Queue, 0, 1, msgID)
+	publish(t, conn, topo.Queue, 0, 1, msgID)
+
+	cfg := config(t, topo.Queue)
+	rec := newSettlements()
+	cfg.Hooks = rec
+	c, err := idemrabbitmq.NewConsumer(d.processor(t, nil), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	rec.waitUntil(t, 30*time.Second, "both deliveries acked", func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return rec.acked[msgID(0)] == 2
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if rows, _ := d.effects(t); rows != 1 {
+		t.Fatalf("effects = %d, want 1", rows)
+	}
+	st := c.Stats()
+	if st.Applied != 1 || st.Duplicates != 1 || st.Redelivered != 0 {
+		t.Fatalf("stats %+v, want 1 applied, 1 duplicate, 0 redelivered", st)
+	}
+	if q := depth(t, conn, topo.Queue); q != 0 {
+		t.Fatalf("queue holds %d", q)
+	}
+}
+
+// poisonHandler fails permanently on one message and panics on another.
+func poisonHandler(ctx context.Context, tx pgx.Tx, m idem.Message) error {
+	switch m.ID {
+	case msgID(10):
+		return idem.Permanent(errors.New("customer cus-10 does not exist"))
+	case msgID(20):
+		panic("nil invoice template")
+	}
+	return write(ctx, tx, m)
+}
+
+func TestPoisonMessageGoesToDLQWithReason(t *testing.T) {
+	t.Parallel()
+	const n = 300
+	for _, republish := range []bool{true, false} {
+		t.Run(fmt.Sprintf("republish=%v", republish), func(t *testing.T) {
+			t.Parallel()
+			conn := broker(t)
+			topo := topology(t, conn, nil)
+			d := newDB(t, uniqueName(t))
+			publish(t, conn, topo.Queue, 0, n, msgID)
+
+			cfg := config(t, topo.Queue)
+			cfg.BatchSize = 50
+			if republish {
+				cfg.DeadLetterExchange = topo.DeadLetterExchange
+			}
+			rec := newSettlements()
+			cfg.Hooks = rec
+			c, err := idemrabbitmq.NewConsumer(d.processor(t, poisonHandler), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := run(t, c)
+			rec.waitUntil(t, 30*time.Second, "the stream to flow past the poison", func() bool {
+				return rec.distinctAcked() == n-2 && rec.deadLettered() == 2
+			})
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			if rows, distinct := d.effects(t); rows != n-2 || distinct != n-2 {
+				t.Fatalf("effects %d (%d distinct), want %d", rows, distinct, n-2)
+			}
+			if st := c.Stats(); st.Requeued != 0 || st.DeadLettered != 2 {
+				t.Fatalf("stats %+v: poison must be dead-lettered, never requeued", st)
+			}
+			if q := depth(t, conn, topo.Queue); q != 0 {
+				t.Fatalf("queue holds %d", q)
+			}
+			var dead []amqp.Delivery
+					poll(t, 10*time.Second, "the DLQ to hold both", func() bool {
+				dead = append(dead, drain(t, conn, topo.DeadLetterQueue)...)
+				return len(dead) >= 2
+			})
+			reasons := map[string]string{}
+			for _, m := range dead {
+				if republish {
+					reasons[m.MessageId], _ = m.Headers[idemrabbitmq.HeaderReason].(string)
+					if m.Headers[idemrabbitmq.HeaderConsumer] != "billing-invoice" || m.Headers[idemrabbitmq.HeaderQueue] != topo.Queue {
+						t.Errorf("dead letter headers %v", m.Headers)
+					}
+				} else {
+					// The queue's own dead-lettering records why in x-death.
+					reasons[m.MessageId] = fmt.Sprint(m.Headers["x-first-death-reason"])
+				}
+			}
+			want := map[string]string{msgID(10): "rejected", msgID(20): "rejected"}
+			if republish {
+				want = map[string]string{msgID(10): "cus-10 does not exist", msgID(20): "panicked"}
+			}
+			for id, w := range want {
+				if !strings.Contains(reasons[id], w) {
+					t.Errorf("dead letter %s: reason %q, want it to mention %q", id, reasons[id], w)
+				}
+			}
+		})
+	}
+}
+
+func TestMissingMessageIDIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	conn := broker(t)
+	topo := topology(t, conn, nil)
+	d := newDB(t, uniqueName(t))
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The raw channel: the Publisher helper refuses a message without ID.
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []amqp.Publishing{
+		{Body: []byte("no identity")},
+		{MessageId: "has-id", Body: []byte("fine")},
+	} {
+		c, err := ch.PublishWithDeferredConfirm("", topo.Queue, false, false, m)
+		if err != nil || !c.Wait() {
+			t.Fatalf("publishing: %v", err)
+		}
+	}
+	pub, err := idemrabbitmq.NewPublisher(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish(context.Background(), "", topo.Queue, amqp.Publishing{Body: []byte("x")}); !errors.Is(err, idemrabbitmq.ErrNoMessageID) {
+		t.Fatalf("Publisher without message_id: %v, want ErrNoMessageID", err)
+	}
+	cfg := config(t, topo.Queue)
+	cfg.DeadLetterExchange = topo.DeadLetterExchange
+	rec := newSettlements()
+	cfg.Hooks = rec
+	c, err := idemrabbitmq.NewConsumer(d.processor(t, nil), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	rec.waitUntil(t, 30*time.Second, "both settled", func() bool { return rec.distinctAcked() == 1 && rec.deadLettered() == 1 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if rows, _ := d.effects(t); rows != 1 {
+		t.Fatalf("effects = %d, want only the message with an ID", rows)
+	}
+	var dead []amqp.Delivery
+	poll(t, 10*time.Second, "the DLQ", func() bool {
+		dead = append(dead, drain(t, conn, topo.DeadLetterQueue)...)
+		return len(dead) > 0
+	})
+	if reason, _ := dead[0].Headers[idemrabbitmq.HeaderReason].(string); string(dead[0].Body) != "no identity" || !strings.Contains(reason, idem.ErrNoMessageID.Error()) {
+		t.Fatalf("dead letter %q with reason %q", dead[0].Body, reason)
+	}
+}
+
+// PostgreSQL connections killed under the consumer: nothing may be acked
+// before its commit, and nothing may be lost.
+func TestTerminatedBackendsNeverAckWithoutCommit(t *testing.T) {
+	t.Parallel()
+	const n = 1500
+	conn := broker(t)
+	topo := topology(t, conn, nil)
+	app := "idemrabbitmq-" + randomHex(4) // application_name is cut at 63 bytes
+	d := newDB(t, app)
+	// The checks run on their own pool, one the terminations spare.
+	checkURL, err := url.Parse(d.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := checkURL.Query()
+	q.Set("application_name", app+"-check")
+	checkURL.RawQuery = q.Encode()
+	check, err := pgxpool.New(context.Background(), checkURL.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer check.Close()
+	publish(t, conn, topo.Queue, 0, n, msgID)
+
+	cfg := config(t, topo.Queue)
+	cfg.BatchSize = 50
+	rec := newSettlements()
+	var violations atomic.Int64
+	var firstViolation atomic.Value
+	// Runs in the consumer's loop right after each ack frame: the effect
+	// must already be committed and visible to another connection.
+	rec.onAck = func(r idem.Result) {
+		var ok bool
+		err := check.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM effects WHERE key = $1)`, r.MessageID).Scan(&ok)
+		if err == nil && !ok {
+			violations.Add(1)
+			firstViolation.CompareAndSwap(nil, r.MessageID)
+		}
+	}
+	cfg.Hooks = rec
+	terminate := func() int64 {
+		var k int64
+		if err := check.QueryRow(context.Background(),
+			`SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&k); err != nil {
+			return 0
+		}
+		return k
+	}
+	var killed, calls atomic.Int64
+	c, err := idemrabbitmq.NewConsumer(d.processor(t, nil, func(c *idem.Config[pgx.Tx]) {
+		c.Retry = idem.RetryPolicy{MaxAttempts: 3, InitialBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}
+		// Every seventh transaction loses its connection after the effect
+		// was written and before COMMIT: the classic "acked without
+		// commit" trap.
+		c.Faults = func(ctx context.Context, p idem.FaultPoint, _ []idem.Message) error {
+			if p == idem.AfterHandler && calls.Add(1)%7 == 0 {
+				killed.Add(terminate())
+			}
+			return nil
+		}
+	}), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	// Terminate the consumer's backends over and over while the stream
+	// flows, so that some die mid-transaction and some mid-commit.
+	rec.waitUntil(t, 60*time.Second, "100 acked", func() bool { return rec.distinctAcked() >= 100 })
+	killerDone := make(chan struct{})
+	stopKiller := make(chan struct{})
+	go func() {
+		defer close(killerDone)
+		tick := time.NewTicker(25 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopKiller:
+				return
+			case <-tick.C:
+			}
+			killed.Add(terminate())
+		}
+	}()
+	rec.waitUntil(t, 60*time.Second, "1,200 acked under fire", func() bool { return rec.distinctAcked() >= 1200 })
+	close(stopKiller)
+	<-killerDone
+	rec.waitUntil(t, 60*time.Second, "every message acked", func() bool { return rec.distinctAcked() == n })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("terminated %d backends; stats %+v", killed.Load(), c.Stats())
+	if killed.Load() == 0 {
+		t.Fatal("no backend was terminated: the test proved nothing")
+	}
+	if v := violations.Load(); v > 0 {
+		t.Fatalf("%d acks were sent before their effect committed (first: %v)", v, firstViolation.Load())
+	}
+	if rows, distinct := d.effects(t); rows != n || distinct != n {
+		t.Fatalf("effects %d (%d distinct), want %d", rows, distinct, n)
+	}
+	if q := depth(t, conn, topo.Queue); q != 0 {
+		t.Fatalf("queue holds %d", q)
+	}
+}
+
+// Two consumers share a queue in which every message was published twice:
+// each key takes effect once and the overlapping batches never deadlock.
+func TestTwoConsumersDuplicatedMessages(t *testing.T) {
+	t.Parallel()
+	const n = 1000
+	conn := broker(t)
+	topo := topology(t, conn, nil)
+	d := newDB(t, uniqueName(t))
+	publish(t, conn, topo.Queue, 0, n, msgID)
+	publish(t, conn, topo.Queue, 0, n, msgID)
+
+	rec := newSettlements()
+	var consumers []*idemrabbitmq.Consumer[pgx.Tx]
+	var stops []func() error
+	for range 2 {
+		cfg := config(t, topo.Queue)
+		cfg.BatchSize, cfg.Prefetch, cfg.Workers = 50, 200, 2
+		cfg.Hooks = rec
+		c, err := idemrabbitmq.NewConsumer(d.processor(t, nil), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		consumers = append(consumers, c)
+		stops = append(stops, run(t, c))
+	}
+	rec.waitUntil(t, 60*time.Second, "every delivery acked", func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		total := 0
+		for _, k := range rec.acked {
+			total += k
+		}
+		return total == 2*n
+	})
+	var sum idemrabbitmq.Stats
+	for i, stop := range stops {
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+		st := consumers[i].Stats()
+		if st.Delivered == 0 {
+			t.Errorf("consumer %d received nothing: the test did not share the queue", i)
+		}
+		sum.Applied += st.Applied
+		sum.Duplicates += st.Duplicates
+		sum.Requeued += st.Requeued
+	}
+	if rows, distinct := d.effects(t); rows != n || distinct != n {
+		t.Fatalf("effects %d (%d distinct), want %d", rows, distinct, n)
+	}
+	if sum.Applied != n || sum.Duplicates != n || sum.Requeued != 0 {
+		t.Fatalf("applied %d, duplicates %d, requeued %d; want %d, %d, 0 (a deadlock or lock timeout requeues)", sum.Applied, sum.Duplicates, sum.Requeued, n, n)
+	}
+}
+
+// A message that keeps failing transiently returns to the queue until the
+// quorum queue's delivery limit dead-letters it; x-delivery-count becomes
+// Message.Attempt on the way.
+func TestDeliveryLimitEndsATransientLoop(t *testing.T) {
+	t.Parallel()
+	conn := broker(t)
+	topo := topology(t, conn, &idemrabbitmq.TopologyOptions{DeliveryLimit: 3})
+	d := newDB(t, uniqueName(t))
+	publish(t, conn, topo.Queue, 0, 2, msgID)
+
+	var mu sync.Mutex
+	var attempts []int
+	h := func(ctx context.Context, tx pgx.Tx, m idem.Message) error {
+		if m.ID == msgID(1) {
+			mu.Lock()
+			attempts = append(attempts, m.Attempt)
+			mu.Unlock()
+			return errors.New("invoice service unavailable")
+		}
+		return write(ctx, tx, m)
+	}
+	cfg := config(t, topo.Queue)
+	rec := newSettlements()
+	cfg.Hooks = rec
+	c, err := idemrabbitmq.NewConsumer(d.processor(t, h, func(c *idem.Config[pgx.Tx]) {
+		c.Retry = idem.RetryPolicy{MaxAttempts: 1}
+	}), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	var dead []amqp.Delivery
+	poll(t, 30*time.Second, "the broker to dead-letter the looping message", func() bool {
+		dead = append(dead, drain(t, conn, topo.DeadLetterQueue)...)
+		return len(dead) > 0
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if dead[0].MessageId != msgID(1) {
+		t.Fatalf("dead-lettered %q", dead[0].MessageId)
+	}
+	if rows, _ := d.effects(t); rows != 1 {
+		t.Fatalf("effects = %d, want the healthy message only", rows)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("attempts seen: %v; stats %+v", attempts, c.Stats())
+	if len(attempts) < 2 || attempts[0] != 1 || attempts[len(attempts)-1] <= attempts[0] {
+		t.Fatalf("attempts %v: want 1 first, then growing from x-delivery-count", attempts)
+	}
+}
+
+func TestRunRefusesMissingQueue(t *testing.T) {
+	t.Parallel()
+	broker(t) // fail with the fix when the broker is down
+	d := newDB(t, uniqueName(t))
+	c, err := idemrabbitmq.NewConsumer(d.processor(t, nil), config(t, uniqueName(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = c.Run(ctx)
+	var ae *amqp.Error
+	if !errors.As(err, &ae) || ae.Code != amqp.NotFound {
+		t.Fatalf("Run = %v, want a 404 NOT_FOUND error", err)
+	}
+}
+
+// Cancelling Run mid-stream acks what committed and leaves the rest in the
+// queue, and the consumer can run again to finish.
+func TestGracefulShutdownAndResume(t *testing.T) {
+	t.Parallel()
+	const n = 2000
+	conn := broker(t)
+	topo := topology(t, conn, nil)
+	d := newDB(t, uniqueName(t))
+	publish(t, conn, topo.Queue, 0, n, msgID)
+	cfg := config(t, topo.Queue)
+	rec := newSettlements()
+	cfg.Hooks = rec
+	c, err := idemrabbitmq.NewConsumer(d.processor(t, nil), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	rec.waitUntil(t, 30*time.Second, "300 acked", func() bool { return rec.distinctAcked() >= 300 })
+	if err := stop(); err != nil {
+		t.Fatalf("Run after cancel = %v, want nil", err)
+	}
+	acked := rec.distinctAcked()
+	rows, _ := d.effects(t)
+	if q := depth(t, conn, topo.Queue); rows != acked || q != n-acked {
+		t.Fatalf("after shutdown: %d effects, %d acked, %d in the queue; want effects = acked and the rest (%d) queued", rows, acked, q, n-acked)
+	}
+	stop = run(t, c)
+	rec.waitUntil(t, 30*time.Second, "the rest acked", func() bool { return rec.distinctAcked() == n })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if rows, distinct := d.effects(t); rows != n || distinct != n {
+		t.Fatalf("effects %d (%d distinct), want %d", rows, distinct, n)
+	}
+}

@@ -1,0 +1,383 @@
+package idemrabbitmq_test
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemrabbitmq"
+	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/pgxinbox"
+)
+
+// defaultAMQPURL is the broker the tests use when IDEM_AMQP_URL is unset.
+const defaultAMQPURL = "amqp://guest:guest@127.0.0.1:5672/"
+
+// amqpFixHint is the command that brings the test broker up.
+const amqpFixHint = "start it with: rabbitmq-server -detached && rabbitmqctl await_startup (or run make test), or set IDEM_AMQP_URL"
+
+func amqpURL() string {
+	if u := os.Getenv("IDEM_AMQP_URL"); u != "" {
+		return u
+	}
+	return defaultAMQPURL
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = crand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+var unsafeName = regexp.MustCompile(`[^a-z0-9]+`)
+
+// uniqueName is a queue or connection name for t that no concurrent test,
+// in this package or another developer's, will ever use.
+func uniqueName(t testing.TB) string {
+	n := strings.Trim(unsafeName.ReplaceAllString(strings.ToLower(t.Name()), "-"), "-")
+	if len(n) > 40 {
+		n = n[len(n)-40:]
+	}
+	return "idemrabbitmq-test-" + n + "-" + randomHex(4)
+}
+
+// broker opens a connection for the test's own topology and publishing,
+// failing with the fix when RabbitMQ is down.
+func broker(t testing.TB) *amqp.Connection {
+	t.Helper()
+	conn, err := amqp.DialConfig(amqpURL(), amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
+	if err != nil {
+		t.Fatalf("RabbitMQ at %s is not reachable (%v); %s", redact(amqpURL()), err, amqpFixHint)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+func redact(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return p.Redacted()
+}
+
+// topology declares a fresh quorum queue with its dead-letter queue and
+// deletes all of it when t ends.
+func topology(t testing.TB, conn *amqp.Connection, opts *idemrabbitmq.TopologyOptions) idemrabbitmq.Topology {
+	t.Helper()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	topo, err := idemrabbitmq.DeclareQuorumWithDLQ(ch, uniqueName(t), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// The test's own connection may be gone by now; use a new one.
+		c, err := amqp.Dial(amqpURL())
+		if err != nil {
+			t.Logf("deleting %s: %v", topo.Queue, err)
+			return
+		}
+		defer c.Close()
+		ch, err := c.Channel()
+		if err != nil {
+			t.Logf("deleting %s: %v", topo.Queue, err)
+			return
+		}
+		if err := idemrabbitmq.DeleteTopology(ch, topo); err != nil {
+			t.Logf("deleting %s: %v", topo.Queue, err)
+		}
+	})
+	return topo
+}
+
+func msgID(i int) string { return fmt.Sprintf("inv-%06d", i) }
+
+// publish publishes messages from..from+n-1 with IDs from id, confirmed.
+func publish(t testing.TB, conn *amqp.Connection, queue string, from, n int, id func(int) string) {
+	t.Helper()
+	pub, err := idemrabbitmq.NewPublisher(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	msgs := make([]amqp.Publishing, 0, n)
+	for i := from; i < from+n; i++ {
+		msgs = append(msgs, amqp.Publishing{
+			MessageId:   id(i),
+			ContentType: "application/json",
+			Timestamp:   time.Now(),
+			Body:        fmt.Appendf(nil, `{"customer":"cus-%d","period":"2026-09"}`, i),
+		})
+	}
+	if err := pub.Publish(context.Background(), "", queue, msgs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// depth is the number of messages in queue that no consumer holds.
+func depth(t testing.TB, conn *amqp.Connection, queue string) int {
+	t.Helper()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		t.Fatalf("inspecting %s: %v", queue, err)
+	}
+	return q.Messages
+}
+
+// drain takes every message of queue (a dead-letter queue) with basic.get.
+func drain(t testing.TB, conn *amqp.Connection, queue string) []amqp.Delivery {
+	t.Helper()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	var out []amqp.Delivery
+	for {
+		d, ok, err := ch.Get(queue, true)
+		if err != nil {
+			t.Fatalf("reading %s: %v", queue, err)
+		}
+		if !ok {
+			return out
+		}
+		out = append(out, d)
+	}
+}
+
+// db is a PostgreSQL schema with an inbox and an effects table that has NO
+// unique constraint: a message applied twice shows as two rows.
+type db struct {
+	url  string
+	pool *pgxpool.Pool
+}
+
+func newDB(t testing.TB, appName string) *db {
+	t.Helper()
+	u, err := url.Parse(pgtest.Schema(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("application_name", appName)
+	u.RawQuery = q.Encode()
+	pool, err := pgxpool.New(context.Background(), u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if _, err := pool.Exec(context.Background(), `CREATE TABLE effects (key text NOT NULL, message_id text NOT NULL, attempt int NOT NULL)`); err != nil {
+		t.Fatalf("creating effects: %v (%s)", err, pgtest.FixHint)
+	}
+	return &db{url: u.String(), pool: pool}
+}
+
+func write(ctx context.Context, tx pgx.Tx, m idem.Message) error {
+	_, err := tx.Exec(ctx, `INSERT INTO effects (key, message_id, attempt) VALUES ($1, $2, $3)`, m.ID, m.ID, m.Attempt)
+	return err
+}
+
+// processor is the billing consumer's processor over d's inbox.
+func (d *db) processor(t testing.TB, h idem.Handler[pgx.Tx], mod ...func(*idem.Config[pgx.Tx])) *idem.Processor[pgx.Tx] {
+	t.Helper()
+	store, err := pgxinbox.New(d.pool, &pgxinbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if h == nil {
+		h = write
+	}
+	cfg := &idem.Config[pgx.Tx]{
+		Consumer: "billing-invoice",
+		Key:      idem.ByMessageID,
+		Handler:  h,
+		Logger:   quiet,
+	}
+	for _, m := range mod {
+		m(cfg)
+	}
+	p, err := idem.NewProcessor(store, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// effects returns the rows of the effects table and their distinct keys.
+func (d *db) effects(t testing.TB) (rows, distinct int) {
+	t.Helper()
+	if err := d.pool.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT key) FROM effects`).Scan(&rows, &distinct); err != nil {
+		t.Fatal(err)
+	}
+	return rows, distinct
+}
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// config is the consumer configuration tests start from.
+func config(t testing.TB, queue string) *idemrabbitmq.Config {
+	return &idemrabbitmq.Config{
+		URL:               amqpURL(),
+		Queue:             queue,
+		ConnectionName:    uniqueName(t),
+		ReconnectBackoff:  20 * time.Millisecond,
+		RequeueBackoff:    20 * time.Millisecond,
+		MaxRequeueBackoff: 200 * time.Millisecond,
+		Logger:            quiet,
+	}
+}
+
+// settlements records what the consumer told the broker, and signals every
+// change so tests wait for conditions instead of sleeping.
+type settlements struct {
+	idemrabbitmq.NopHooks
+	mu      sync.Mutex
+	acked   map[string]int // message ID → acks
+	dead    map[string]int
+	onAck   func(idem.Result)
+	changed chan struct{}
+}
+
+func newSettlements() *settlements {
+	return &settlements{acked: map[string]int{}, dead: map[string]int{}, changed: make(chan struct{}, 1)}
+}
+
+func (s *settlements) Settled(_ string, v idemrabbitmq.Verb, r idem.Result) {
+	if v == idemrabbitmq.Ack && s.onAck != nil {
+		s.onAck(r)
+	}
+	s.mu.Lock()
+	switch v {
+	case idemrabbitmq.Ack:
+		s.acked[r.MessageID]++
+	case idemrabbitmq.DeadLetter:
+		s.dead[r.MessageID]++
+	}
+	s.mu.Unlock()
+	select {
+	case s.changed <- struct{}{}:
+	default:
+	}
+}
+
+// distinctAcked is how many different messages were acked.
+func (s *settlements) distinctAcked() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.acked)
+}
+
+func (s *settlements) deadLettered() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.dead)
+}
+
+// waitUntil waits for cond, re-checking on every settlement.
+func (s *settlements) waitUntil(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	for !cond() {
+		select {
+		case <-s.changed:
+		case <-deadline.C:
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+	}
+}
+
+// poll waits for cond on state the consumer does not signal (a queue the
+// broker fills asynchronously), re-checking every 20ms.
+func poll(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		<-tick.C
+	}
+}
+
+// run starts c and returns a stop function that cancels it and returns
+// Run's error once it returned.
+func run[TTx any](t testing.TB, c *idemrabbitmq.Consumer[TTx]) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- c.Run(ctx) }()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case err = <-errc:
+			case <-time.After(30 * time.Second):
+				err = fmt.Errorf("Run did not return 30s after cancel")
+			}
+		})
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+// closeByName closes, through rabbitmqctl, only the broker connections whose
+// client-provided name is name: other developers' tests share the broker. It
+// reports whether rabbitmqctl is present and closed at least one.
+func closeByName(t testing.TB, name string) bool {
+	t.Helper()
+	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
+		return false
+	}
+	out, err := exec.Command("rabbitmqctl", "list_connections", "pid", "client_properties", "-q", "--no-table-headers").Output()
+	if err != nil {
+		t.Logf("rabbitmqctl list_connections: %v", err)
+		return false
+	}
+	closed := false
+	for _, line := range strings.Split(string(out), "\n") {
+		pid, props, ok := strings.Cut(line, "\t")
+		if !ok || !strings.Contains(props, `{"connection_name","`+name+`"}`) {
+			continue
+		}
+		if err := exec.Command("rabbitmqctl", "close_connection", pid, "idem test: broker-side close").Run(); err != nil {
+			t.Logf("rabbitmqctl close_connection %s: %v", pid, err)
+			continue
+		}
+		closed = true
+	}
+	return closed
+}

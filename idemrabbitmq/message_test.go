@@ -1,0 +1,118 @@
+package idemrabbitmq
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/pgxinbox"
+)
+
+func TestMessageFromDelivery(t *testing.T) {
+	t.Parallel()
+	ts := time.Date(2026, 9, 1, 2, 14, 11, 0, time.UTC)
+	d := &amqp.Delivery{
+		MessageId:   "inv-1",
+		RoutingKey:  "billing.renewed",
+		Body:        []byte(`{"customer":"cus-8421"}`),
+		Timestamp:   ts,
+		Redelivered: true,
+		DeliveryTag: 42,
+		Headers: amqp.Table{
+			"x-delivery-count": int64(2),
+			"tenant":           "acme",
+			"n":                int32(7),
+			"raw":              []byte("b"),
+			"x-retry-count":    int64(99), // a publisher's counter: ignored
+		},
+	}
+	m := Message(d, "invoices", "")
+	if m.ID != "inv-1" || m.Source != "invoices" || m.Key != "billing.renewed" || !m.Time.Equal(ts) || !m.Redelivered {
+		t.Fatalf("got %+v", m)
+	}
+	if m.Attempt != 3 {
+		t.Errorf("Attempt = %d, want x-delivery-count+1 = 3", m.Attempt)
+	}
+	if m.Headers["tenant"] != "acme" || m.Headers["n"] != "7" || m.Headers["raw"] != "b" {
+		t.Errorf("headers = %v", m.Headers)
+	}
+}
+
+func TestMessageAttemptWithoutDeliveryCount(t *testing.T) {
+	t.Parallel()
+	if m := Message(&amqp.Delivery{MessageId: "a"}, "q", ""); m.Attempt != 1 {
+		t.Errorf("first delivery: Attempt = %d, want 1", m.Attempt)
+	}
+	if m := Message(&amqp.Delivery{MessageId: "a", Redelivered: true}, "q", ""); m.Attempt != 0 {
+		t.Errorf("redelivered, count unknown: Attempt = %d, want 0", m.Attempt)
+	}
+}
+
+func TestMessageIDHeader(t *testing.T) {
+	t.Parallel()
+	d := &amqp.Delivery{MessageId: "property", Headers: amqp.Table{"event-id": int64(123)}}
+	if m := Message(d, "q", "event-id"); m.ID != "123" {
+		t.Errorf("ID = %q, want the header's 123", m.ID)
+	}
+	// The header is configured but absent: no fallback to another identity.
+	if m := Message(&amqp.Delivery{MessageId: "property"}, "q", "event-id"); m.ID != "" {
+		t.Errorf("ID = %q, want empty (dead letter)", m.ID)
+	}
+}
+
+func TestNewConsumerRefusesBadConfig(t *testing.T) {
+	t.Parallel()
+	proc := mustProcessor(t)
+	cases := map[string]Config{
+		"no url":            {Queue: "q"},
+		"no queue":          {URL: "amqp://127.0.0.1"},
+		"prefetch < batch":  {URL: "amqp://127.0.0.1", Queue: "q", Prefetch: 10, BatchSize: 100},
+		"negative workers":  {URL: "amqp://127.0.0.1", Queue: "q", Workers: -1},
+		"library recovery":  {URL: "amqp://127.0.0.1", Queue: "q", AMQP: &amqp.Config{Recovery: &amqp.Recovery{}}},
+		"bad backoff range": {URL: "amqp://127.0.0.1", Queue: "q", ReconnectBackoff: time.Minute, MaxReconnectBackoff: time.Second},
+	}
+	for name, cfg := range cases {
+		if _, err := NewConsumer(proc, &cfg); !errors.Is(err, ErrConfig) {
+			t.Errorf("%s: err = %v, want ErrConfig", name, err)
+		}
+	}
+	c, err := NewConsumer(proc, &Config{URL: "amqp://127.0.0.1", Queue: "q"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.cfg.Prefetch != 500 || c.cfg.BatchSize != 100 || c.cfg.BatchWait != 20*time.Millisecond || c.cfg.ConnectionName != "idem-unit" {
+		t.Errorf("defaults not applied: %+v", c.cfg)
+	}
+}
+
+// mustProcessor is a processor over a real store that these tests never
+// reach: pgxpool connects lazily.
+func mustProcessor(t *testing.T) *idem.Processor[pgx.Tx] {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), pgtest.BaseURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := pgxinbox.New(pool, &pgxinbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{
+		Consumer: "unit",
+		Key:      idem.ByMessageID,
+		Handler:  func(ctx context.Context, tx pgx.Tx, m idem.Message) error { return nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
