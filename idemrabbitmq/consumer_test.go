@@ -189,7 +189,7 @@ func TestPoisonMessageGoesToDLQWithReason(t *testing.T) {
 				t.Fatalf("queue holds %d", q)
 			}
 			var dead []amqp.Delivery
-					poll(t, 10*time.Second, "the DLQ to hold both", func() bool {
+			poll(t, 10*time.Second, "the DLQ to hold both", func() bool {
 				dead = append(dead, drain(t, conn, topo.DeadLetterQueue)...)
 				return len(dead) >= 2
 			})
