@@ -16,7 +16,7 @@ import (
 type backend struct {
 	name    string
 	dialect sqlinbox.Dialect
-	open    func(t *testing.T) *sql.DB
+	open    func(t testing.TB) *sql.DB
 }
 
 var backends = []backend{
@@ -25,7 +25,7 @@ var backends = []backend{
 }
 
 // openPostgres opens the pgx stdlib driver on a fresh schema.
-func openPostgres(t *testing.T) *sql.DB {
+func openPostgres(t testing.TB) *sql.DB {
 	t.Helper()
 	db, err := sql.Open("pgx", pgtest.Schema(t))
 	if err != nil {
@@ -36,7 +36,7 @@ func openPostgres(t *testing.T) *sql.DB {
 }
 
 // openSQLite opens a fresh database file in t's temporary directory.
-func openSQLite(t *testing.T) *sql.DB {
+func openSQLite(t testing.TB) *sql.DB {
 	t.Helper()
 	db, err := sqlinbox.OpenSQLite(filepath.Join(t.TempDir(), "inbox.db"))
 	if err != nil {
@@ -47,7 +47,7 @@ func openSQLite(t *testing.T) *sql.DB {
 }
 
 // migrated returns a migrated store with the default table on db.
-func migrated(t *testing.T, db *sql.DB, d sqlinbox.Dialect, cfg *sqlinbox.Config) *sqlinbox.Store {
+func migrated(t testing.TB, db *sql.DB, d sqlinbox.Dialect, cfg *sqlinbox.Config) *sqlinbox.Store {
 	t.Helper()
 	s, err := sqlinbox.New(db, d, cfg)
 	if err != nil {
