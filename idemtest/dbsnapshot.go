@@ -47,19 +47,19 @@ type PgxQuerier interface {
 // Postgres returns a snapshotter that reads PostgreSQL tables through pgx.
 // Every column is read as its text form (::text), so any type compares.
 func Postgres(db PgxQuerier, opts *SnapshotOptions) Snapshotter {
-	return &dbSnapshotter{query: pgxQuery(db), catalog: pgCatalog, quote: quoteIdent, opts: optsOrZero(opts)}
+	return &dbSnapshotter{query: pgxQuery(db), catalog: pgCatalog, opts: optsOrZero(opts)}
 }
 
 // PostgresSQL is [Postgres] for a *sql.DB (the pgx stdlib driver or
 // another PostgreSQL driver), as used with package sqlinbox.
 func PostgresSQL(db *sql.DB, opts *SnapshotOptions) Snapshotter {
-	return &dbSnapshotter{query: sqlQuery(db), catalog: pgCatalog, quote: quoteIdent, opts: optsOrZero(opts)}
+	return &dbSnapshotter{query: sqlQuery(db), catalog: pgCatalog, opts: optsOrZero(opts)}
 }
 
 // SQLite returns a snapshotter that reads the tables of a SQLite database
 // (sqlite_master and pragma_table_info) through database/sql.
 func SQLite(db *sql.DB, opts *SnapshotOptions) Snapshotter {
-	return &dbSnapshotter{query: sqlQuery(db), catalog: sqliteCatalog, quote: quoteIdent, opts: optsOrZero(opts)}
+	return &dbSnapshotter{query: sqlQuery(db), catalog: sqliteCatalog, opts: optsOrZero(opts)}
 }
 
 func optsOrZero(o *SnapshotOptions) SnapshotOptions {
@@ -86,7 +86,6 @@ type catalogFunc func(ctx context.Context, q queryFunc, schema string) (tables [
 type dbSnapshotter struct {
 	query   queryFunc
 	catalog catalogFunc
-	quote   func(string) string
 	opts    SnapshotOptions
 }
 
@@ -133,7 +132,7 @@ func (s *dbSnapshotter) read(ctx context.Context, snap *Snapshot, ti tableInfo, 
 			continue
 		}
 		cols = append(cols, c)
-		exprs = append(exprs, asText(s.quote(c)))
+		exprs = append(exprs, asText(quoteIdent(c)))
 	}
 	order := ti.key
 	if len(order) == 0 {
@@ -141,9 +140,9 @@ func (s *dbSnapshotter) read(ctx context.Context, snap *Snapshot, ti tableInfo, 
 	}
 	orderBy := make([]string, len(order))
 	for i, c := range order {
-		orderBy[i] = s.quote(c)
+		orderBy[i] = quoteIdent(c)
 	}
-	from := prefix + s.quote(ti.name)
+	from := prefix + quoteIdent(ti.name)
 	q := "SELECT " + strings.Join(exprs, ", ") + " FROM " + from
 	if len(orderBy) > 0 {
 		q += " ORDER BY " + strings.Join(orderBy, ", ")
