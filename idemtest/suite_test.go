@@ -1,6 +1,8 @@
 package idemtest_test
 
 import (
+	"context"
+	"database/sql"
 	"os"
 	"os/exec"
 	"strings"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemtest"
+	"github.com/idemkit/idem/sqlinbox"
 )
 
 // wiredConsumers stands for the application's own list, taken from the code
@@ -90,4 +93,38 @@ func TestBrokenSuiteChild(t *testing.T) {
 	s.Register("no-sample", idemtest.Case[pgx.Tx]{Setup: pgSetup(balancesDDL, guarded, nil)})
 	s.Register("misnamed", ledgerSet())
 	idemtest.ForEachConsumer(t, &s, "ledger-credit", "ledger-set", "misnamed", "billing-invoice")
+}
+
+// TestForEachConsumerSQLite runs the whole suite on SQLite, one database
+// file per Setup call.
+func TestForEachConsumerSQLite(t *testing.T) {
+	t.Parallel()
+	setup := func(tb testing.TB, faults idem.FaultFunc) (*idem.Processor[*sql.Tx], idemtest.Snapshotter) {
+		db := openSQLite(tb)
+		ctx := context.Background()
+		store, err := sqlinbox.New(db, sqlinbox.SQLite, nil)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if err := store.Migrate(ctx); err != nil {
+			tb.Fatal(err)
+		}
+		for _, q := range []string{`CREATE TABLE balances (account TEXT PRIMARY KEY, balance INTEGER NOT NULL)`, `INSERT INTO balances VALUES ('acc-1', 0)`} {
+			if _, err := db.ExecContext(ctx, q); err != nil {
+				tb.Fatal(err)
+			}
+		}
+		proc, err := idem.NewProcessor(store, &idem.Config[*sql.Tx]{Consumer: "ledger-credit", Key: idem.ByMessageID, Logger: quiet, Faults: faults,
+			Handler: func(ctx context.Context, tx *sql.Tx, _ idem.Message) error {
+				_, err := tx.ExecContext(ctx, `UPDATE balances SET balance = balance + 12500 WHERE account = 'acc-1'`)
+				return err
+			}})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return proc, idemtest.SQLite(db, nil)
+	}
+	var s idemtest.Suite[*sql.Tx]
+	s.Register("ledger-credit", idemtest.Case[*sql.Tx]{Sample: sample, Setup: setup})
+	idemtest.ForEachConsumer(t, &s, "ledger-credit")
 }
