@@ -146,4 +146,3 @@ func (c *countAcks) Settled(_ string, v idemrabbitmq.Verb, _ idem.Result) {
 		close(c.done)
 	}
 }
-
