@@ -1,0 +1,28 @@
+// Package billing holds the reference services of the billing incident that
+// idem exists to prevent: a RabbitMQ restart redelivered 3,100 unacknowledged
+// SubscriptionRenewed messages and 1,247 customers were invoiced twice.
+//
+// Each service is a consumer written once over *sql.Tx, so it runs on SQLite
+// and on PostgreSQL (through the pgx stdlib driver) with the same SQL: the
+// statements use $1-style parameters, which SQLite also binds by number.
+//
+//   - invoices ([InvoicesConfig]): SubscriptionRenewed → one invoice per
+//     customer and period. The business key is the inbox key, a partial
+//     unique index guards the table, the invoice records the message that
+//     created it, and the charge is queued in the same transaction
+//     ([ChargeRelay] sends it after commit with the idempotency key
+//     renew-<subscription>-<period>).
+//   - ledger ([LedgerConfig]): OrderPaid → merchant balance += amount, keyed
+//     by event ID.
+//   - inventory ([InventoryConfig]): OrderPlaced → stock −= quantity, keyed
+//     by order and product.
+//   - stats ([StatsConfig]): the month's revenue recomputed from the
+//     invoices, naturally idempotent, no inbox.
+//
+// [Gateway] is an in-process payment gateway that honours idempotency keys
+// and counts real charges. The naive variants ([NaiveInvoicesConfig],
+// [NaiveLedgerConfig], [NaiveInventoryConfig]) are the code of the incident:
+// no inbox, no constraint, a charge without a key. They exist only so that
+// the demo (package incident, `idem demo`) can show the damage next to its
+// absence.
+package billing

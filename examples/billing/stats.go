@@ -1,0 +1,41 @@
+package billing
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/idemkit/idem"
+)
+
+// StatsConsumer is the stats service's consumer name.
+const StatsConsumer = "billing-stats"
+
+// StatsConfig is the idem configuration of the stats service. Its effect is
+// a recompute, naturally idempotent: it writes no inbox marker, yet runs in
+// a transaction with the same ack and dead-letter discipline as the others.
+// The seed's stats consumer added each amount to a running total and was
+// wrong after every redelivery; recomputing from the source rows cannot be.
+func StatsConfig() *idem.Config[*sql.Tx] {
+	return &idem.Config[*sql.Tx]{
+		Consumer: StatsConsumer,
+		Natural:  true,
+		Handler:  idem.JSON(RecomputeRevenue),
+	}
+}
+
+// RecomputeRevenue sets the renewal's month revenue to the sum of the month's
+// live invoices.
+func RecomputeRevenue(ctx context.Context, tx *sql.Tx, _ idem.Message, e SubscriptionRenewed) error {
+	if err := e.validate(); err != nil {
+		return idem.Permanent(err)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO revenue_monthly (period, invoices, total)
+		SELECT $1, COUNT(*), COALESCE(SUM(amount), 0) FROM invoices
+		WHERE period = $1 AND status <> 'VoidedDuplicate'
+		ON CONFLICT (period) DO UPDATE SET invoices = excluded.invoices, total = excluded.total`,
+		e.Period); err != nil {
+		return fmt.Errorf("recomputing revenue of %s: %w", e.Period, err)
+	}
+	return nil
+}
