@@ -40,6 +40,10 @@ func NewProcessor[TTx any](store Store[TTx], cfg *Config[TTx]) (*Processor[TTx],
 // Consumer returns the consumer name.
 func (p *Processor[TTx]) Consumer() string { return p.cfg.Consumer }
 
+// Natural reports whether the consumer was declared naturally idempotent (no
+// marker is written; every delivery runs the handler).
+func (p *Processor[TTx]) Natural() bool { return p.cfg.Natural }
+
 // item is one message on its way through the processor.
 type item struct {
 	msg   Message
