@@ -39,14 +39,15 @@ type Store struct {
 var _ idem.Store[*sql.Tx] = (*Store)(nil)
 
 // New returns a store over db, which must be opened with the driver that
-// matches dialect. It checks the table name but does not touch the database;
-// call [Store.Migrate] to create the table.
+// matches dialect. It checks the table name (an invalid one is an error
+// wrapping [idem.ErrConfig]) but does not touch the database; call
+// [Store.Migrate] to create the table.
 func New(db *sql.DB, dialect Dialect, cfg *Config) (*Store, error) {
 	if db == nil {
-		return nil, errors.New("creating sqlinbox store: db is nil")
+		return nil, fmt.Errorf("%w: sqlinbox: db is nil", idem.ErrConfig)
 	}
 	if dialect == nil {
-		return nil, errors.New("creating sqlinbox store: dialect is nil (use sqlinbox.Postgres or sqlinbox.SQLite)")
+		return nil, fmt.Errorf("%w: sqlinbox: dialect is nil (use sqlinbox.Postgres or sqlinbox.SQLite)", idem.ErrConfig)
 	}
 	var c Config
 	if cfg != nil {
@@ -57,7 +58,7 @@ func New(db *sql.DB, dialect Dialect, cfg *Config) (*Store, error) {
 	}
 	t, err := parseTable(c.Table, dialect.schemas())
 	if err != nil {
-		return nil, fmt.Errorf("creating sqlinbox store: %w", err)
+		return nil, fmt.Errorf("%w: sqlinbox: %w", idem.ErrConfig, err)
 	}
 	q := t.quoted()
 	return &Store{

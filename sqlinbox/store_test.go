@@ -137,8 +137,8 @@ func TestTableNames(t *testing.T) {
 	}
 	for _, name := range hostile {
 		for _, d := range []sqlinbox.Dialect{sqlinbox.Postgres, sqlinbox.SQLite} {
-			if _, err := sqlinbox.New(db, d, &sqlinbox.Config{Table: name}); err == nil {
-				t.Errorf("%s accepted table name %q", d.Name(), name)
+			if _, err := sqlinbox.New(db, d, &sqlinbox.Config{Table: name}); !errors.Is(err, idem.ErrConfig) {
+				t.Errorf("%s: table name %q: %v, want an idem.ErrConfig", d.Name(), name, err)
 			}
 		}
 	}
@@ -463,5 +463,18 @@ func claimOne(t *testing.T, s *sqlinbox.Store, consumer, key string) {
 	t.Helper()
 	if got := claimCommit(t, s, consumer, claims(key)); !got[0] {
 		t.Fatalf("claim of new key %q not inserted", key)
+	}
+}
+
+// TestLongTableNameHasIndex: the processed_at index exists even when the
+// table's name leaves no room for the suffix.
+func TestLongTableNameHasIndex(t *testing.T) {
+	t.Parallel()
+	db := openPostgres(t)
+	name := strings.Repeat("x", 63)
+	migrated(t, db, sqlinbox.Postgres, &sqlinbox.Config{Table: name})
+	var n int
+	if err := db.QueryRow(`SELECT count(*) FROM pg_indexes WHERE schemaname = current_schema() AND tablename = $1 AND indexdef LIKE '%(processed_at)'`, name).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d processed_at indexes (%v), want 1", n, err)
 	}
 }
