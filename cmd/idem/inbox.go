@@ -1,0 +1,346 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/pgxinbox"
+	"github.com/idemkit/idem/retention"
+	"github.com/idemkit/idem/sqlinbox"
+)
+
+func init() {
+	register(command{name: "inbox", summary: "inbox retention: prune, partitions ensure|drop, stats", run: runInbox})
+}
+
+const inboxUsage = `usage: idem inbox <prune|partitions ensure|partitions drop|stats> [flags]
+
+Markers are kept for --window (default 336h, 14 days), counted from the later
+of a marker's event time and its write time. Consumers must use the same
+window in idem.Horizon, so that a message older than it is Expired instead of
+applied again once its marker is gone.
+
+  prune             delete markers past the window in batches (plain table), or
+                    drop the daily partitions past it (partitioned table)
+  partitions ensure create daily partitions ahead (run it daily)
+  partitions drop   drop the daily partitions past the window
+  stats             rows, oldest marker, window headroom (--json)
+
+The layout is read from the database. Run 'idem inbox <subcommand> -h' for flags.
+`
+
+const defaultInboxURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+func runInbox(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, inboxUsage)
+		return &exitError{code: 2}
+	}
+	switch sub, rest := args[0], args[1:]; sub {
+	case "prune":
+		return inboxPrune(ctx, rest, stdout, stderr)
+	case "stats":
+		return inboxStats(ctx, rest, stdout, stderr)
+	case "partitions":
+		if len(rest) == 0 {
+			fmt.Fprint(stderr, inboxUsage)
+			return &exitError{code: 2}
+		}
+		switch rest[0] {
+		case "ensure":
+			return inboxEnsure(ctx, rest[1:], stdout, stderr)
+		case "drop":
+			return inboxDrop(ctx, rest[1:], stdout, stderr)
+		}
+		fmt.Fprintf(stderr, "idem inbox partitions: unknown subcommand %q\n\n%s", rest[0], inboxUsage)
+		return &exitError{code: 2}
+	case "-h", "--help", "help":
+		fmt.Fprint(stderr, inboxUsage)
+		return nil
+	default:
+		fmt.Fprintf(stderr, "idem inbox: unknown subcommand %q\n\n%s", sub, inboxUsage)
+		return &exitError{code: 2}
+	}
+}
+
+// inboxFlags are the flags every inbox subcommand shares.
+type inboxFlags struct {
+	fs       *flag.FlagSet
+	database string
+	sqlite   string
+	table    string
+	window   time.Duration
+	jsonOut  bool
+}
+
+func newInboxFlags(name, doc string, stderr io.Writer, sqliteOK bool) *inboxFlags {
+	f := &inboxFlags{fs: flag.NewFlagSet("idem inbox "+name, flag.ContinueOnError)}
+	f.fs.SetOutput(stderr)
+	def := os.Getenv("IDEM_DATABASE_URL")
+	if def == "" {
+		def = defaultInboxURL
+	}
+	f.fs.StringVar(&f.database, "database", def, "PostgreSQL URL (default from IDEM_DATABASE_URL)")
+	if sqliteOK {
+		f.fs.StringVar(&f.sqlite, "sqlite", "", "SQLite database file, instead of --database")
+	}
+	f.fs.StringVar(&f.table, "table", "idem_inbox", "inbox table, optionally schema-qualified")
+	f.fs.DurationVar(&f.window, "window", retention.DefaultWindow, "retention window: the consumers' idem.Horizon.Window")
+	f.fs.BoolVar(&f.jsonOut, "json", false, "print JSON")
+	f.fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: idem inbox %s [flags]\n\n%s\n\nflags:\n", name, doc)
+		f.fs.PrintDefaults()
+	}
+	return f
+}
+
+func (f *inboxFlags) parse(args []string) error {
+	if err := f.fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return &exitError{code: 2}
+	}
+	if f.fs.NArg() > 0 {
+		return &exitError{code: 2, msg: "unexpected arguments: " + strings.Join(f.fs.Args(), " ")}
+	}
+	if f.window <= 0 {
+		return &exitError{code: 2, msg: "--window must be positive"}
+	}
+	return nil
+}
+
+// pgStore opens the PostgreSQL inbox named by the flags, in the layout the
+// table has in the database.
+func (f *inboxFlags) pgStore(ctx context.Context) (*pgxinbox.Store, func(), error) {
+	pool, err := pgxpool.New(ctx, f.database)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connecting to PostgreSQL: %w", err)
+	}
+	var kind *string
+	if err := pool.QueryRow(ctx, `SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1))`, f.table).Scan(&kind); err != nil {
+		pool.Close()
+		return nil, nil, fmt.Errorf("looking up table %s: %w", f.table, err)
+	}
+	if kind == nil {
+		pool.Close()
+		return nil, nil, fmt.Errorf("table %s does not exist in this database (wrong --table or --database?)", f.table)
+	}
+	layout := pgxinbox.Plain
+	if *kind == "p" {
+		layout = pgxinbox.Partitioned
+	}
+	store, err := pgxinbox.New(pool, &pgxinbox.Config{Table: f.table, Layout: layout, Window: f.window})
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return store, pool.Close, nil
+}
+
+func (f *inboxFlags) sqliteStore() (*sqlinbox.Store, func(), error) {
+	if _, err := os.Stat(f.sqlite); err != nil {
+		return nil, nil, fmt.Errorf("opening SQLite inbox: %w", err)
+	}
+	db, err := sqlinbox.OpenSQLite(f.sqlite)
+	if err != nil {
+		return nil, nil, err
+	}
+	store, err := sqlinbox.New(db, sqlinbox.SQLite, &sqlinbox.Config{Table: f.table})
+	if err != nil {
+		_ = db.Close()
+		return nil, nil, err
+	}
+	return store, func() { _ = db.Close() }, nil
+}
+
+func inboxPrune(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	f := newInboxFlags("prune", "Deletes markers past the window in batches, each its own short transaction (plain\ntable), or drops the daily partitions past it (partitioned table). One instance prunes\na table at a time; another finds it busy, says so and exits 0.", stderr, true)
+	batch := f.fs.Int("batch", retention.DefaultBatchSize, "markers per delete transaction")
+	dryRun := f.fs.Bool("dry-run", false, "count what would go; change nothing")
+	if err := f.parse(args); err != nil {
+		return err
+	}
+	if *batch < 1 {
+		return &exitError{code: 2, msg: "--batch must be at least 1"}
+	}
+	opts := retention.Options{Window: f.window, BatchSize: *batch, DryRun: *dryRun}
+	var res retention.Result
+	var table string
+	partitioned := false
+	if f.sqlite != "" {
+		store, closeDB, err := f.sqliteStore()
+		if err != nil {
+			return err
+		}
+		defer closeDB()
+		table = store.Table()
+		if res, err = store.Prune(ctx, opts); err != nil {
+			return err
+		}
+	} else {
+		store, closeDB, err := f.pgStore(ctx)
+		if err != nil {
+			return err
+		}
+		defer closeDB()
+		table = f.table
+		partitioned = store.Layout() == pgxinbox.Partitioned
+		if res, err = store.Prune(ctx, opts); err != nil {
+			return err
+		}
+	}
+	if f.jsonOut {
+		return printJSON(stdout, map[string]any{
+			"table": table, "cutoff": res.Cutoff, "markers": res.Markers, "batches": res.Batches,
+			"partitions": res.Partitions, "skipped": res.Skipped, "dry_run": res.DryRun,
+		})
+	}
+	switch {
+	case res.Skipped:
+		_, err := fmt.Fprintf(stdout, "%s: another instance is pruning; skipped\n", table)
+		return err
+	case partitioned:
+		return printDropped(stdout, table, res)
+	}
+	verb := "deleted"
+	if res.DryRun {
+		verb = "would delete"
+	}
+	_, err := fmt.Fprintf(stdout, "%s: %s %d markers older than %s (%d batches)\n", table, verb, res.Markers,
+		res.Cutoff.UTC().Format(time.RFC3339), res.Batches)
+	return err
+}
+
+func inboxEnsure(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	f := newInboxFlags("partitions ensure", "Creates the daily partitions (UTC) from --from for --days days, skipping those that\nexist. Run it daily so claims always find today's and the next days' partitions.", stderr, false)
+	days := f.fs.Int("days", pgxinbox.DefaultDaysAhead+1, "number of days to cover")
+	from := f.fs.String("from", "", "first day, YYYY-MM-DD (default today, UTC)")
+	if err := f.parse(args); err != nil {
+		return err
+	}
+	start := time.Now().UTC()
+	if *from != "" {
+		var err error
+		if start, err = time.Parse(time.DateOnly, *from); err != nil {
+			return &exitError{code: 2, msg: "--from: want YYYY-MM-DD"}
+		}
+	}
+	store, closeDB, err := f.pgStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	created, err := store.EnsurePartitions(ctx, start, *days)
+	if err != nil {
+		return err
+	}
+	if f.jsonOut {
+		return printJSON(stdout, map[string]any{"table": f.table, "created": created})
+	}
+	_, err = fmt.Fprintf(stdout, "%s: created %d partitions %s\n", f.table, len(created), strings.Join(created, " "))
+	return err
+}
+
+func inboxDrop(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	f := newInboxFlags("partitions drop", "Drops the daily partitions whose every event time is older than the window.", stderr, false)
+	dryRun := f.fs.Bool("dry-run", false, "name what would go; change nothing")
+	if err := f.parse(args); err != nil {
+		return err
+	}
+	store, closeDB, err := f.pgStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	if store.Layout() != pgxinbox.Partitioned {
+		return fmt.Errorf("table %s is not partitioned: use idem inbox prune", f.table)
+	}
+	res, err := store.Prune(ctx, retention.Options{Window: f.window, DryRun: *dryRun})
+	if err != nil {
+		return err
+	}
+	if f.jsonOut {
+		return printJSON(stdout, map[string]any{"table": f.table, "cutoff": res.Cutoff, "dropped": res.Partitions, "dry_run": res.DryRun})
+	}
+	return printDropped(stdout, f.table, res)
+}
+
+func printDropped(w io.Writer, table string, res retention.Result) error {
+	verb := "dropped"
+	if res.DryRun {
+		verb = "would drop"
+	}
+	_, err := fmt.Fprintf(w, "%s: %s %d partitions older than %s: %s\n", table, verb, len(res.Partitions),
+		res.Cutoff.UTC().Format(time.RFC3339), strings.Join(res.Partitions, " "))
+	return err
+}
+
+func inboxStats(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	f := newInboxFlags("stats", "Reads rows, the oldest marker and the window headroom: how long until the oldest\nmarker may be pruned (negative: the prune is late by that much). Scans the table once.", stderr, true)
+	if err := f.parse(args); err != nil {
+		return err
+	}
+	var st retention.Stats
+	layout := "plain"
+	if f.sqlite != "" {
+		store, closeDB, err := f.sqliteStore()
+		if err != nil {
+			return err
+		}
+		defer closeDB()
+		if st, err = store.Stats(ctx, f.window, nil); err != nil {
+			return err
+		}
+	} else {
+		store, closeDB, err := f.pgStore(ctx)
+		if err != nil {
+			return err
+		}
+		defer closeDB()
+		layout = store.Layout().String()
+		if st, err = store.Stats(ctx); err != nil {
+			return err
+		}
+		st.Table = f.table
+	}
+	if f.jsonOut {
+		out := map[string]any{
+			"table": st.Table, "layout": layout, "rows": st.Rows, "no_event_time": st.NoEventTime,
+			"oldest": nil, "oldest_age_seconds": st.OldestAge.Seconds(), "window_seconds": st.Window.Seconds(),
+			"headroom_seconds": st.Headroom.Seconds(), "prunable": st.Prunable, "partitions": st.Partitions, "now": st.Now,
+		}
+		if !st.Oldest.IsZero() {
+			out["oldest"] = st.Oldest
+		}
+		return printJSON(stdout, out)
+	}
+	oldest := "none"
+	if !st.Oldest.IsZero() {
+		oldest = fmt.Sprintf("%s (%s ago)", st.Oldest.UTC().Format(time.RFC3339), st.OldestAge.Round(time.Second))
+	}
+	_, err := fmt.Fprintf(stdout, "table      %s (%s)\nrows       %d (%d without event time)\noldest     %s\nwindow     %s\nheadroom   %s\nprunable   %d\n",
+		st.Table, layout, st.Rows, st.NoEventTime, oldest, st.Window, st.Headroom.Round(time.Second), st.Prunable)
+	if err == nil && len(st.Partitions) > 0 {
+		_, err = fmt.Fprintf(stdout, "partitions %d: %s … %s\n", len(st.Partitions), st.Partitions[0], st.Partitions[len(st.Partitions)-1])
+	}
+	return err
+}
+
+func printJSON(w io.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "%s\n", b)
+	return err
+}

@@ -1,0 +1,168 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/pgxinbox"
+	"github.com/idemkit/idem/sqlinbox"
+)
+
+// inboxRun runs `idem inbox args...` and returns stdout, failing the test
+// on an exit status other than want.
+func inboxRun(t *testing.T, want int, args ...string) string {
+	t.Helper()
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), append([]string{"inbox"}, args...), &out, &errb); code != want {
+		t.Fatalf("idem inbox %s: exit %d, want %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), code, want, out.String(), errb.String())
+	}
+	return out.String()
+}
+
+// seedInbox migrates an inbox of the layout on a fresh schema and writes
+// three markers past the 14-day window and one inside it.
+func seedInbox(t *testing.T, layout pgxinbox.Layout) (string, *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	url := pgtest.Schema(t)
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := pgxinbox.New(pool, &pgxinbox.Config{Layout: layout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if layout == pgxinbox.Partitioned {
+		if _, err := store.EnsurePartitions(ctx, time.Now().AddDate(0, 0, -20), 21); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256, event_time, processed_at)
+SELECT 'ledger', k, k, '\x00', t, t FROM (VALUES
+  ('old-1', now() - interval '20 days'), ('old-2', now() - interval '19 days'),
+  ('old-3', now() - interval '18 days'), ('young', now() - interval '1 day')) v(k, t)`); err != nil {
+		t.Fatal(err)
+	}
+	return url, pool
+}
+
+func rows(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM idem_inbox`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestInboxPrunePlain(t *testing.T) {
+	t.Parallel()
+	url, pool := seedInbox(t, pgxinbox.Plain)
+	var st struct {
+		Rows            int64    `json:"rows"`
+		Layout          string   `json:"layout"`
+		Prunable        int64    `json:"prunable"`
+		HeadroomSeconds float64  `json:"headroom_seconds"`
+		Oldest          *string  `json:"oldest"`
+		Partitions      []string `json:"partitions"`
+	}
+	if err := json.Unmarshal([]byte(inboxRun(t, 0, "stats", "--database", url, "--json")), &st); err != nil {
+		t.Fatal(err)
+	}
+	// The oldest marker is 20 days old: six days past a 14-day window.
+	if st.Rows != 4 || st.Layout != "plain" || st.Prunable != 3 || st.Oldest == nil ||
+		st.HeadroomSeconds > -6*86400+60 || st.HeadroomSeconds < -6*86400-60 {
+		t.Fatalf("stats: %+v", st)
+	}
+	out := inboxRun(t, 0, "prune", "--database", url, "--dry-run")
+	if !strings.Contains(out, "would delete 3 markers") || rows(t, pool) != 4 {
+		t.Fatalf("dry run said %q and left %d rows", out, rows(t, pool))
+	}
+	out = inboxRun(t, 0, "prune", "--database", url, "--batch", "2")
+	if !strings.Contains(out, "deleted 3 markers") || !strings.Contains(out, "(2 batches)") || rows(t, pool) != 1 {
+		t.Fatalf("prune said %q and left %d rows", out, rows(t, pool))
+	}
+	// A longer window keeps everything.
+	if out := inboxRun(t, 0, "prune", "--database", url, "--window", "720h"); !strings.Contains(out, "deleted 0 markers") {
+		t.Fatalf("prune with a 30-day window: %q", out)
+	}
+	inboxRun(t, 1, "partitions", "drop", "--database", url)
+	inboxRun(t, 1, "prune", "--database", url, "--table", "missing")
+	inboxRun(t, 2, "prune", "--database", url, "--window", "-1h")
+	inboxRun(t, 2, "bogus")
+}
+
+func TestInboxPartitions(t *testing.T) {
+	t.Parallel()
+	url, pool := seedInbox(t, pgxinbox.Partitioned)
+	var ensured struct{ Created []string }
+	from := time.Now().UTC().Format(time.DateOnly)
+	if err := json.Unmarshal([]byte(inboxRun(t, 0, "partitions", "ensure", "--database", url, "--from", from, "--days", "10", "--json")), &ensured); err != nil {
+		t.Fatal(err)
+	}
+	// Migrate made today and three days ahead; ten days need six more.
+	if len(ensured.Created) != 6 {
+		t.Fatalf("ensure created %v, want 6", ensured.Created)
+	}
+	out := inboxRun(t, 0, "partitions", "drop", "--database", url, "--dry-run")
+	if !strings.Contains(out, "would drop") || rows(t, pool) != 4 {
+		t.Fatalf("dry run said %q and left %d rows", out, rows(t, pool))
+	}
+	// The partitions of days 20 … 15 ago go (six), with the three old
+	// markers; the young one stays.
+	out = inboxRun(t, 0, "prune", "--database", url)
+	if !strings.Contains(out, "dropped 6 partitions") || rows(t, pool) != 1 {
+		t.Fatalf("prune said %q and left %d rows", out, rows(t, pool))
+	}
+	if out := inboxRun(t, 0, "stats", "--database", url); !strings.Contains(out, "(partitioned)") || !strings.Contains(out, "rows       1") {
+		t.Fatalf("stats: %s", out)
+	}
+}
+
+func TestInboxPruneSQLite(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "inbox.db")
+	db, err := sqlinbox.OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	store, err := sqlinbox.New(db, sqlinbox.SQLite, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f := "2006-01-02T15:04:05.000000Z"
+	old, young := time.Now().UTC().AddDate(0, 0, -20).Format(f), time.Now().UTC().Format(f)
+	if _, err := db.ExecContext(ctx, `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256, event_time, processed_at)
+VALUES ('ledger', 'a', 'a', x'00', ?1, ?1), ('ledger', 'b', 'b', x'00', NULL, ?1), ('ledger', 'c', 'c', x'00', ?2, ?2)`, old, young); err != nil {
+		t.Fatal(err)
+	}
+	if out := inboxRun(t, 0, "stats", "--sqlite", path); !strings.Contains(out, "prunable   2") {
+		t.Fatalf("stats: %s", out)
+	}
+	if out := inboxRun(t, 0, "prune", "--sqlite", path); !strings.Contains(out, "deleted 2 markers") {
+		t.Fatalf("prune: %s", out)
+	}
+	var n int
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM idem_inbox`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("rows after prune: %d %v", n, err)
+	}
+	inboxRun(t, 1, "prune", "--sqlite", filepath.Join(t.TempDir(), "missing.db"))
+}
