@@ -60,7 +60,7 @@ func BenchmarkDrain(b *testing.B) {
 		name    string
 		workers int
 		write   bool
-	}{{"idem", 1, true}, {"idem", 4, true}, {"idem-claim-only", 1, false}} {
+	}{{"idem", 1, true}, {"idem", 4, true}, {"idem-batch-write", 1, true}, {"idem-claim-only", 1, false}} {
 		workers := v.workers
 		b.Run(fmt.Sprintf("%s/workers=%d", v.name, workers), func(b *testing.B) {
 			for range b.N {
@@ -73,7 +73,13 @@ func BenchmarkDrain(b *testing.B) {
 					// write would approach.
 					h = func(context.Context, pgx.Tx, idem.Message) error { return nil }
 				}
-				proc := d.processor(b, h)
+				var mods []func(*idem.Config[pgx.Tx])
+				if v.name == "idem-batch-write" {
+					// The same one row per message, written for the whole
+					// batch with one statement through Config.HandleBatch.
+					mods = append(mods, func(c *idem.Config[pgx.Tx]) { c.Handler, c.HandleBatch = nil, writeBatch })
+				}
+				proc := d.processor(b, h, mods...)
 				publish(b, conn, topo.Queue, 0, n, msgID)
 				cfg := config(b, topo.Queue)
 				cfg.BatchSize, cfg.Prefetch, cfg.Workers = 100, 500, workers
@@ -107,6 +113,18 @@ func BenchmarkDrain(b *testing.B) {
 			}
 		})
 	}
+}
+
+// writeBatch is write for a whole batch in one statement.
+func writeBatch(ctx context.Context, tx pgx.Tx, msgs []idem.Message) error {
+	keys := make([]string, len(msgs))
+	attempts := make([]int32, len(msgs))
+	for i, m := range msgs {
+		keys[i], attempts[i] = m.ID, int32(m.Attempt)
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO effects (key, message_id, attempt)
+SELECT k, k, a FROM unnest($1::text[], $2::int[]) AS t(k, a)`, keys, attempts)
+	return err
 }
 
 // rawDrain consumes n messages and acks each 100 with one multiple ack:
