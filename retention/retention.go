@@ -128,7 +128,7 @@ func (NopHooks) PartitionsDropped(string, int) {}
 // OldestMarker does nothing.
 func (NopHooks) OldestMarker(string, time.Duration) {}
 
-// Or returns h, or NopHooks when h is nil.
+// Or returns h, else fallback, else NopHooks: the first hooks configured.
 func Or(h Hooks, fallback Hooks) Hooks {
 	if h != nil {
 		return h
