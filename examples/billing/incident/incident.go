@@ -1,0 +1,281 @@
+// Package incident replays the billing incident of the seeds side by side:
+// a broker restart redelivers the deliveries a consumer had processed but
+// not acknowledged, and a producer republishes some events with the same
+// ID. A naive consumer (no inbox, no constraint, a charge without a key) and
+// an idem consumer receive the same deliveries from the same broker; [Run]
+// measures what each did to its database and to the payment gateway.
+//
+// The default run needs no services: Kafka in process (kfake) and SQLite
+// files in a temporary directory. Options name a real PostgreSQL, RabbitMQ
+// or Kafka instead. `idem demo` is the command line of this package.
+package incident
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/idemkit/idem/examples/billing"
+)
+
+// Options configures [Run]. The zero value replays the incident at its size
+// on kfake and SQLite.
+type Options struct {
+	// Renewals is the number of SubscriptionRenewed events, one customer
+	// each. Half as many orders come with them. Defaults to 3,100, the
+	// incident's count of unacknowledged messages.
+	Renewals int
+	// Seed makes the events and their republished copies reproducible.
+	// Defaults to 1.
+	Seed int64
+	// Postgres is a postgres:// URL. The demo drops and recreates the
+	// schemas <SchemaPrefix>_naive and <SchemaPrefix>_idem there and leaves
+	// them for inspection. Empty uses SQLite files in a temporary directory.
+	Postgres string
+	// SchemaPrefix names the PostgreSQL schemas. Defaults to "idem_demo".
+	SchemaPrefix string
+	// RabbitMQ is an amqp:// URL. The demo declares its exchanges and queues
+	// (names with a random suffix) and deletes them at the end.
+	RabbitMQ string
+	// Kafka lists the brokers of a real cluster; the demo creates topics
+	// with a random suffix. Empty, with RabbitMQ empty too, starts kfake.
+	Kafka []string
+	// Republish is the share of events the producer publishes a second time
+	// with the same event ID. Defaults to 0.05. Negative disables it.
+	Republish float64
+	// OutageAfter is the share of each stream acknowledged normally before
+	// the broker restart begins. Defaults to 0.10.
+	OutageAfter float64
+	// OutageHeld is the share of each stream that the restart catches
+	// processed but unacknowledged. Defaults to 0.35.
+	OutageHeld float64
+	// Timeout bounds the consuming phase. Defaults to 3 minutes.
+	Timeout time.Duration
+	// Progress, when set, is called about ten times a second while the
+	// demo runs.
+	Progress func(Progress)
+	// Logger receives the adapters' and processors' logs (restarts,
+	// reconnects, duplicates skipped). Defaults to discarding them: the
+	// report tells the story.
+	Logger *slog.Logger
+
+	dir string // SQLite files
+}
+
+// Progress is a snapshot of a running demo.
+type Progress struct {
+	// Phase is what happens now: "publishing", "consuming", "restarting",
+	// "settling".
+	Phase string
+	// Done and Total count deliveries acknowledged by both sides' consumers
+	// out of the messages published to them.
+	Done, Total int
+	// Restarts counts consumers whose broker restart has happened, of
+	// Consumers.
+	Restarts, Consumers int
+}
+
+func (o *Options) setDefaults() {
+	if o.Renewals == 0 {
+		o.Renewals = 3100
+	}
+	if o.Seed == 0 {
+		o.Seed = 1
+	}
+	if o.SchemaPrefix == "" {
+		o.SchemaPrefix = "idem_demo"
+	}
+	if o.Republish == 0 {
+		o.Republish = 0.05
+	}
+	if o.Republish < 0 {
+		o.Republish = 0
+	}
+	if o.OutageAfter == 0 {
+		o.OutageAfter = 0.10
+	}
+	if o.OutageHeld == 0 {
+		o.OutageHeld = 0.35
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 3 * time.Minute
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+}
+
+func (o *Options) validate() error {
+	var errs []error
+	if o.Renewals < 10 || o.Renewals > 1_000_000 {
+		errs = append(errs, fmt.Errorf("renewals %d must be between 10 and 1,000,000", o.Renewals))
+	}
+	if o.Republish > 1 || o.OutageAfter < 0 || o.OutageAfter > 1 || o.OutageHeld < 0 || o.OutageHeld > 1 {
+		errs = append(errs, errors.New("republish and outage shares must be between 0 and 1"))
+	}
+	if o.RabbitMQ != "" && len(o.Kafka) > 0 {
+		errs = append(errs, errors.New("choose RabbitMQ or Kafka, not both"))
+	}
+	return errors.Join(errs...)
+}
+
+// Run replays the incident and returns what both sides did. An error means
+// the demo could not run (a service unreachable, the consumers stuck past
+// the timeout); the outcome itself is in the report: see [Report.OK].
+func Run(ctx context.Context, opts Options) (*Report, error) {
+	opts.setDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, fmt.Errorf("demo options: %w", err)
+	}
+	began := time.Now()
+	p := newPlan(opts.Renewals, opts.Seed, opts.Republish)
+	progress := func(pr Progress) {
+		if opts.Progress != nil {
+			opts.Progress(pr)
+		}
+	}
+	progress(Progress{Phase: "publishing", Total: 2 * p.total()})
+
+	naive, safe, closeDBs, err := openSides(ctx, &opts, p)
+	if err != nil {
+		return nil, err
+	}
+	defer closeDBs()
+
+	var tr transport
+	if opts.RabbitMQ != "" {
+		tr, err = newRabbit(opts.RabbitMQ, opts.Logger)
+	} else {
+		tr, err = newKafka(opts.Kafka, opts.Logger)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer tr.close(context.WithoutCancel(ctx))
+	if err := tr.prepare(ctx, p); err != nil {
+		return nil, err
+	}
+	if err := tr.publish(ctx, p); err != nil {
+		return nil, err
+	}
+
+	cctx, stop := context.WithCancel(ctx)
+	defer stop()
+	type running struct {
+		side   *side
+		stream string
+		c      runningConsumer
+		o      *outage
+	}
+	var all []running
+	for _, s := range []*side{naive, safe} {
+		for _, stream := range streams {
+			n := p.published(stream)
+			o := newOutage(int(float64(n)*opts.OutageAfter), int(float64(n)*opts.OutageHeld))
+			all = append(all, running{s, stream, tr.start(cctx, s, stream, s.procs[stream], o, n), o})
+		}
+	}
+	// The idem side's charges leave through the outbox. The relay is killed
+	// once between charging and marking, as a deploy would: the gateway
+	// sees those charges again and answers them from their keys.
+	relayDone := make(chan struct{})
+	var killOnce sync.Once
+	relay := &billing.ChargeRelay{DB: safe.db, Gateway: safe.gateway, BeforeMark: func(int) error {
+		err := error(nil)
+		killOnce.Do(func() { err = errors.New("relay killed mid-pass") })
+		return err
+	}}
+	go func() {
+		defer close(relayDone)
+		_ = relay.Run(cctx, 50*time.Millisecond, nil)
+	}()
+
+	deadline := time.NewTimer(opts.Timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	var runErr error
+wait:
+	for {
+		pr := Progress{Phase: "consuming", Total: 2 * p.total(), Consumers: len(all)}
+		finished := true
+		for _, r := range all {
+			pr.Done += min(r.c.acked(), p.published(r.stream))
+			switch holding, over, _ := r.o.state(); {
+			case over:
+				pr.Restarts++
+			case holding:
+				pr.Phase = "restarting"
+			}
+			finished = finished && r.c.finished()
+		}
+		if pr.Restarts == len(all) && pr.Phase == "consuming" {
+			pr.Phase = "settling"
+		}
+		progress(pr)
+		if finished {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			runErr = ctx.Err()
+			break wait
+		case <-deadline.C:
+			runErr = fmt.Errorf("the consumers did not finish within %v (%d of %d deliveries acknowledged)", opts.Timeout, pr.Done, pr.Total)
+			break wait
+		case <-tick.C:
+		}
+	}
+	stop()
+	for _, r := range all {
+		if err := r.c.wait(); err != nil && runErr == nil {
+			runErr = fmt.Errorf("%s %s consumer: %w", r.side.name, r.stream, err)
+		}
+	}
+	<-relayDone
+	if runErr != nil {
+		return nil, runErr
+	}
+	// Send what the relay had not sent yet.
+	for {
+		n, err := relay.SendPending(context.WithoutCancel(ctx))
+		if err != nil {
+			return nil, fmt.Errorf("draining the charge outbox: %w", err)
+		}
+		if n == 0 {
+			break
+		}
+	}
+
+	rep := &Report{
+		Broker: tr.describe(), Database: "SQLite", Seed: opts.Seed,
+		Renewals: p.renewals, Orders: p.orders, OrderLines: p.lines, Merchants: p.merchants, Products: p.products,
+		Published: p.total(), Republished: p.republished, Query: DuplicateInvoiceQuery,
+	}
+	if opts.Postgres != "" {
+		rep.Database = "PostgreSQL"
+	}
+	for _, s := range []*side{naive, safe} {
+		sr, err := measure(context.WithoutCancel(ctx), s, p)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range all {
+			if r.side == s {
+				_, _, held := r.o.state()
+				sr.CaughtByRestart += held
+			}
+		}
+		if s.naive {
+			rep.Naive = *sr
+		} else {
+			rep.Idem = *sr
+		}
+	}
+	rep.Elapsed = time.Since(began).Round(10 * time.Millisecond)
+	return rep, nil
+}
