@@ -38,8 +38,9 @@ const (
 	// connection, or any handler error not marked [Permanent].
 	ClassTransient ErrorClass = iota
 	// ClassPermanent errors fail the same way every time: a constraint the
-	// handler broke (class 23), bad data (22), a missing table (42). The
-	// message is dead-lettered at once.
+	// handler broke (class 23) or bad data (22). The message is dead-lettered
+	// at once. A missing table (42) is NOT permanent: during a deploy it may
+	// appear a moment later, so it is retried and left to the broker.
 	ClassPermanent
 )
 
@@ -52,6 +53,13 @@ var (
 	ErrCommitUnknown = errors.New("commit outcome unknown")
 	// ErrRetriesExhausted: a transient error outlived the retry budget.
 	ErrRetriesExhausted = errors.New("retries exhausted")
+	// ErrNotAttempted: a message of a batch was not tried because an earlier
+	// one must be retried first (order is kept).
+	ErrNotAttempted = errors.New("not attempted")
+	// ErrBatchFailed: the batch's transaction failed as a whole (its commit
+	// outcome is unknown, or processing was cancelled), so no message of it
+	// is known to be applied.
+	ErrBatchFailed = errors.New("batch transaction failed")
 )
 
 // classify decides what to do with err: the one place that maps errors to

@@ -68,7 +68,10 @@ func (p *Processor[TTx]) Process(ctx context.Context, msg Message) Result {
 // statement in sorted key order, the handler runs for fresh keys in message
 // order, and a key repeated inside the batch is applied once. If anything
 // fails, the transaction rolls back and each message is processed on its own,
-// so one poison message cannot sink its neighbours. Results are in the order
+// so one poison message cannot sink its neighbours (it is dead-lettered and
+// the walk goes on). A message that ends in Retry stops the walk: the
+// messages after it are not tried and also get Retry (wrapping
+// [ErrNotAttempted]), so the stream's order holds. Results are in the order
 // of msgs.
 func (p *Processor[TTx]) ProcessBatch(ctx context.Context, msgs []Message) []Result {
 	start := time.Now()
@@ -92,14 +95,23 @@ func (p *Processor[TTx]) ProcessBatch(ctx context.Context, msgs []Message) []Res
 		if err != nil {
 			if stopAll(ctx, err) {
 				for _, it := range valid {
-					it.res.Outcome, it.res.Err = Retry, err
+					it.res.Outcome, it.res.Err = Retry, fmt.Errorf("%w: %w", ErrBatchFailed, err)
 				}
 				break
 			}
 			// Something in the batch failed, perhaps one poison message: apply
-			// each message alone so its neighbours still go through.
-			for _, it := range valid {
+			// each message alone so its neighbours still go through. A message
+			// left to Retry stops the walk: applying the ones after it would
+			// reorder the stream (a Kafka partition must stay in order).
+			for i, it := range valid {
 				p.processOne(ctx, it, 1)
+				if it.res.Outcome == Retry {
+					for _, rest := range valid[i+1:] {
+						rest.res.Outcome = Retry
+						rest.res.Err = fmt.Errorf("%w: message %s before it must be retried first", ErrNotAttempted, it.msg.ID)
+					}
+					break
+				}
 			}
 		}
 	}

@@ -67,6 +67,7 @@ func Run[TTx any](t *testing.T, h Harness[TTx]) {
 		{"ProcessTx", s.processTx},
 		{"LockTimeout", s.lockTimeout},
 		{"BatchHandler", s.batchHandler},
+		{"RetryInBatchKeepsOrder", s.retryInBatchKeepsOrder},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -587,5 +588,35 @@ func (s suite[TTx]) batchHandler(t *testing.T) {
 	}
 	if c := count(t, env.Effects, "ledger", ""); c != 6 {
 		t.Fatalf("effects = %d, want 6", c)
+	}
+}
+
+// retryInBatchKeepsOrder: when one message of a batch must be retried, the
+// messages after it are not applied ahead of it.
+func (s suite[TTx]) retryInBatchKeepsOrder(t *testing.T) {
+	ctx := context.Background()
+	env := s.h.Open(t)
+	var down atomic.Bool
+	down.Store(true)
+	p := s.proc(t, env, "ledger", func(m idem.Message) error {
+		if m.ID == "b" && down.Load() {
+			return errors.New("downstream unavailable")
+		}
+		return nil
+	}, func(c *idem.Config[TTx]) { c.Retry.MaxAttempts = 2 })
+	rs := p.ProcessBatch(ctx, []idem.Message{msg("a"), msg("b"), msg("c")})
+	if rs[0].Outcome != idem.Applied || rs[1].Outcome != idem.Retry || rs[2].Outcome != idem.Retry {
+		t.Fatalf("outcomes %v %v %v, want applied retry retry", rs[0].Outcome, rs[1].Outcome, rs[2].Outcome)
+	}
+	if !errors.Is(rs[2].Err, idem.ErrNotAttempted) {
+		t.Fatalf("message after the retried one: %v, want ErrNotAttempted", rs[2].Err)
+	}
+	if c := count(t, env.Effects, "ledger", "c"); c != 0 {
+		t.Fatalf("c was applied before b")
+	}
+	down.Store(false)
+	rs = p.ProcessBatch(ctx, []idem.Message{msg("b"), msg("c")})
+	if rs[0].Outcome != idem.Applied || rs[1].Outcome != idem.Applied {
+		t.Fatalf("redelivery: %v %v", rs[0].Outcome, rs[1].Outcome)
 	}
 }
