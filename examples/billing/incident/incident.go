@@ -68,8 +68,9 @@ type Options struct {
 
 // Progress is a snapshot of a running demo.
 type Progress struct {
-	// Phase is what happens now: "publishing", "consuming", "restarting",
-	// "settling".
+	// Phase is what happens now: "publishing", "consuming", "restarting"
+	// (acknowledgements are being held and connections cut), "redelivering"
+	// (every consumer went through its restart).
 	Phase string
 	// Done and Total count deliveries acknowledged by both sides' consumers
 	// out of the messages published to them.
@@ -202,19 +203,21 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 wait:
 	for {
 		pr := Progress{Phase: "consuming", Total: 2 * p.total(), Consumers: len(all)}
-		finished := true
+		finished, holding := true, false
 		for _, r := range all {
 			pr.Done += min(r.c.acked(), p.published(r.stream))
-			switch holding, over, _ := r.o.state(); {
-			case over:
+			h, over, _ := r.o.state()
+			if over {
 				pr.Restarts++
-			case holding:
-				pr.Phase = "restarting"
 			}
+			holding = holding || h
 			finished = finished && r.c.finished()
 		}
-		if pr.Restarts == len(all) && pr.Phase == "consuming" {
-			pr.Phase = "settling"
+		switch {
+		case pr.Restarts == len(all):
+			pr.Phase = "redelivering"
+		case holding || pr.Restarts > 0:
+			pr.Phase = "restarting"
 		}
 		progress(pr)
 		if finished {

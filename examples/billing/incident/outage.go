@@ -24,13 +24,13 @@ type outage struct {
 	after, target int
 	stall         time.Duration
 
-	mu       sync.Mutex
-	passed   int
-	held     int
-	holding  bool
-	over     bool
-	release  chan struct{}
-	timer    *time.Timer
+	mu      sync.Mutex
+	passed  int
+	held    int
+	holding bool
+	over    bool
+	release chan struct{}
+	timer   *time.Timer
 }
 
 func newOutage(after, target int) *outage {

@@ -16,9 +16,6 @@ import (
 	"github.com/idemkit/idem/idemrabbitmq"
 )
 
-// rabbitBatch is the deliveries per transaction on RabbitMQ.
-const rabbitBatch = 100
-
 type rabbitTransport struct {
 	url    string
 	suffix string
@@ -102,16 +99,18 @@ func (r *rabbitTransport) publish(ctx context.Context, p *plan) error {
 
 func (r *rabbitTransport) start(ctx context.Context, s *side, stream string, proc *idem.Processor[*sql.Tx], o *outage, published int) runningConsumer {
 	t := r.topo[s.name+"/"+stream]
-	// A restart catches what the workers hold committed and unacked: enough
-	// workers to hold the outage's share, each with one batch.
-	workers := max(1, (o.target+rabbitBatch-1)/rabbitBatch+1)
+	// A restart catches the batch committed and not yet acked: one worker
+	// (several would update the same balances and stock rows in different
+	// orders and wait on each other) with batches the size of the outage's
+	// share, and a prefetch that lets the next batch queue up behind it.
+	batch := min(30000, max(10, o.target))
 	c := &rabbitConsumer{published: published, done: make(chan struct{})}
 	cons, err := idemrabbitmq.NewConsumer(proc, &idemrabbitmq.Config{
 		URL:                 r.url,
 		Queue:               t.Queue,
-		BatchSize:           rabbitBatch,
-		Workers:             workers,
-		Prefetch:            min(65535, (workers+1)*rabbitBatch),
+		BatchSize:           batch,
+		BatchWait:           100 * time.Millisecond,
+		Prefetch:            2 * batch,
 		DeadLetterExchange:  t.DeadLetterExchange,
 		ReconnectBackoff:    50 * time.Millisecond,
 		MaxReconnectBackoff: time.Second,
