@@ -52,12 +52,15 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if kafka != "" {
 		opts.Kafka = strings.Split(kafka, ",")
 	}
+	var bar *progressBar
 	if !quiet {
-		bar := newProgressBar(stderr)
+		bar = newProgressBar(stderr)
 		opts.Progress = bar.update
-		defer bar.finish()
 	}
 	rep, err := incident.Run(ctx, opts)
+	if bar != nil {
+		bar.finish() // clear the bar before the report takes its line
+	}
 	if err != nil {
 		return err
 	}

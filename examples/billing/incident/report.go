@@ -235,6 +235,9 @@ func (r *Report) WriteText(w io.Writer) error {
 		fmt.Fprintf(&b, "  %s\n", l)
 	}
 	fmt.Fprintf(&b, "  → naive: %s rows    idem: %s rows\n\n", num(n.DuplicateQueryRows), num(i.DuplicateQueryRows))
+	if r.Database == "PostgreSQL" {
+		fmt.Fprintf(&b, "Both sides are kept for inspection: naive in %s, idem in %s.\n", n.Where, i.Where)
+	}
 	if i.ChargesReplayed > 0 {
 		fmt.Fprintf(&b, "The idem charge relay was killed once between charging and marking: %s charges were sent again and the gateway answered them from their idempotency keys.\n", num(i.ChargesReplayed))
 	}
