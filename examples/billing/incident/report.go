@@ -205,7 +205,7 @@ func (r *Report) WriteText(w io.Writer) error {
 	fmt.Fprintf(&b, "idem demo: the billing incident, replayed on %s + %s (seed %d)\n", r.Broker, r.Database, r.Seed)
 	fmt.Fprintf(&b, "  %s renewals and %s orders (%s order lines) published; the producer republished %s of them with the same event ID.\n",
 		num(r.Renewals), num(r.Orders), num(r.OrderLines), num(r.Republished))
-	fmt.Fprintf(&b, "  Broker restart mid-stream: %s deliveries (naive) and %s (idem) were processed but not yet acknowledged, and were delivered again.\n\n",
+	fmt.Fprintf(&b, "  Broker restart mid-stream: %s deliveries (naive) and %s (idem), over three consumers each, were processed but not yet acknowledged, and were delivered again.\n\n",
 		num(n.CaughtByRestart), num(i.CaughtByRestart))
 
 	rows := [][3]string{
