@@ -5,13 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/idemkit/idem/internal/pgerr"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Dialect is the SQL flavour of the database behind a [Store]: [Postgres] or
@@ -106,58 +104,9 @@ func (postgres) setLockTimeout(ctx context.Context, tx *sql.Tx, d time.Duration)
 	return err
 }
 
-func (postgres) commitUnknown(err error) bool {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		// An ERROR answer means the server rolled back (a deferred
-		// constraint failed, say): the outcome is known. A FATAL answer
-		// means the server is dropping the session, and it may do so after
-		// the commit is durable: terminating a backend that waits for a
-		// synchronous standby leaves the transaction committed locally.
-		// pg_terminate_backend before COMMIT also surfaces here, as 57P01.
-		return sessionEnding(pgErr)
-	}
-	// pgx sent COMMIT and the server answered ROLLBACK (the transaction had
-	// failed), or database/sql refused before anything reached the server.
-	if errors.Is(err, pgx.ErrTxCommitRollback) || errors.Is(err, sql.ErrTxDone) {
-		return false
-	}
-	// No answer: the connection broke.
-	return true
-}
+func (postgres) commitUnknown(err error) bool { return pgerr.CommitUnknown(err) }
 
-// sessionEnding reports whether the server sent e as it closed the session,
-// judged by the protocol's unlocalized severity and by SQLSTATE.
-func sessionEnding(e *pgconn.PgError) bool {
-	switch e.SeverityUnlocalized {
-	case "FATAL", "PANIC":
-		return true
-	}
-	switch {
-	case strings.HasPrefix(e.Code, "08"): // connection exception
-		return true
-	case e.Code == "57P01", e.Code == "57P02", e.Code == "57P03": // admin/crash shutdown, cannot connect now
-		return true
-	}
-	return false
-}
-
-func (postgres) classify(err error) idem.ErrorClass {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return idem.ClassTransient // connection errors and everything not the server's
-	}
-	if len(pgErr.Code) != 5 {
-		return idem.ClassTransient
-	}
-	switch pgErr.Code[:2] {
-	case "22", "23": // data exception, integrity constraint violation
-		return idem.ClassPermanent
-	}
-	// 40001 serialization, 40P01 deadlock, 55P03 lock timeout, 57P01 admin
-	// shutdown, 08xxx connection, and whatever else: worth another try.
-	return idem.ClassTransient
-}
+func (postgres) classify(err error) idem.ErrorClass { return pgerr.Classify(err) }
 
 // sqliteTimeFormat is fixed-width UTC with microseconds, so stored times sort
 // and compare correctly as text.
