@@ -1,0 +1,218 @@
+package audit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/big"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// ErrStillBeingCreated is returned by [Auditor.Void] when there is something
+// to void but duplicates are still being created (see [Activity]): voiding
+// now is work the producer will undo. [VoidOptions.Force] overrides it.
+var ErrStillBeingCreated = errors.New("duplicates are still being created")
+
+// ErrMissingColumns is returned by [Auditor.Void] when the table lacks the
+// reason, actor or voided-at column and [VoidOptions.AddColumns] is not set.
+var ErrMissingColumns = errors.New("audit columns missing")
+
+// ErrConcurrentChange is returned by [Auditor.Void] when rows it was about
+// to void changed under it; nothing was written, and running again is safe.
+var ErrConcurrentChange = errors.New("the table changed during the void")
+
+// VoidOptions configures [Auditor.Void].
+type VoidOptions struct {
+	// Apply writes; without it Void is a dry run in a read-only transaction
+	// and reports what it would do.
+	Apply bool
+	// Reason and Actor are written to every voided row. Required with Apply.
+	Reason string
+	Actor  string
+	// IncludePaid voids paid extra rows too. Leave it off until their
+	// refunds are done: a voided row must still be there to reconcile the
+	// refund against, which is why nothing is ever deleted.
+	IncludePaid bool
+	// Force voids even when duplicates are still being created.
+	Force bool
+	// AddColumns adds the missing audit columns (nullable text for reason,
+	// actor and previous status, timestamptz for the time) in the same
+	// transaction.
+	AddColumns bool
+	// LockTimeout bounds every lock wait of the transaction, so a void never
+	// queues behind a long query while blocking the table's writers.
+	// Defaults to 10s; -1 leaves the server's setting.
+	LockTimeout time.Duration
+}
+
+// VoidResult reports what [Auditor.Void] did or, on a dry run, would do.
+type VoidResult struct {
+	Table      string   `json:"table"`
+	KeyColumns []string `json:"key_columns"`
+	// Applied is true when the transaction committed.
+	Applied bool `json:"applied"`
+	// Groups is the number of duplicate groups before the void; in each, the
+	// earliest live row is kept.
+	Groups int64 `json:"groups"`
+	// Voided lists the rows voided (or, on a dry run, to be voided), and
+	// VoidedAmount totals them.
+	Voided       []Row   `json:"voided"`
+	VoidedAmount *string `json:"voided_amount,omitempty"`
+	// Refund lists paid extra rows that were skipped: refund them, then
+	// void them with IncludePaid. With IncludePaid it lists the paid rows
+	// that were voided, as a reminder that each needs its refund.
+	Refund       []Row   `json:"refund"`
+	RefundAmount *string `json:"refund_amount,omitempty"`
+	// AddedColumns are the audit columns added (or, on a dry run, to add).
+	AddedColumns []string `json:"added_columns,omitempty"`
+	Activity     Activity `json:"activity"`
+	Forced       bool     `json:"forced,omitempty"`
+}
+
+// Void marks every live row but the earliest of each duplicate group as
+// voided: the status column gets the void value and the reason, actor,
+// voided-at and previous-status columns are written. Paid rows are skipped and listed for
+// refund unless IncludePaid is set. It never deletes.
+//
+// Everything happens in one REPEATABLE READ transaction: the rows listed
+// are exactly the rows updated, and a concurrent change to one of them
+// fails the void with [ErrConcurrentChange] instead of voiding on stale
+// facts. Running it again once done changes nothing: voided rows are no
+// longer live, so no group is left with extras.
+func (a *Auditor) Void(ctx context.Context, opt VoidOptions) (*VoidResult, error) {
+	if opt.Apply && (strings.TrimSpace(opt.Reason) == "" || strings.TrimSpace(opt.Actor) == "") {
+		return nil, fmt.Errorf("%w: a void that writes needs a reason and an actor (who is voiding)", ErrInvalidSpec)
+	}
+	if opt.LockTimeout == 0 {
+		opt.LockTimeout = 10 * time.Second
+	}
+	mode := pgx.ReadOnly
+	if opt.Apply {
+		mode = pgx.ReadWrite
+	}
+	tx, err := a.db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: mode})
+	if err != nil {
+		return nil, fmt.Errorf("beginning void transaction: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if opt.LockTimeout > 0 {
+		if _, err := tx.Exec(ctx, a.d.setLockTimeout(), fmt.Sprintf("%dms", opt.LockTimeout.Milliseconds())); err != nil {
+			return nil, fmt.Errorf("setting lock timeout: %w", err)
+		}
+	}
+	ti, err := a.inspect(ctx, tx, true)
+	if err != nil {
+		return nil, err
+	}
+	res := &VoidResult{Table: a.p.table.String(), KeyColumns: a.p.keyNames(), Forced: opt.Force}
+	if missing := a.missingAuditColumns(ti); len(missing) > 0 {
+		if !opt.AddColumns {
+			return nil, fmt.Errorf("%w: table %s has no column %s; add them with --add-columns (VoidOptions.AddColumns), or name existing columns with --reason-column, --by-column, --at-column, --previous-column",
+				ErrMissingColumns, a.p.table, strings.Join(identNames(missing), ", "))
+		}
+		res.AddedColumns = identNames(missing)
+		if opt.Apply {
+			if _, err := tx.Exec(ctx, a.d.addColumns(a.p, missing)); err != nil {
+				return nil, fmt.Errorf("adding audit columns to %s: %w", a.p.table, err)
+			}
+		}
+	}
+	sum, err := a.summary(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	res.Groups, res.Activity = sum.Groups, sum.Activity
+	unpaid, paid, err := a.extraRows(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	res.Voided, res.Refund = unpaid, paid
+	if opt.IncludePaid {
+		res.Voided = append(append([]Row(nil), unpaid...), paid...)
+	}
+	if res.VoidedAmount, err = a.total(res.Voided); err != nil {
+		return nil, err
+	}
+	if res.RefundAmount, err = a.total(res.Refund); err != nil {
+		return nil, err
+	}
+	if len(res.Voided) > 0 && res.Activity.StillBeingCreated && !opt.Force {
+		return res, fmt.Errorf("%w: the newest duplicate row is %s old, inside the quiet period of %s; refusing to void %d rows: stop the producer and wait out the quiet period, or pass --force (VoidOptions.Force)",
+			ErrStillBeingCreated, roundAge(res.Activity.Age()), res.Activity.QuietPeriod, len(res.Voided))
+	}
+	if !opt.Apply {
+		return res, nil
+	}
+	if len(res.Voided) > 0 {
+		if err := a.update(ctx, tx, opt, res.Voided); err != nil {
+			return nil, err
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, classifyVoidErr(fmt.Errorf("committing void: %w", err))
+	}
+	res.Applied = true
+	return res, nil
+}
+
+func (a *Auditor) update(ctx context.Context, tx pgx.Tx, opt VoidOptions, want []Row) error {
+	rows, err := tx.Query(ctx, a.d.void(a.p), a.p.spec.VoidValue, a.p.spec.PaidValues, opt.IncludePaid, opt.Reason, opt.Actor, a.p.spec.VoidValue)
+	if err != nil {
+		return classifyVoidErr(fmt.Errorf("voiding rows in %s: %w", a.p.table, err))
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return classifyVoidErr(fmt.Errorf("voiding rows in %s: %w", a.p.table, err))
+	}
+	// The listed rows and the updated rows come from the same snapshot and
+	// the same ranking, so they must match; if not, write nothing.
+	wantIDs := make([]string, len(want))
+	for i, r := range want {
+		wantIDs[i] = r.ID
+	}
+	sort.Strings(wantIDs)
+	sort.Strings(got)
+	if strings.Join(wantIDs, "\x00") != strings.Join(got, "\x00") {
+		return fmt.Errorf("%w: listed %d rows to void but the update matched %d; nothing was written", ErrConcurrentChange, len(wantIDs), len(got))
+	}
+	return nil
+}
+
+// classifyVoidErr marks serialization failures (a listed row was changed by
+// another transaction after the snapshot) as ErrConcurrentChange.
+func classifyVoidErr(err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && (pe.Code == "40001" || pe.Code == "40P01") {
+		return fmt.Errorf("%w; nothing was written, run again: %w", ErrConcurrentChange, err)
+	}
+	return err
+}
+
+// total adds decimal amounts exactly; nil without an amount column.
+func (a *Auditor) total(rows []Row) (*string, error) {
+	if a.p.amount == nil {
+		return nil, nil
+	}
+	sum := new(big.Rat)
+	scale := 0
+	for _, r := range rows {
+		if r.Amount == nil {
+			continue
+		}
+		v, ok := new(big.Rat).SetString(*r.Amount)
+		if !ok {
+			return nil, fmt.Errorf("amount %q of row %s is not a decimal number", *r.Amount, r.ID)
+		}
+		sum.Add(sum, v)
+		if i := strings.IndexByte(*r.Amount, '.'); i >= 0 && len(*r.Amount)-i-1 > scale {
+			scale = len(*r.Amount) - i - 1
+		}
+	}
+	s := sum.FloatString(scale)
+	return &s, nil
+}
