@@ -50,7 +50,7 @@ func databases(t *testing.T, f func(t *testing.T, open func(t *testing.T, naive 
 	})
 }
 
-func setup(t *testing.T, db *sql.DB, d sqlinbox.Dialect, naive bool, snap idemtest.Snapshotter) *env {
+func setup(t testing.TB, db *sql.DB, d sqlinbox.Dialect, naive bool, snap idemtest.Snapshotter) *env {
 	t.Helper()
 	ctx := t.Context()
 	store, err := sqlinbox.New(db, d, nil)

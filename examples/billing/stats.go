@@ -39,3 +39,10 @@ func RecomputeRevenue(ctx context.Context, tx *sql.Tx, _ idem.Message, e Subscri
 	}
 	return nil
 }
+
+// Consumers returns the configuration of every billing consumer, as a
+// service wires them. Tests take the list of consumer names from here, so a
+// consumer added to the service without an idempotency test fails them.
+func Consumers() []*idem.Config[*sql.Tx] {
+	return []*idem.Config[*sql.Tx]{InvoicesConfig(), LedgerConfig(), InventoryConfig(), StatsConfig()}
+}
