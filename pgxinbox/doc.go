@@ -70,7 +70,7 @@
 // of days for the partitioned layout, where markers are kept up to a day
 // longer than the window. Fourteen days, the default, covers a seven-day
 // topic with a week to spare. A longer window costs only disk: markers are
-// about 150 bytes each with their index entries.
+// about 275 bytes each with their indexes (32-character keys, measured).
 //
 // # Metrics
 //

@@ -147,13 +147,24 @@ func (s *Store) DropPartitions(ctx context.Context, olderThan time.Time, dryRun 
 			break // sorted by day: the rest are newer
 		}
 		if !dryRun {
+			gone := false
 			err := s.ddl(ctx, func(tx pgx.Tx) error {
-				_, err := tx.Exec(ctx, `DROP TABLE IF EXISTS `+s.qualified(p.name))
+				// Another instance may have dropped it since the listing:
+				// count only what this one drops.
+				var exists bool
+				if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.qualified(p.name)).Scan(&exists); err != nil || !exists {
+					return err
+				}
+				_, err := tx.Exec(ctx, `DROP TABLE `+s.qualified(p.name))
+				gone = err == nil
 				return err
 			})
 			if err != nil {
 				s.hooks.PartitionsDropped(s.name, len(dropped))
 				return dropped, fmt.Errorf("dropping partition %s: %w", p.name, err)
+			}
+			if !gone {
+				continue
 			}
 		}
 		dropped = append(dropped, p.name)
@@ -267,6 +278,14 @@ func (s *Store) read(ctx context.Context, f func(pgx.Tx) error) error {
 func (s *Store) now(ctx context.Context) (now time.Time, err error) {
 	err = s.read(ctx, func(tx pgx.Tx) error { return tx.QueryRow(ctx, `SELECT now()`).Scan(&now) })
 	return now, err
+}
+
+// missingPartition reports PostgreSQL's "no partition of relation found for row":
+// a check violation (23514) without a constraint name, which a CHECK
+// constraint always has.
+func missingPartition(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23514" && pgErr.ConstraintName == ""
 }
 
 var _ idem.Store[pgx.Tx] = (*Store)(nil)
