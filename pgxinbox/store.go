@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgerr"
 	"github.com/idemkit/idem/retention"
 )
 
@@ -191,18 +192,15 @@ func (s *Store) Horizon() idem.Horizon { return idem.Horizon{Window: s.window} }
 // Begin starts a transaction.
 func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) { return s.db.Begin(ctx) }
 
-// Commit commits tx. When the connection fails before the server answers,
-// the error wraps idem.ErrCommitUnknown: the transaction may have committed.
+// Commit commits tx. When the outcome is unknown — no answer from the
+// server, or the session ended around the COMMIT — the error wraps
+// idem.ErrCommitUnknown: the transaction may have committed.
 func (s *Store) Commit(ctx context.Context, tx pgx.Tx) error {
 	err := tx.Commit(ctx)
-	if err == nil {
-		return nil
+	if err != nil && pgerr.CommitUnknown(err) {
+		return fmt.Errorf("%w: %w", idem.ErrCommitUnknown, err)
 	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback) {
-		return err // the server answered: rolled back, outcome known
-	}
-	return fmt.Errorf("%w: %w", idem.ErrCommitUnknown, err)
+	return err
 }
 
 // Rollback rolls tx back.
@@ -236,8 +234,11 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims []
 		return err
 	})
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		if s.layout == Partitioned && noPartition(err) {
-			return nil, fmt.Errorf("%w: %w", ErrNoPartition, err)
+		if s.layout == Partitioned && missingPartition(err) {
+			// %v, not %w: the server's error is a check violation (class
+			// 23), which Classify would call permanent; a missing partition
+			// is transient.
+			return nil, fmt.Errorf("%w: %v", ErrNoPartition, err)
 		}
 		return nil, err
 	}
@@ -264,35 +265,10 @@ func (s *Store) Lookup(ctx context.Context, tx pgx.Tx, consumer string, keys []s
 	return out, err
 }
 
-// Classify decides by SQLSTATE: data exceptions (class 22) and integrity
-// violations (class 23, such as a business table's unique index) fail the
-// same way every time; everything else, including serialization failures,
-// deadlocks, lock timeouts, admin shutdowns and lost connections, may
-// succeed on another try.
-func (s *Store) Classify(err error) idem.ErrorClass {
-	if errors.Is(err, ErrNoPartition) {
-		return idem.ClassTransient // partitions may be created meanwhile
-	}
-	return Classify(err)
-}
-
-// noPartition reports PostgreSQL's "no partition of relation found for row":
-// a check violation (23514) without a constraint name, which a CHECK
-// constraint always has.
-func noPartition(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23514" && pgErr.ConstraintName == ""
-}
+// Classify decides by SQLSTATE: classes 22 and 23 are permanent, the rest
+// transient (see package internal/pgerr).
+func (s *Store) Classify(err error) idem.ErrorClass { return pgerr.Classify(err) }
 
 // Classify is the SQLSTATE-based error classification of [Store.Classify],
 // for code outside a store.
-func Classify(err error) idem.ErrorClass {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && len(pgErr.Code) == 5 {
-		switch pgErr.Code[:2] {
-		case "22", "23":
-			return idem.ClassPermanent
-		}
-	}
-	return idem.ClassTransient
-}
+func Classify(err error) idem.ErrorClass { return pgerr.Classify(err) }

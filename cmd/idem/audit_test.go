@@ -3,13 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"io"
 	"net/http"
-	"net/url"
 	"regexp"
 	"strings"
 	"sync"
@@ -17,7 +13,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem/internal/pgtest"
 )
@@ -233,80 +228,10 @@ func TestAuditCLIUsage(t *testing.T) {
 // busy (a guard took 90 s there under a parallel make test).
 const auditTestDatabase = "idem_audit_test"
 
-// auditSchemaURL creates a fresh schema in auditTestDatabase (creating the database
-// when missing), drops it when t ends, and returns a URL whose search_path
-// is that schema. It is pgtest.Schema on another database; package
-// audit's tests carry the same helper.
+// auditSchemaURL makes a fresh schema in auditTestDatabase (see pgtest.SchemaIn).
 func auditSchemaURL(t testing.TB) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	base, err := url.Parse(pgtest.BaseURL())
-	if err != nil {
-		t.Fatalf("parsing the database URL: %v", err)
-	}
-	admin, err := pgx.Connect(ctx, base.String())
-	if err != nil {
-		t.Fatalf("PostgreSQL at %s is not reachable (%v); %s", base.Redacted(), err, pgtest.FixHint)
-	}
-	defer admin.Close(ctx)
-	for attempt := 0; ; attempt++ {
-		var exists bool
-		if err := admin.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", auditTestDatabase).Scan(&exists); err != nil {
-			t.Fatal(err)
-		}
-		if exists {
-			break
-		}
-		_, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{auditTestDatabase}.Sanitize())
-		var pe *pgconn.PgError
-		// 42P04 or 23505: a concurrent test created it first; 55006: the
-		// template is busy with a concurrent CREATE DATABASE.
-		if err == nil || errors.As(err, &pe) && (pe.Code == "42P04" || pe.Code == "23505") {
-			break
-		}
-		if !errors.As(err, &pe) || pe.Code != "55006" || attempt > 50 {
-			t.Fatalf("creating database %s: %v", auditTestDatabase, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	db := *base
-	db.Path = "/" + auditTestDatabase
-	name := strings.ToLower(t.Name())
-	if len(name) > 40 {
-		name = name[len(name)-40:]
-	}
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	schema := "t_" + strings.Map(func(r rune) rune {
-		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
-			return r
-		}
-		return '_'
-	}, name) + "_" + hex.EncodeToString(b[:])
-	exec := func(ctx context.Context, sql string) error {
-		c, err := pgx.Connect(ctx, db.String())
-		if err != nil {
-			return err
-		}
-		defer c.Close(ctx)
-		_, err = c.Exec(ctx, sql)
-		return err
-	}
-	if err := exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
-		t.Fatalf("creating schema %s in %s: %v", schema, auditTestDatabase, err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			t.Logf("dropping schema %s: %v", schema, err)
-		}
-	})
-	q := db.Query()
-	q.Set("search_path", schema)
-	db.RawQuery = q.Encode()
-	return db.String()
+	return pgtest.SchemaIn(t, auditTestDatabase)
 }
 
 // syncBuffer is a bytes.Buffer safe for the watcher goroutine and the test.

@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"net/url"
 	"os"
 	"regexp"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -39,14 +41,33 @@ var unsafeChars = regexp.MustCompile(`[^a-z0-9_]+`)
 // land in it. The test fails with the command that fixes a missing server.
 func Schema(t testing.TB) string {
 	t.Helper()
+	return SchemaIn(t, "")
+}
+
+// SchemaIn is Schema in another database of the same server, created when
+// missing (database "" means the one of BaseURL). Tests that build indexes
+// CONCURRENTLY use their own database: such a build waits for every older
+// transaction in its database, and other packages' tests keep the shared
+// one busy.
+func SchemaIn(t testing.TB, database string) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	base := BaseURL()
-	conn, err := pgx.Connect(ctx, base)
+	u, err := url.Parse(BaseURL())
 	if err != nil {
-		t.Fatalf("PostgreSQL at %s is not reachable (%v); %s", base, err, FixHint)
+		t.Fatalf("parsing %s: %v", BaseURL(), err)
 	}
-	defer conn.Close(ctx)
+	admin, err := pgx.Connect(ctx, u.String())
+	if err != nil {
+		t.Fatalf("PostgreSQL at %s is not reachable (%v); %s", u.Redacted(), err, FixHint)
+	}
+	defer admin.Close(ctx)
+	if database != "" {
+		if err := createDatabase(ctx, admin, database); err != nil {
+			t.Fatalf("creating database %s: %v", database, err)
+		}
+		u.Path = "/" + database
+	}
 	name := strings.ToLower(t.Name())
 	name = strings.Trim(unsafeChars.ReplaceAllString(name, "_"), "_")
 	if len(name) > 40 {
@@ -54,31 +75,54 @@ func Schema(t testing.TB) string {
 	}
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	schema := "t_" + name + "_" + hex.EncodeToString(b[:])
-	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+	schema := pgx.Identifier{"t_" + name + "_" + hex.EncodeToString(b[:])}.Sanitize()
+	exec := func(ctx context.Context, sql string) error {
+		c, err := pgx.Connect(ctx, u.String())
+		if err != nil {
+			return err
+		}
+		defer c.Close(ctx)
+		_, err = c.Exec(ctx, sql)
+		return err
+	}
+	if err := exec(ctx, "CREATE SCHEMA "+schema); err != nil {
 		t.Fatalf("creating schema %s: %v", schema, err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		c, err := pgx.Connect(ctx, base)
-		if err != nil {
-			t.Logf("dropping schema %s: %v", schema, err)
-			return
-		}
-		defer c.Close(ctx)
-		if _, err := c.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+		if err := exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
 			t.Logf("dropping schema %s: %v", schema, err)
 		}
 	})
-	u, err := url.Parse(base)
-	if err != nil {
-		t.Fatalf("parsing %s: %v", base, err)
-	}
 	q := u.Query()
-	q.Set("search_path", schema)
+	q.Set("search_path", strings.Trim(schema, `"`))
 	u.RawQuery = q.Encode()
 	return u.String()
+}
+
+// createDatabase creates database unless it exists, tolerating a
+// concurrent test doing the same.
+func createDatabase(ctx context.Context, admin *pgx.Conn, database string) error {
+	for attempt := 0; ; attempt++ {
+		var exists bool
+		if err := admin.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", database).Scan(&exists); err != nil || exists {
+			return err
+		}
+		_, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{database}.Sanitize())
+		var pe *pgconn.PgError
+		switch {
+		case err == nil:
+			return nil
+		case errors.As(err, &pe) && (pe.Code == "42P04" || pe.Code == "23505"):
+			return nil // a concurrent test created it first
+		case errors.As(err, &pe) && pe.Code == "55006" && attempt < 50:
+			// The template is busy with a concurrent CREATE DATABASE.
+			time.Sleep(100 * time.Millisecond)
+		default:
+			return err
+		}
+	}
 }
 
 // Pool returns a pool on a fresh schema for t, closed when t ends.
