@@ -528,10 +528,11 @@ func TestGracefulShutdownAndResume(t *testing.T) {
 	rows, _ := d.effects(t)
 	// The broker requeues the deliveries that were in flight when the
 	// channel closed on its own time: wait for the queue to settle.
-	q := depth(t, conn, topo.Queue)
-	for deadline := time.Now().Add(10 * time.Second); q != n-acked && time.Now().Before(deadline); q = depth(t, conn, topo.Queue) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	var q int
+	poll(t, 10*time.Second, "the in-flight deliveries to return to the queue", func() bool {
+		q = depth(t, conn, topo.Queue)
+		return q >= n-acked
+	})
 	if rows != acked || q != n-acked {
 		t.Fatalf("after shutdown: %d effects, %d acked, %d in the queue; want effects = acked and the rest (%d) queued", rows, acked, q, n-acked)
 	}
