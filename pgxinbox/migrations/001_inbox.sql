@@ -1,8 +1,10 @@
 -- The inbox: one row per (consumer, key) claim. The primary key is the
 -- constraint that decides every race between two deliveries.
+-- Keys compare as bytes (COLLATE "C"): they are identifiers, not words, and
+-- byte comparison is both locale-proof and faster in the primary key.
 CREATE TABLE IF NOT EXISTS {{.Table}} (
-    consumer     text        NOT NULL,
-    key          text        NOT NULL,
+    consumer     text COLLATE "C" NOT NULL,
+    key          text COLLATE "C" NOT NULL,
     message_id   text        NOT NULL,
     body_sha256  bytea       NOT NULL,
     event_time   timestamptz,

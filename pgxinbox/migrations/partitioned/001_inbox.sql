@@ -6,8 +6,8 @@
 -- lands in the same partition and meets its marker there. Partitions are
 -- created ahead by EnsurePartitions and dropped by DropPartitions.
 CREATE TABLE IF NOT EXISTS {{.Table}} (
-    consumer     text        NOT NULL,
-    key          text        NOT NULL,
+    consumer     text COLLATE "C" NOT NULL,
+    key          text COLLATE "C" NOT NULL,
     message_id   text        NOT NULL,
     body_sha256  bytea       NOT NULL,
     event_time   timestamptz NOT NULL,

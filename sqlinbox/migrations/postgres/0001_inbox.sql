@@ -2,9 +2,11 @@
 -- races between concurrent claims; processed_at is indexed because retention
 -- prunes by it. IF NOT EXISTS: pgxinbox creates the same table, and a user
 -- may switch stores.
+-- Keys compare as bytes (COLLATE "C"): they are identifiers, not words, and
+-- byte comparison is both locale-proof and faster in the primary key.
 CREATE TABLE IF NOT EXISTS {{.Table}} (
-    consumer     text        NOT NULL,
-    key          text        NOT NULL,
+    consumer     text COLLATE "C" NOT NULL,
+    key          text COLLATE "C" NOT NULL,
     message_id   text        NOT NULL,
     body_sha256  bytea       NOT NULL,
     event_time   timestamptz,
