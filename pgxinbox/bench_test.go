@@ -21,7 +21,7 @@ import (
 //
 //	go test -run '^$' -bench Claim -benchtime 3s ./pgxinbox/
 func BenchmarkClaim(b *testing.B) {
-	pool, store := open(b)
+	pool, store := openLayout(b, pgxinbox.Plain, nil)
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, `CREATE TABLE ledger (merchant_id int, amount bigint, message_id text)`); err != nil {
 		b.Fatal(err)

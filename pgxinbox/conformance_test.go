@@ -5,39 +5,26 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inboxtest"
-	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
 )
 
-// open returns a migrated store on a fresh schema with an effects table that
-// has no unique constraint, so a double application would show.
-func open(t testing.TB) (*pgxpool.Pool, *pgxinbox.Store) {
-	t.Helper()
-	ctx := context.Background()
-	pool := pgtest.Pool(t)
-	store, err := pgxinbox.New(pool, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE effects (consumer text, key text, message_id text)`); err != nil {
-		t.Fatal(err)
-	}
-	return pool, store
+func TestConformance(t *testing.T) {
+	conformance(t, pgxinbox.Plain, func(s *pgxinbox.Store) idem.Store[pgx.Tx] { return s })
 }
 
-func TestConformance(t *testing.T) {
+// conformance runs the shared store suite on a fresh schema per subtest,
+// with a layout; wrap may adapt the store (see TestPartitionedConformance).
+// The effects table has no unique constraint, so a double application shows.
+func conformance(t *testing.T, layout pgxinbox.Layout, wrap func(*pgxinbox.Store) idem.Store[pgx.Tx]) {
 	inboxtest.Run(t, inboxtest.Harness[pgx.Tx]{
 		LockTimeout: true,
 		Open: func(t *testing.T) inboxtest.Env[pgx.Tx] {
-			pool, store := open(t)
+			pool, store := openLayout(t, layout, nil)
 			return inboxtest.Env[pgx.Tx]{
-				Store: store,
+				Store: wrap(store),
 				Apply: func(ctx context.Context, tx pgx.Tx, consumer, key, id string) error {
 					_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1, $2, $3)`, consumer, key, id)
 					return err

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/inboxtest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
 )
@@ -34,30 +33,8 @@ func (s timedStore) Claim(ctx context.Context, tx pgx.Tx, consumer string, claim
 }
 
 func TestPartitionedConformance(t *testing.T) {
-	inboxtest.Run(t, inboxtest.Harness[pgx.Tx]{
-		LockTimeout: true,
-		Open: func(t *testing.T) inboxtest.Env[pgx.Tx] {
-			pool, store := openLayout(t, pgxinbox.Partitioned, nil)
-			return inboxtest.Env[pgx.Tx]{
-				Store: timedStore{store, time.Now().Add(-time.Hour)},
-				Apply: func(ctx context.Context, tx pgx.Tx, consumer, key, id string) error {
-					_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1, $2, $3)`, consumer, key, id)
-					return err
-				},
-				Effects: func(ctx context.Context, consumer, key string) (n int, err error) {
-					err = pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE consumer = $1 AND ($2 = '' OR key = $2)`, consumer, key).Scan(&n)
-					return n, err
-				},
-				Markers: func(ctx context.Context, consumer string) (n int, err error) {
-					err = pool.QueryRow(ctx, `SELECT count(*) FROM idem_inbox WHERE consumer = $1`, consumer).Scan(&n)
-					return n, err
-				},
-				Begin:    store.Begin,
-				Commit:   func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) },
-				Rollback: func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) },
-			}
-		},
-	})
+	at := time.Now().Add(-time.Hour)
+	conformance(t, pgxinbox.Partitioned, func(s *pgxinbox.Store) idem.Store[pgx.Tx] { return timedStore{s, at} })
 }
 
 // TestPartitionedRefusesNoEventTime: without an event time the partitioned
