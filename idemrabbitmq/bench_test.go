@@ -60,7 +60,7 @@ func BenchmarkDrain(b *testing.B) {
 		name    string
 		workers int
 		write   bool
-	}{{"idem", 1, true}, {"idem", 4, true}, {"idem-batch-write", 1, true}, {"idem-claim-only", 1, false}} {
+	}{{"idem", 1, true}, {"idem", 4, true}, {"idem-batch-write", 1, true}, {"idem-batch-write", 2, true}, {"idem-claim-only", 1, false}} {
 		workers := v.workers
 		b.Run(fmt.Sprintf("%s/workers=%d", v.name, workers), func(b *testing.B) {
 			for range b.N {
