@@ -36,13 +36,18 @@ type Config[TTx any] struct {
 	Retry RetryPolicy
 	// LockTimeout bounds how long a claim waits for a concurrent transaction
 	// holding the same key, so a hung holder cannot stall the consumer.
-	// Defaults to 5s. -1 leaves the database default.
+	// Defaults to 5s. -1 leaves the database default. On PostgreSQL it is
+	// set for the whole transaction (SET LOCAL), so it bounds the handler's
+	// lock waits too, and with ProcessTx the caller's later statements.
 	LockTimeout time.Duration
 	// Logger receives one record per outcome worth telling. Defaults to
 	// slog.Default().
 	Logger *slog.Logger
 	// Horizon guards against messages older than the inbox retention window:
-	// they get Expired. Disabled unless Horizon.Window is set.
+	// they get Expired. When Horizon.Window is 0 the processor takes the
+	// store's horizon (pgxinbox and sqlinbox offer one that matches their
+	// prune window), so pruning and the guard agree by default. Window -1
+	// disables the guard.
 	Horizon Horizon
 	// Observer receives every result, for metrics. Optional; see package
 	// idemprom for Prometheus.

@@ -42,6 +42,11 @@ const (
 	// at once. A missing table (42) is NOT permanent: during a deploy it may
 	// appear a moment later, so it is retried and left to the broker.
 	ClassPermanent
+	// ClassUnavailable errors say the database itself cannot be reached: a
+	// refused or lost connection, an admin shutdown, too many connections.
+	// They are transient, and they are not the message's fault, so retrying
+	// them does not spend the message's attempts (RetryPolicy.WaitUnavailable).
+	ClassUnavailable
 )
 
 // Errors the processor reports in Result.Err.
@@ -53,6 +58,9 @@ var (
 	ErrCommitUnknown = errors.New("commit outcome unknown")
 	// ErrRetriesExhausted: a transient error outlived the retry budget.
 	ErrRetriesExhausted = errors.New("retries exhausted")
+	// ErrUnavailable: the database stayed unreachable for longer than
+	// RetryPolicy.WaitUnavailable.
+	ErrUnavailable = errors.New("database unavailable")
 	// ErrNotAttempted: a message of a batch was not tried because an earlier
 	// one must be retried first (order is kept).
 	ErrNotAttempted = errors.New("not attempted")

@@ -17,7 +17,8 @@ var ErrExpired = errors.New("message older than the inbox retention window")
 // outcome Expired instead of being silently applied again.
 type Horizon struct {
 	// Window is how long the inbox keeps markers; it must match the store's
-	// retention. 0 (the default) disables the guard.
+	// retention. 0 takes the store's horizon when the store has one
+	// (HorizonStore); -1 disables the guard.
 	Window time.Duration
 	// Skew is a safety margin for clocks: a message is expired once its event
 	// time is older than Window minus Skew, so a producer clock running ahead
@@ -41,8 +42,15 @@ func (h *Horizon) setDefaults() {
 	}
 }
 
+// HorizonStore is a store that knows its retention window and offers the
+// matching horizon guard; [NewProcessor] adopts it unless Config.Horizon sets
+// a window.
+type HorizonStore interface {
+	Horizon() Horizon
+}
+
 func (h *Horizon) validate() error {
-	if h.Window < 0 || h.Skew < 0 || (h.Window > 0 && h.Skew >= h.Window) {
+	if h.Window < -1 || h.Skew < 0 || (h.Window > 0 && h.Skew >= h.Window) {
 		return fmt.Errorf("horizon window %v with skew %v: both must be positive and skew smaller than the window", h.Window, h.Skew)
 	}
 	return nil

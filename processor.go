@@ -30,6 +30,10 @@ func NewProcessor[TTx any](store Store[TTx], cfg *Config[TTx]) (*Processor[TTx],
 		return nil, fmt.Errorf("%w: config is nil", ErrConfig)
 	}
 	c := *cfg
+	if hs, ok := store.(HorizonStore); ok && c.Horizon.Window == 0 {
+		h := hs.Horizon()
+		c.Horizon.Window, c.Horizon.Skew = h.Window, max(c.Horizon.Skew, h.Skew)
+	}
 	c.setDefaults()
 	if err := c.validate(); err != nil {
 		return nil, err
@@ -68,12 +72,22 @@ func (p *Processor[TTx]) Process(ctx context.Context, msg Message) Result {
 // statement in sorted key order, the handler runs for fresh keys in message
 // order, and a key repeated inside the batch is applied once. If anything
 // fails, the transaction rolls back and each message is processed on its own,
-// so one poison message cannot sink its neighbours (it is dead-lettered and
-// the walk goes on). A message that ends in Retry stops the walk: the
-// messages after it are not tried and also get Retry (wrapping
-// [ErrNotAttempted]), so the stream's order holds. Results are in the order
-// of msgs.
+// so one poison message, or one that must be retried, cannot sink its
+// neighbours. Results are in the order of msgs.
 func (p *Processor[TTx]) ProcessBatch(ctx context.Context, msgs []Message) []Result {
+	return p.batch(ctx, msgs, false)
+}
+
+// ProcessBatchInOrder is ProcessBatch for a stream whose order matters (a
+// Kafka partition): when the batch falls back to one message at a time and a
+// message ends in Retry, the messages after it are not tried and also get
+// Retry, wrapping [ErrNotAttempted], so none is applied ahead of it.
+// Dead-lettered messages do not stop the walk: they leave the stream.
+func (p *Processor[TTx]) ProcessBatchInOrder(ctx context.Context, msgs []Message) []Result {
+	return p.batch(ctx, msgs, true)
+}
+
+func (p *Processor[TTx]) batch(ctx context.Context, msgs []Message, inOrder bool) []Result {
 	start := time.Now()
 	items := make([]*item, len(msgs))
 	valid := make([]*item, 0, len(msgs))
@@ -100,12 +114,10 @@ func (p *Processor[TTx]) ProcessBatch(ctx context.Context, msgs []Message) []Res
 				break
 			}
 			// Something in the batch failed, perhaps one poison message: apply
-			// each message alone so its neighbours still go through. A message
-			// left to Retry stops the walk: applying the ones after it would
-			// reorder the stream (a Kafka partition must stay in order).
+			// each message alone so its neighbours still go through.
 			for i, it := range valid {
 				p.processOne(ctx, it, 1)
-				if it.res.Outcome == Retry {
+				if inOrder && it.res.Outcome == Retry {
 					for _, rest := range valid[i+1:] {
 						rest.res.Outcome = Retry
 						rest.res.Err = fmt.Errorf("%w: message %s before it must be retried first", ErrNotAttempted, it.msg.ID)
@@ -127,7 +139,9 @@ func (p *Processor[TTx]) ProcessBatch(ctx context.Context, msgs []Message) []Res
 // ProcessTx claims msg's key and runs the handler inside tx, a transaction
 // the caller owns and must commit (on Applied) or may roll back. It writes
 // nothing for a Duplicate or a DeadLettered message. A non-nil error means
-// the claim or the handler failed and tx must be rolled back.
+// the claim or the handler failed and tx must be rolled back. The result is
+// logged and observed when ProcessTx returns, before the caller commits: a
+// caller that then rolls back has still been counted as Applied.
 func (p *Processor[TTx]) ProcessTx(ctx context.Context, tx TTx, msg Message) (Result, error) {
 	start := time.Now()
 	it := p.prepare(msg)
@@ -199,23 +213,31 @@ func (p *Processor[TTx]) key(msg Message) (key string, err error) {
 // processOne runs it in its own transaction until it succeeds or the retry
 // policy gives up. prior counts the batch transactions it was already part
 // of: they show in Result.Attempts but do not use up the retry budget, so a
-// poison neighbour cannot cost a message its own retries.
+// failing neighbour cannot cost a message its own retries. Nor does an
+// unavailable database, for up to RetryPolicy.WaitUnavailable: the outage is
+// not the message's fault.
 func (p *Processor[TTx]) processOne(ctx context.Context, it *item, prior int) {
-	for attempt := 1; ; attempt++ {
-		it.res.Attempts = prior + attempt
+	r := retrier{policy: p.cfg.Retry, class: func(err error) ErrorClass { return classify(p.store, err) }}
+	for runs := 1; ; runs++ {
+		if runs > 1 {
+			// Time has passed since prepare: a message that fell behind the
+			// horizon meanwhile may have lost its marker to prune.
+			if err := p.cfg.Horizon.check(it.msg); err != nil && !p.cfg.Horizon.ApplyExpired {
+				it.res.Outcome, it.res.Err = Expired, err
+				return
+			}
+		}
+		it.res.Attempts = prior + runs
 		err := p.runTx(ctx, []*item{it})
 		if err == nil {
 			return
 		}
-		next, again := p.decide(ctx, err, attempt)
+		outcome, err, again, wait := r.next(ctx, err)
 		if !again {
-			it.res.Outcome, it.res.Err = next, err
-			if next == Retry && !stopAll(ctx, err) {
-				it.res.Err = fmt.Errorf("%w after %d attempts: %w", ErrRetriesExhausted, attempt, err)
-			}
+			it.res.Outcome, it.res.Err = outcome, err
 			return
 		}
-		t := time.NewTimer(p.cfg.Retry.Backoff(attempt))
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()

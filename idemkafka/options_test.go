@@ -44,7 +44,9 @@ func TestIDExtractorAndEventTime(t *testing.T) {
 	}
 	out := newOutcomes()
 	obs := newCommits(t, map[int32]int64{0: 3})
-	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), d.processor(t, out, handler), &idemkafka.Config{
+	// The event time is months old: no horizon guard, so it is applied.
+	noHorizon := func(c *idem.Config[pgx.Tx]) { c.Horizon.Window = -1 }
+	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), d.processor(t, out, handler, noHorizon), &idemkafka.Config{
 		ID:         func(r *kgo.Record) (string, error) { return string(r.Key), nil },
 		TimeHeader: "event-time",
 		Hooks:      obs,

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -68,6 +69,11 @@ func Run[TTx any](t *testing.T, h Harness[TTx]) {
 		{"LockTimeout", s.lockTimeout},
 		{"BatchHandler", s.batchHandler},
 		{"RetryInBatchKeepsOrder", s.retryInBatchKeepsOrder},
+		{"CommitUnknown", s.commitUnknown},
+		{"CommitUnknownBatch", s.commitUnknownBatch},
+		{"CrashAfterCommitBatch", s.crashAfterCommitBatch},
+		{"UnavailableKeepsBudget", s.unavailableKeepsBudget},
+		{"DefaultHorizon", s.defaultHorizon},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -94,7 +100,8 @@ func (s suite[TTx]) proc(t *testing.T, env Env[TTx], consumer string, before fun
 			}
 			return env.Apply(ctx, tx, consumer, m.ID, m.ID)
 		},
-		Retry: idem.RetryPolicy{InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond},
+		Retry:  idem.RetryPolicy{InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond},
+		Logger: slog.New(slog.DiscardHandler),
 	}
 	if mod != nil {
 		mod(cfg)
@@ -591,32 +598,193 @@ func (s suite[TTx]) batchHandler(t *testing.T) {
 	}
 }
 
-// retryInBatchKeepsOrder: when one message of a batch must be retried, the
-// messages after it are not applied ahead of it.
+// retryInBatchKeepsOrder: when one message of a batch must be retried,
+// ProcessBatch still applies its neighbours (a failing message cannot sink
+// them), while ProcessBatchInOrder applies none of the messages after it
+// ahead of it.
 func (s suite[TTx]) retryInBatchKeepsOrder(t *testing.T) {
 	ctx := context.Background()
 	env := s.h.Open(t)
 	var down atomic.Bool
 	down.Store(true)
 	p := s.proc(t, env, "ledger", func(m idem.Message) error {
-		if m.ID == "b" && down.Load() {
+		if strings.HasPrefix(m.ID, "b") && down.Load() {
 			return errors.New("downstream unavailable")
 		}
 		return nil
 	}, func(c *idem.Config[TTx]) { c.Retry.MaxAttempts = 2 })
-	rs := p.ProcessBatch(ctx, []idem.Message{msg("a"), msg("b"), msg("c")})
+
+	rs := p.ProcessBatch(ctx, []idem.Message{msg("a1"), msg("b1"), msg("c1")})
+	if rs[0].Outcome != idem.Applied || rs[1].Outcome != idem.Retry || rs[2].Outcome != idem.Applied {
+		t.Fatalf("ProcessBatch: %v %v %v, want applied retry applied", rs[0].Outcome, rs[1].Outcome, rs[2].Outcome)
+	}
+
+	rs = p.ProcessBatchInOrder(ctx, []idem.Message{msg("a2"), msg("b2"), msg("c2")})
 	if rs[0].Outcome != idem.Applied || rs[1].Outcome != idem.Retry || rs[2].Outcome != idem.Retry {
-		t.Fatalf("outcomes %v %v %v, want applied retry retry", rs[0].Outcome, rs[1].Outcome, rs[2].Outcome)
+		t.Fatalf("ProcessBatchInOrder: %v %v %v, want applied retry retry", rs[0].Outcome, rs[1].Outcome, rs[2].Outcome)
 	}
 	if !errors.Is(rs[2].Err, idem.ErrNotAttempted) {
 		t.Fatalf("message after the retried one: %v, want ErrNotAttempted", rs[2].Err)
 	}
-	if c := count(t, env.Effects, "ledger", "c"); c != 0 {
-		t.Fatalf("c was applied before b")
+	if c := count(t, env.Effects, "ledger", "c2"); c != 0 {
+		t.Fatalf("c2 was applied before b2")
 	}
 	down.Store(false)
-	rs = p.ProcessBatch(ctx, []idem.Message{msg("b"), msg("c")})
+	rs = p.ProcessBatchInOrder(ctx, []idem.Message{msg("b2"), msg("c2")})
 	if rs[0].Outcome != idem.Applied || rs[1].Outcome != idem.Applied {
 		t.Fatalf("redelivery: %v %v", rs[0].Outcome, rs[1].Outcome)
+	}
+}
+
+// faultyStore wraps a real store to inject what is hard to cause on demand:
+// a COMMIT that committed but whose answer was lost, and a database that
+// cannot be reached for a while.
+type faultyStore[TTx any] struct {
+	idem.Store[TTx]
+	loseCommitAnswer atomic.Bool
+	beginDown        atomic.Int32 // Begin fails this many more times
+}
+
+var errDown = errors.New("injected: connection refused")
+
+func (f *faultyStore[TTx]) Begin(ctx context.Context) (TTx, error) {
+	if f.beginDown.Add(-1) >= 0 {
+		var zero TTx
+		return zero, errDown
+	}
+	return f.Store.Begin(ctx)
+}
+
+func (f *faultyStore[TTx]) Commit(ctx context.Context, tx TTx) error {
+	err := f.Store.Commit(ctx, tx)
+	if err == nil && f.loseCommitAnswer.Load() {
+		return fmt.Errorf("%w: injected: connection lost after COMMIT was sent", idem.ErrCommitUnknown)
+	}
+	return err
+}
+
+func (f *faultyStore[TTx]) Classify(err error) idem.ErrorClass {
+	if errors.Is(err, errDown) {
+		return idem.ClassUnavailable
+	}
+	return f.Store.Classify(err)
+}
+
+func (s suite[TTx]) faulty(t *testing.T, mod func(*idem.Config[TTx])) (Env[TTx], *faultyStore[TTx], *idem.Processor[TTx]) {
+	env := s.h.Open(t)
+	f := &faultyStore[TTx]{Store: env.Store}
+	fenv := env
+	fenv.Store = f
+	return env, f, s.proc(t, fenv, "ledger", nil, mod)
+}
+
+// commitUnknown: a commit whose outcome is unknown is never reported as
+// Applied, and is not retried in process; the redelivery finds the marker.
+func (s suite[TTx]) commitUnknown(t *testing.T) {
+	ctx := context.Background()
+	env, f, p := s.faulty(t, nil)
+	f.loseCommitAnswer.Store(true)
+	r := p.Process(ctx, msg("evt-1"))
+	if r.Outcome != idem.Retry || !errors.Is(r.Err, idem.ErrCommitUnknown) || r.Attempts != 1 {
+		t.Fatalf("lost commit answer: %v after %d attempts (%v), want Retry after 1 with ErrCommitUnknown", r.Outcome, r.Attempts, r.Err)
+	}
+	f.loseCommitAnswer.Store(false)
+	want(t, p.Process(ctx, msg("evt-1")), idem.Duplicate)
+	if c := count(t, env.Effects, "ledger", ""); c != 1 {
+		t.Fatalf("effects = %d, want 1", c)
+	}
+}
+
+// commitUnknownBatch: the same for a batch: every message is Retry, none is
+// retried alone (that could report Applied for a message whose first commit
+// did land, or worse, race it).
+func (s suite[TTx]) commitUnknownBatch(t *testing.T) {
+	ctx := context.Background()
+	env, f, p := s.faulty(t, nil)
+	f.loseCommitAnswer.Store(true)
+	batch := []idem.Message{msg("a"), msg("b"), msg("c")}
+	for _, r := range p.ProcessBatch(ctx, batch) {
+		if r.Outcome != idem.Retry || !errors.Is(r.Err, idem.ErrBatchFailed) || !errors.Is(r.Err, idem.ErrCommitUnknown) || r.Attempts != 1 {
+			t.Fatalf("%s: %v after %d attempts (%v), want Retry after 1 with ErrBatchFailed", r.MessageID, r.Outcome, r.Attempts, r.Err)
+		}
+	}
+	f.loseCommitAnswer.Store(false)
+	for _, r := range p.ProcessBatch(ctx, batch) {
+		want(t, r, idem.Duplicate)
+	}
+	if c := count(t, env.Effects, "ledger", ""); c != 3 {
+		t.Fatalf("effects = %d, want 3", c)
+	}
+}
+
+// crashAfterCommitBatch: a crash between a batch's commit and its ack
+// leaves every message to redelivery, which finds them all applied.
+func (s suite[TTx]) crashAfterCommitBatch(t *testing.T) {
+	ctx := context.Background()
+	env := s.h.Open(t)
+	var crashed atomic.Bool
+	p := s.proc(t, env, "ledger", nil, func(c *idem.Config[TTx]) {
+		c.Faults = func(_ context.Context, pt idem.FaultPoint, _ []idem.Message) error {
+			if pt == idem.AfterCommit && crashed.CompareAndSwap(false, true) {
+				return errors.New("process killed before ack")
+			}
+			return nil
+		}
+	})
+	batch := []idem.Message{msg("a"), msg("b")}
+	for _, r := range p.ProcessBatch(ctx, batch) {
+		want(t, r, idem.Retry)
+	}
+	for _, r := range p.ProcessBatch(ctx, batch) {
+		want(t, r, idem.Duplicate)
+	}
+	if c := count(t, env.Effects, "ledger", ""); c != 2 {
+		t.Fatalf("effects = %d, want 2", c)
+	}
+}
+
+// unavailableKeepsBudget: while the database cannot be reached the
+// processor waits without spending the message's attempts (an outage is
+// not the message's fault), up to RetryPolicy.WaitUnavailable.
+func (s suite[TTx]) unavailableKeepsBudget(t *testing.T) {
+	ctx := context.Background()
+	env, f, p := s.faulty(t, func(c *idem.Config[TTx]) { c.Retry.MaxAttempts = 1 })
+	f.beginDown.Store(3)
+	r := p.Process(ctx, msg("evt-1"))
+	if r.Outcome != idem.Applied || r.Attempts != 4 {
+		t.Fatalf("after a short outage: %v after %d runs (%v), want Applied after 4 with a budget of 1", r.Outcome, r.Attempts, r.Err)
+	}
+	_, f, p = s.faulty(t, func(c *idem.Config[TTx]) { c.Retry.WaitUnavailable = 30 * time.Millisecond })
+	f.beginDown.Store(1 << 30)
+	r = p.Process(ctx, msg("evt-2"))
+	if r.Outcome != idem.Retry || !errors.Is(r.Err, idem.ErrUnavailable) {
+		t.Fatalf("during a long outage: %v (%v), want Retry with ErrUnavailable", r.Outcome, r.Err)
+	}
+	if c := count(t, env.Effects, "ledger", ""); c != 1 {
+		t.Fatalf("effects = %d, want 1", c)
+	}
+}
+
+// defaultHorizon pins DESIGN 8 under the default configuration: a store
+// that prunes offers its horizon, the processor adopts it, and a replay
+// older than the window is Expired, not applied.
+func (s suite[TTx]) defaultHorizon(t *testing.T) {
+	ctx := context.Background()
+	env := s.h.Open(t)
+	hs, ok := env.Store.(idem.HorizonStore)
+	if !ok {
+		t.Skip("store has no retention window")
+	}
+	p := s.proc(t, env, "ledger", nil, nil)
+	old := msg("evt-replayed")
+	old.Time = time.Now().Add(-hs.Horizon().Window - time.Hour)
+	if r := p.Process(ctx, old); r.Outcome != idem.Expired || !errors.Is(r.Err, idem.ErrExpired) {
+		t.Fatalf("replay older than the window: %v (%v), want Expired", r.Outcome, r.Err)
+	}
+	recent := msg("evt-recent")
+	recent.Time = time.Now().Add(-time.Hour)
+	want(t, p.Process(ctx, recent), idem.Applied)
+	if c := count(t, env.Effects, "ledger", ""); c != 1 {
+		t.Fatalf("effects = %d, want 1", c)
 	}
 }

@@ -149,7 +149,7 @@ func TestPartitions(t *testing.T) {
 		t.Fatalf("second ensure: %v %v, want nothing created", again, err)
 	}
 	// One marker per day from 20 days ago to today.
-	p := processor(t, store, &idem.Horizon{})
+	p := processor(t, store, &idem.Horizon{Window: -1})
 	for d := -20; d <= 0; d++ {
 		m := idem.Message{ID: today.AddDate(0, 0, d).Format("evt-2006-01-02"), Time: today.AddDate(0, 0, d).Add(time.Hour), Body: []byte("{}")}
 		want(t, p.Process(ctx, m), idem.Applied)

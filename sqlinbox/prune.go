@@ -9,7 +9,8 @@ import (
 	"github.com/idemkit/idem/retention"
 )
 
-// Prune forgets the markers older than opts.Window (14 days when zero),
+// Prune forgets the markers older than opts.Window (the store's window when
+// zero; a shorter one is refused),
 // in batches of opts.BatchSize, each its own short transaction. A marker
 // goes when both its event time (if any) and its write time are past the
 // window; package retention explains why that never lets a duplicate
@@ -20,9 +21,12 @@ import (
 // Result.Skipped. On SQLite, writers already take turns on the database
 // lock; the cut-off is the local clock, which wrote processed_at.
 func (s *Store) Prune(ctx context.Context, opts retention.Options) (retention.Result, error) {
-	opts = opts.WithDefaults(retention.DefaultWindow)
+	opts = opts.WithDefaults(s.window)
 	if err := opts.Validate(); err != nil {
 		return retention.Result{}, fmt.Errorf("pruning inbox: %w", err)
+	}
+	if opts.Window < s.window {
+		return retention.Result{}, fmt.Errorf("pruning inbox: window %v is shorter than the store's window %v, which consumers' horizon guards accept", opts.Window, s.window)
 	}
 	res := retention.Result{DryRun: opts.DryRun}
 	table := s.table.quoted()

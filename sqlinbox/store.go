@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/retention"
 )
 
 // DefaultTable is the inbox table's name when [Config.Table] is empty.
@@ -21,6 +22,11 @@ type Config struct {
 	// resolved by search_path. Each part must match
 	// ^[A-Za-z_][A-Za-z0-9_]{0,62}$; it is quoted, so case is kept.
 	Table string
+	// Window is how long markers are kept: [Store.Prune] refuses a shorter
+	// window, and [Store.Horizon] hands the same window to processors, whose
+	// horizon guard then expires older messages instead of re-applying them.
+	// Defaults to 14 days.
+	Window time.Duration
 }
 
 // Store is an inbox on database/sql. It implements [idem.Store] with
@@ -30,6 +36,7 @@ type Store struct {
 	db      *sql.DB
 	dialect Dialect
 	table   tableName
+	window  time.Duration
 	// Prebuilt SQL, so the hot path only glues placeholders.
 	insertHead string // INSERT INTO t (...) VALUES
 	insertTail string // ON CONFLICT ... RETURNING key
@@ -56,6 +63,12 @@ func New(db *sql.DB, dialect Dialect, cfg *Config) (*Store, error) {
 	if c.Table == "" {
 		c.Table = DefaultTable
 	}
+	switch {
+	case c.Window < 0:
+		return nil, fmt.Errorf("%w: sqlinbox: window %v must be positive", idem.ErrConfig, c.Window)
+	case c.Window == 0:
+		c.Window = retention.DefaultWindow
+	}
 	t, err := parseTable(c.Table, dialect.schemas())
 	if err != nil {
 		return nil, fmt.Errorf("%w: sqlinbox: %w", idem.ErrConfig, err)
@@ -65,11 +78,16 @@ func New(db *sql.DB, dialect Dialect, cfg *Config) (*Store, error) {
 		db:         db,
 		dialect:    dialect,
 		table:      t,
+		window:     c.Window,
 		insertHead: "INSERT INTO " + q + " (consumer, key, message_id, body_sha256, event_time) VALUES ",
 		insertTail: " ON CONFLICT (consumer, key) DO NOTHING RETURNING key",
 		lookupHead: "SELECT key, message_id, body_sha256, processed_at FROM " + q + " WHERE consumer = " + dialect.placeholder(1) + " AND key IN (",
 	}, nil
 }
+
+// Horizon is the horizon guard that matches the store's retention window;
+// idem.NewProcessor adopts it unless the consumer sets its own.
+func (s *Store) Horizon() idem.Horizon { return idem.Horizon{Window: s.window} }
 
 // Dialect returns the store's dialect.
 func (s *Store) Dialect() Dialect { return s.dialect }
@@ -77,15 +95,27 @@ func (s *Store) Dialect() Dialect { return s.dialect }
 // Table returns the inbox table's name as configured.
 func (s *Store) Table() string { return s.table.String() }
 
-// Begin starts a transaction. The transaction is begun without ctx's
-// cancellation: database/sql rolls a transaction back the moment its begin
-// context ends, which would turn a processor's deliberate "finish the
-// commit while shutting down" into a commit of unknown outcome. Statements
-// inside still obey their own contexts, and the processor always ends the
-// transaction.
+// Begin starts a transaction. database/sql rolls a transaction back the
+// moment its begin context ends, which would turn a processor's deliberate
+// "finish the commit while shutting down" into a commit of unknown outcome;
+// so the transaction runs on a context detached from ctx. Getting a
+// connection and sending BEGIN still obey ctx: a saturated pool or an
+// unreachable server cannot hold a shutdown. Statements inside obey their
+// own contexts, and the processor always ends the transaction.
 func (s *Store) Begin(ctx context.Context) (*sql.Tx, error) {
-	tx, err := s.db.BeginTx(context.WithoutCancel(ctx), nil)
+	txCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, cancel)
+	tx, err := s.db.BeginTx(txCtx, nil)
+	if !stop() {
+		// ctx ended while beginning: txCtx is (being) cancelled, and
+		// database/sql rolls back whatever began.
+		if err == nil {
+			_ = tx.Rollback()
+		}
+		return nil, fmt.Errorf("beginning transaction: %w", context.Cause(ctx))
+	}
 	if err != nil {
+		cancel()
 		return nil, fmt.Errorf("beginning transaction: %w", err)
 	}
 	return tx, nil

@@ -7,8 +7,12 @@ package pgerr
 
 import (
 	"database/sql"
+	"database/sql/driver"
 	"errors"
+	"io"
+	"net"
 	"strings"
+	"syscall"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -17,19 +21,39 @@ import (
 )
 
 // Classify: data exceptions (class 22) and integrity violations (class 23,
-// such as a business table's unique index) fail the same way every time;
-// everything else — 40001 serialization, 40P01 deadlock, 55P03 lock timeout,
-// 57P01 admin shutdown, class 08 connection errors, a lost connection, a
-// handler's own error — may succeed on another try.
+// such as a business table's unique index) fail the same way every time.
+// A server that cannot be reached or is going away — no connection, class
+// 08, 57P01–57P03 shutdowns, 53300 too many connections — is unavailable.
+// Everything else — 40001 serialization, 40P01 deadlock, 55P03 lock
+// timeout, a handler's own error — may succeed on another try.
 func Classify(err error) idem.ErrorClass {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && len(pgErr.Code) == 5 {
-		switch pgErr.Code[:2] {
-		case "22", "23":
+	if errors.As(err, &pgErr) {
+		switch {
+		case len(pgErr.Code) != 5:
+			return idem.ClassTransient
+		case pgErr.Code[:2] == "22", pgErr.Code[:2] == "23":
 			return idem.ClassPermanent
+		case sessionEnding(pgErr), pgErr.Code == "53300":
+			return idem.ClassUnavailable
 		}
+		return idem.ClassTransient
+	}
+	if connectionLost(err) {
+		return idem.ClassUnavailable
 	}
 	return idem.ClassTransient
+}
+
+// connectionLost reports whether err is the driver or the network saying
+// the connection could not be made or broke, by error type.
+func connectionLost(err error) bool {
+	var connectErr *pgconn.ConnectError
+	var netErr net.Error
+	return errors.As(err, &connectErr) || errors.As(err, &netErr) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, net.ErrClosed) || errors.Is(err, driver.ErrBadConn) || errors.Is(err, pgconn.ErrConnClosed) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // CommitUnknown reports whether a failed COMMIT may nevertheless have

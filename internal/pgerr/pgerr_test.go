@@ -1,0 +1,91 @@
+package pgerr
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgtest"
+)
+
+func pg(severity, code string) error {
+	return fmt.Errorf("running statement: %w", &pgconn.PgError{Severity: severity, SeverityUnlocalized: severity, Code: code})
+}
+
+func TestClassifyAndCommitUnknown(t *testing.T) {
+	cases := []struct {
+		name    string
+		err     error
+		class   idem.ErrorClass
+		unknown bool // as a COMMIT's error
+	}{
+		{"unique violation", pg("ERROR", "23505"), idem.ClassPermanent, false},
+		{"division by zero", pg("ERROR", "22012"), idem.ClassPermanent, false},
+		{"serialization failure", pg("ERROR", "40001"), idem.ClassTransient, false},
+		{"deadlock", pg("ERROR", "40P01"), idem.ClassTransient, false},
+		{"lock timeout", pg("ERROR", "55P03"), idem.ClassTransient, false},
+		{"undefined table", pg("ERROR", "42P01"), idem.ClassTransient, false},
+		{"admin shutdown", pg("FATAL", "57P01"), idem.ClassUnavailable, true},
+		{"connection failure", pg("FATAL", "08006"), idem.ClassUnavailable, true},
+		{"too many connections", pg("FATAL", "53300"), idem.ClassUnavailable, true},
+		{"commit answered rollback", pgx.ErrTxCommitRollback, idem.ClassTransient, false},
+		{"transaction already done", sql.ErrTxDone, idem.ClassTransient, false},
+		{"connection closed", fmt.Errorf("committing: %w", pgconn.ErrConnClosed), idem.ClassUnavailable, true},
+		{"EOF", fmt.Errorf("reading: %w", io.ErrUnexpectedEOF), idem.ClassUnavailable, true},
+		{"a handler's own error", errors.New("payment gateway said 503"), idem.ClassTransient, true},
+	}
+	for _, c := range cases {
+		if got := Classify(c.err); got != c.class {
+			t.Errorf("%s: Classify = %v, want %v", c.name, got, c.class)
+		}
+		if got := CommitUnknown(c.err); got != c.unknown {
+			t.Errorf("%s: CommitUnknown = %v, want %v", c.name, got, c.unknown)
+		}
+	}
+}
+
+// TestRealErrors classifies errors from a real server: a refused
+// connection and a terminated backend are unavailable, a unique violation
+// is permanent.
+func TestRealErrors(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err := pgx.Connect(ctx, "postgres://postgres@127.0.0.1:1/test?sslmode=disable&connect_timeout=2")
+	if err == nil || Classify(err) != idem.ClassUnavailable {
+		t.Fatalf("refused connection %v: class %v, want unavailable", err, Classify(err))
+	}
+	url := pgtest.Schema(t)
+	victim, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer victim.Close(ctx)
+	var pid int
+	if err := victim.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	killer, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer killer.Close(ctx)
+	if _, err := killer.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
+		t.Fatal(err)
+	}
+	_, err = victim.Exec(ctx, "SELECT 1")
+	if err == nil || Classify(err) != idem.ClassUnavailable {
+		t.Fatalf("terminated backend %v: class %v, want unavailable", err, Classify(err))
+	}
+	_, err = killer.Exec(ctx, "CREATE TEMP TABLE u (k int PRIMARY KEY); INSERT INTO u VALUES (1), (1)")
+	if Classify(err) != idem.ClassPermanent {
+		t.Fatalf("unique violation %v: class %v, want permanent", err, Classify(err))
+	}
+}
