@@ -191,11 +191,16 @@ func TestPartitions(t *testing.T) {
 	}
 	old := idem.Message{ID: today.AddDate(0, 0, -18).Format("evt-2006-01-02"), Time: today.AddDate(0, 0, -18).Add(time.Hour), Body: []byte("{}")}
 	want(t, processor(t, store, nil).Process(ctx, old), idem.Expired)
-	// Without the guard the claim finds no partition: a transient error,
-	// left to the broker, never a second effect.
+	// Without the guard the claim finds its day dropped: the store refuses
+	// it as expired (dead-lettered), never a second effect, never a loop.
 	r := p.Process(ctx, old)
-	if r.Outcome != idem.Retry || !errors.Is(r.Err, pgxinbox.ErrNoPartition) {
-		t.Fatalf("unguarded claim into a dropped day: %v %v, want Retry with ErrNoPartition", r.Outcome, r.Err)
+	if r.Outcome != idem.DeadLettered || !errors.Is(r.Err, idem.ErrExpired) {
+		t.Fatalf("unguarded claim into a dropped day: %v %v, want DeadLettered with ErrExpired", r.Outcome, r.Err)
+	}
+	// A day not created yet is transient: EnsurePartitions will make it.
+	future := idem.Message{ID: "evt-future", Time: today.AddDate(0, 0, 60), Body: []byte("{}")}
+	if r := p.Process(ctx, future); r.Outcome != idem.Retry || !errors.Is(r.Err, pgxinbox.ErrNoPartition) {
+		t.Fatalf("claim into a day not created yet: %v %v, want Retry with ErrNoPartition", r.Outcome, r.Err)
 	}
 	if n := scalar[int](t, pool, `SELECT count(*) FROM effects`); n != 21 {
 		t.Fatalf("effects = %d, want 21", n)

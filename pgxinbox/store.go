@@ -34,10 +34,12 @@ type Config struct {
 	// dropped. It is fixed when the table is created; [Store.Migrate] refuses
 	// a table of the other layout.
 	Layout Layout
-	// Window is how long markers are kept, counted from the later of their
-	// event time and their write time. Defaults to 14 days. Give consumers
-	// the same window through [Store.Horizon], so that the horizon guard and
-	// the prune agree (see package retention for the proof).
+	// Window is how long markers are kept: on the plain layout counted from
+	// the later of their event time and their write time; on the partitioned
+	// layout by event time, a whole day at a time. Defaults to 14 days.
+	// Processors adopt the matching guard ([Store.Horizon]) unless they set
+	// their own, so the horizon guard and the prune agree (see package
+	// retention for the proof).
 	Window time.Duration
 	// Hooks receives retention metrics (markers pruned, partitions dropped,
 	// oldest marker age). Optional.
@@ -235,9 +237,18 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims []
 	})
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		if s.layout == Partitioned && missingPartition(err) {
+			// A day older than the window was dropped on purpose: its
+			// markers are gone, so such a message cannot be proven new
+			// (the processor's horizon guard normally stops it first).
+			cutoff := time.Now().Add(-s.window)
+			for _, c := range claims {
+				if c.EventTime.Before(cutoff) {
+					return nil, idem.Permanent(fmt.Errorf("claiming key %q of message %s: %w: its day's partition was dropped (%v)", c.Key, c.MessageID, idem.ErrExpired, err))
+				}
+			}
+			// A day not created yet will be (EnsurePartitions): transient.
 			// %v, not %w: the server's error is a check violation (class
-			// 23), which Classify would call permanent; a missing partition
-			// is transient.
+			// 23), which Classify would call permanent.
 			return nil, fmt.Errorf("%w: %v", ErrNoPartition, err)
 		}
 		return nil, err
