@@ -10,6 +10,17 @@
 //
 //	m := idemprom.New(prometheus.DefaultRegisterer)
 //	proc, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{..., Observer: m})
+//
+// idem_redelivered_total is fed by a broker adapter's hooks; for RabbitMQ
+// (Kafka has no redelivered flag), a three-line adapter keeps this package
+// free of broker clients:
+//
+//	type hooks struct {
+//		idemrabbitmq.NopHooks
+//		m *idemprom.Metrics
+//	}
+//
+//	func (h hooks) Redelivered(queue string) { h.m.Redelivered(queue) }
 package idemprom
 
 import (
