@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -42,8 +41,9 @@ type Config struct {
 	// retry policy. Defaults to 10. It bounds how long a poison record can
 	// hold its partition and how long a rebalance may wait for it.
 	MaxAttempts int
-	// InitialBackoff is the pause before the second try of a record.
-	// Defaults to 100ms.
+	// InitialBackoff is the pause before the second try of a record; the
+	// pause doubles with each try, with jitter, as idem.RetryPolicy's
+	// Backoff does. Defaults to 100ms.
 	InitialBackoff time.Duration
 	// MaxBackoff caps the pause between tries. Defaults to 5s.
 	MaxBackoff time.Duration
@@ -122,18 +122,4 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: %w", ErrConfig, errors.Join(errs...))
 	}
 	return nil
-}
-
-// backoff returns the pause before try attempt+1: exponential, capped, with
-// jitter so that partitions that failed together do not retry together.
-func (c *Config) backoff(attempt int) time.Duration {
-	d := c.InitialBackoff
-	for i := 1; i < attempt && d < c.MaxBackoff; i++ {
-		d *= 2
-	}
-	d = min(d, c.MaxBackoff)
-	if d <= 0 {
-		return 0
-	}
-	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
 }

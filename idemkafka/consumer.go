@@ -25,6 +25,9 @@ type Consumer[TTx any] struct {
 	proc  *idem.Processor[TTx]
 	cfg   Config
 	owned bool // New built cl: Run closes it
+	// backoff paces the tries in place of a record and of a dead letter:
+	// the core's policy within this consumer's bounds.
+	backoff idem.RetryPolicy
 
 	running atomic.Bool
 
@@ -58,7 +61,11 @@ func NewConsumer[TTx any](cl *kgo.Client, proc *idem.Processor[TTx], cfg *Config
 	if dlq == nil {
 		dlq = cl
 	}
-	return &Consumer[TTx]{cl: cl, dlq: dlq, proc: proc, cfg: c, crashed: make(chan struct{})}, nil
+	return &Consumer[TTx]{
+		cl: cl, dlq: dlq, proc: proc, cfg: c,
+		backoff: idem.RetryPolicy{InitialBackoff: c.InitialBackoff, MaxBackoff: c.MaxBackoff},
+		crashed: make(chan struct{}),
+	}, nil
 }
 
 // New builds a client from cc and returns a consumer that owns it: Run
@@ -299,7 +306,7 @@ func (c *Consumer[TTx]) runPartition(ctx context.Context, k tp, recs []*kgo.Reco
 			return
 		case st == again:
 			stalled <- k
-			if sleep(ctx, c.cfg.backoff(tries[recs[0].Offset])) != nil {
+			if sleep(ctx, c.backoff.Backoff(tries[recs[0].Offset])) != nil {
 				return
 			}
 		}

@@ -71,7 +71,7 @@ func (c *Consumer[TTx]) deadLetter(ctx context.Context, r *kgo.Record, res idem.
 		}
 		c.cfg.Logger.Error("producing dead letter failed; the partition waits",
 			"consumer", c.proc.Consumer(), "source", source(r.Topic, r.Partition), "offset", r.Offset, "error", err)
-		if err := sleep(ctx, c.cfg.backoff(attempt)); err != nil {
+		if err := sleep(ctx, c.backoff.Backoff(attempt)); err != nil {
 			return fmt.Errorf("producing dead letter to %s: %w", dl.Topic, err)
 		}
 	}
