@@ -545,3 +545,75 @@ func TestGracefulShutdownAndResume(t *testing.T) {
 		t.Fatalf("effects %d (%d distinct), want %d", rows, distinct, n)
 	}
 }
+
+// A message that keeps failing transiently sits FIRST in a batch of healthy
+// ones on a quorum queue with a low delivery limit. Every requeue raises
+// x-delivery-count, so the healthy messages must not be requeued with it:
+// they are applied on the first delivery, and only the failing message
+// reaches the dead-letter queue.
+func TestFailingMessageFirstDoesNotSinkItsNeighbours(t *testing.T) {
+	t.Parallel()
+	const healthy = 20
+	conn := broker(t)
+	topo := topology(t, conn, &idemrabbitmq.TopologyOptions{DeliveryLimit: 3})
+	d := newDB(t, uniqueName(t))
+	// The failing message is published first, then its neighbours, so that
+	// all of them share its batch.
+	publish(t, conn, topo.Queue, 0, 1+healthy, msgID)
+
+	var failures atomic.Int64
+	h := func(ctx context.Context, tx pgx.Tx, m idem.Message) error {
+		if m.ID == msgID(0) {
+			failures.Add(1)
+			return errors.New("tax service timed out")
+		}
+		return write(ctx, tx, m)
+	}
+	cfg := config(t, topo.Queue)
+	cfg.BatchWait = 200 * time.Millisecond // one batch for the whole lot
+	rec := newSettlements()
+	cfg.Hooks = rec
+	c, err := idemrabbitmq.NewConsumer(d.processor(t, h, func(c *idem.Config[pgx.Tx]) {
+		c.Retry = idem.RetryPolicy{MaxAttempts: 1}
+	}), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	var dead []amqp.Delivery
+	poll(t, 30*time.Second, "the broker to dead-letter the failing message", func() bool {
+		dead = append(dead, drain(t, conn, topo.DeadLetterQueue)...)
+		return len(dead) > 0
+	})
+	rec.waitUntil(t, 30*time.Second, "every healthy message acked", func() bool { return rec.distinctAcked() == healthy })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	// Anything else dead-lettered would have arrived with the failing one.
+	dead = append(dead, drain(t, conn, topo.DeadLetterQueue)...)
+	if len(dead) != 1 || dead[0].MessageId != msgID(0) {
+		ids := make([]string, len(dead))
+		for i := range dead {
+			ids[i] = dead[i].MessageId
+		}
+		t.Fatalf("dead-lettered %v, want only %s", ids, msgID(0))
+	}
+	if rows, distinct := d.effects(t); rows != healthy || distinct != healthy {
+		t.Fatalf("effects %d (%d distinct), want the %d healthy messages once each", rows, distinct, healthy)
+	}
+	var firstTry int
+	if err := d.pool.QueryRow(context.Background(), `SELECT count(*) FROM effects WHERE attempt = 1`).Scan(&firstTry); err != nil {
+		t.Fatal(err)
+	}
+	if firstTry != healthy {
+		t.Fatalf("%d of %d healthy messages applied on their first delivery: the failing one dragged the rest into requeues", firstTry, healthy)
+	}
+	st := c.Stats()
+	t.Logf("failures %d; stats %+v", failures.Load(), st)
+	if failures.Load() < 2 {
+		t.Fatalf("the failing message ran %d times, want it redelivered", failures.Load())
+	}
+	if q := depth(t, conn, topo.Queue); q != 0 {
+		t.Fatalf("queue holds %d", q)
+	}
+}
