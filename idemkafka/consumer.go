@@ -285,18 +285,21 @@ const (
 
 // runPartition applies recs, all from partition k, in order: in batches,
 // committing the offset after each, retrying a failing record in place and
-// dead-lettering it once its budget is spent.
+// dead-lettering it once its budget is spent. A batch settles a prefix of
+// its records and stops at the first one to retry (the processor left the
+// ones after it untried), so only the partition's first record is ever
+// retried in place: tries counts its tries so far.
 func (c *Consumer[TTx]) runPartition(ctx context.Context, k tp, recs []*kgo.Record, stalled chan<- tp) {
-	tries := make(map[int64]int) // offset → tries so far, for records retried in place
+	tries := 0
 	for len(recs) > 0 {
 		n := min(len(recs), c.cfg.MaxBatch)
-		if tries[recs[0].Offset] > 0 {
-			// A record that failed goes alone, so that the records after it
-			// are not applied before it again.
+		if tries > 0 {
+			// A record being retried goes alone: a batch would fail with it
+			// and run its neighbours' handlers for nothing.
 			n = 1
 		}
 		batch := recs[:n]
-		settled, st := c.settle(ctx, batch, c.process(ctx, batch, tries), tries)
+		settled, st := c.settle(ctx, batch, c.process(ctx, batch, tries), &tries)
 		if settled > 0 {
 			c.commit(ctx, batch[settled-1])
 		}
@@ -306,22 +309,28 @@ func (c *Consumer[TTx]) runPartition(ctx context.Context, k tp, recs []*kgo.Reco
 			return
 		case st == again:
 			stalled <- k
-			if sleep(ctx, c.backoff.Backoff(tries[recs[0].Offset])) != nil {
+			if sleep(ctx, c.backoff.Backoff(tries)) != nil {
 				return
 			}
 		}
 	}
 }
 
-// process runs one batch through the processor. Records that are bad input
-// (no ID, a bad time header) get a DeadLettered result without touching the
-// database. Results are in the order of recs.
-func (c *Consumer[TTx]) process(ctx context.Context, recs []*kgo.Record, tries map[int64]int) []idem.Result {
+// process runs one batch through the processor, in order: when a record
+// must be retried, the records after it are not tried. tries is the first
+// record's tries so far. Records that are bad input (no ID, a bad time
+// header) get a DeadLettered result without touching the database. Results
+// are in the order of recs.
+func (c *Consumer[TTx]) process(ctx context.Context, recs []*kgo.Record, tries int) []idem.Result {
 	results := make([]idem.Result, len(recs))
 	msgs := make([]idem.Message, 0, len(recs))
 	idx := make([]int, 0, len(recs))
 	for i, r := range recs {
-		m, err := c.message(r, tries[r.Offset]+1)
+		attempt := 1
+		if i == 0 {
+			attempt += tries
+		}
+		m, err := c.message(r, attempt)
 		if err != nil {
 			results[i] = idem.Result{Outcome: idem.DeadLettered, MessageID: m.ID, Err: err}
 			continue
@@ -330,7 +339,7 @@ func (c *Consumer[TTx]) process(ctx context.Context, recs []*kgo.Record, tries m
 		idx = append(idx, i)
 	}
 	if len(msgs) > 0 {
-		for j, r := range c.proc.ProcessBatch(ctx, msgs) {
+		for j, r := range c.proc.ProcessBatchInOrder(ctx, msgs) {
 			results[idx[j]] = r
 		}
 	}
@@ -339,15 +348,16 @@ func (c *Consumer[TTx]) process(ctx context.Context, recs []*kgo.Record, tries m
 
 // settle acts on the results of one batch in order and returns how many
 // records, from the first, are done with (their offset may be committed) and
-// what the worker does next.
-func (c *Consumer[TTx]) settle(ctx context.Context, recs []*kgo.Record, results []idem.Result, tries map[int64]int) (int, step) {
+// what the worker does next. *tries is the tries so far of the record being
+// settled: settle counts them and resets them when it moves past a record.
+func (c *Consumer[TTx]) settle(ctx context.Context, recs []*kgo.Record, results []idem.Result, tries *int) (int, step) {
 	for i, res := range results {
 		r := recs[i]
-		try := tries[r.Offset] + 1
-		tries[r.Offset] = try
+		*tries++
+		try := *tries
 		switch c.actionFor(ctx, res, try) {
 		case advance:
-			delete(tries, r.Offset)
+			*tries = 0
 		case deadLetter:
 			if res.Outcome == idem.Retry {
 				res.Err = fmt.Errorf("%w: %d tries in place: %w", idem.ErrRetriesExhausted, try, res.Err)
@@ -355,7 +365,7 @@ func (c *Consumer[TTx]) settle(ctx context.Context, recs []*kgo.Record, results 
 			if err := c.deadLetter(ctx, r, res, try); err != nil {
 				return i, halt
 			}
-			delete(tries, r.Offset)
+			*tries = 0
 		case retry:
 			c.cfg.Logger.Warn("record will be retried in place", "consumer", c.proc.Consumer(),
 				"source", source(r.Topic, r.Partition), "offset", r.Offset, "message_id", res.MessageID,
