@@ -57,15 +57,16 @@ type Config struct {
 	DeadLetterRoutingKey string
 	// RequeueBackoff is the first wait before a delivery whose outcome is
 	// Retry is nacked back to the queue; consecutive Retry outcomes double
-	// it up to MaxRequeueBackoff. The processor has already retried in
+	// it up to MaxRequeueBackoff, with jitter ([idem.RetryPolicy.Backoff]). The processor has already retried in
 	// process, so a Retry usually means the database is down: while a
 	// requeue waits, no new batch starts. Defaults to 500ms.
 	RequeueBackoff time.Duration
 	// MaxRequeueBackoff caps RequeueBackoff. Defaults to 10s.
 	MaxRequeueBackoff time.Duration
 	// ReconnectBackoff is the first wait before reconnecting after the
-	// connection or channel was lost; it doubles up to MaxReconnectBackoff
-	// and resets once a session consumed successfully. Defaults to 100ms.
+	// connection or channel was lost; it doubles up to MaxReconnectBackoff,
+	// with jitter ([idem.RetryPolicy.Backoff]), and resets once a session
+	// consumed successfully. Defaults to 100ms.
 	ReconnectBackoff time.Duration
 	// MaxReconnectBackoff caps ReconnectBackoff. Defaults to 10s.
 	MaxReconnectBackoff time.Duration

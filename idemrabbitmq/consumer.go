@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -26,6 +25,10 @@ import (
 type Consumer[TTx any] struct {
 	proc *idem.Processor[TTx]
 	cfg  Config
+	// requeueBackoff and reconnectBackoff are Config's ranges as idem's
+	// retry policy: capped exponential backoff with jitter, so consumers
+	// that failed together do not come back together.
+	requeueBackoff, reconnectBackoff idem.RetryPolicy
 
 	running atomic.Bool
 	mu      sync.Mutex
@@ -70,7 +73,11 @@ func NewConsumer[TTx any](proc *idem.Processor[TTx], cfg *Config) (*Consumer[TTx
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	return &Consumer[TTx]{proc: proc, cfg: c}, nil
+	return &Consumer[TTx]{
+		proc: proc, cfg: c,
+		requeueBackoff:   idem.RetryPolicy{InitialBackoff: c.RequeueBackoff, MaxBackoff: c.MaxRequeueBackoff},
+		reconnectBackoff: idem.RetryPolicy{InitialBackoff: c.ReconnectBackoff, MaxBackoff: c.MaxReconnectBackoff},
+	}, nil
 }
 
 // Stats returns the consumer's counters.
@@ -114,7 +121,7 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 	}
 	defer c.running.Store(false)
 	log := c.cfg.Logger.With(slog.String("consumer", c.proc.Consumer()), slog.String("queue", c.cfg.Queue))
-	backoff := c.cfg.ReconnectBackoff
+	failures := 0 // sessions ended since the last one that consumed
 	everConsumed := false
 	for {
 		consumed, err := c.session(ctx, log)
@@ -126,14 +133,15 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 		}
 		if consumed {
 			everConsumed = true
-			backoff = c.cfg.ReconnectBackoff
+			failures = 0
 		}
+		failures++
 		if !everConsumed && refused(err) {
 			return fmt.Errorf("consuming queue %s: %w", c.cfg.Queue, err)
 		}
 		c.stats.reconnects.Add(1)
 		c.cfg.Hooks.Reconnecting(c.cfg.Queue, err)
-		wait := jitter(backoff)
+		wait := c.reconnectBackoff.Backoff(failures)
 		log.Warn("broker session ended; reconnecting", slog.Any("error", err), slog.Duration("backoff", wait))
 		t := time.NewTimer(wait)
 		select {
@@ -142,7 +150,6 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-		backoff = min(backoff*2, c.cfg.MaxReconnectBackoff)
 	}
 }
 
@@ -150,15 +157,6 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 func refused(err error) bool {
 	var ae *amqp.Error
 	return errors.As(err, &ae) && (ae.Code == amqp.NotFound || ae.Code == amqp.AccessRefused)
-}
-
-// jitter spreads d over [d/2, d] so consumers that lost the broker together
-// do not come back together.
-func jitter(d time.Duration) time.Duration {
-	if d <= 1 {
-		return d
-	}
-	return d/2 + rand.N(d/2+1)
 }
 
 // dial connects with the socket kept aside for DropConnection.
@@ -406,7 +404,6 @@ func (s *loop[TTx]) work(b pending) completion {
 
 // settle turns a completion into frames.
 func (s *loop[TTx]) settle(r completion) error {
-	cfg := &s.c.cfg
 	retry, applied := false, false
 	for _, v := range r.verbs {
 		retry = retry || v == Requeue
@@ -420,11 +417,7 @@ func (s *loop[TTx]) settle(r completion) error {
 		// Shutting down: nothing waits; requeue at once.
 	case retry:
 		s.retryStreak++
-		d := cfg.RequeueBackoff
-		for i := 1; i < s.retryStreak && d < cfg.MaxRequeueBackoff; i++ {
-			d *= 2
-		}
-		at = at.Add(jitter(min(d, cfg.MaxRequeueBackoff)))
+		at = at.Add(s.c.requeueBackoff.Backoff(s.retryStreak))
 	case applied:
 		s.retryStreak = 0
 	}

@@ -1,0 +1,81 @@
+package idemrabbitmq
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+// nopStore lets internal tests build a processor without a database; they
+// never process through it.
+type nopStore struct{}
+
+func (nopStore) Begin(context.Context) (struct{}, error)  { return struct{}{}, nil }
+func (nopStore) Commit(context.Context, struct{}) error   { return nil }
+func (nopStore) Rollback(context.Context, struct{}) error { return nil }
+func (nopStore) Classify(error) idem.ErrorClass           { return idem.ClassTransient }
+func (nopStore) Lookup(context.Context, struct{}, string, []string) (map[string]idem.Marker, error) {
+	return nil, nil
+}
+func (nopStore) Claim(_ context.Context, _ struct{}, _ string, c []idem.Claim, _ time.Duration) ([]bool, error) {
+	return make([]bool, len(c)), nil
+}
+
+func newTestConsumer(t *testing.T, cfg *Config) *Consumer[struct{}] {
+	t.Helper()
+	proc, err := idem.NewProcessor[struct{}](nopStore{}, &idem.Config[struct{}]{
+		Consumer: "billing-invoice",
+		Key:      idem.ByMessageID,
+		Handler:  func(context.Context, struct{}, idem.Message) error { return nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.URL == "" {
+		cfg.URL = "amqp://guest:guest@127.0.0.1:5672/"
+	}
+	if cfg.Queue == "" {
+		cfg.Queue = "billing.invoice"
+	}
+	c, err := NewConsumer(proc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// Requeue and reconnect waits come from idem.RetryPolicy: exponential from
+// the first wait, capped, jittered over the upper half.
+func TestBackoffsUseTheRetryPolicy(t *testing.T) {
+	t.Parallel()
+	c := newTestConsumer(t, &Config{
+		RequeueBackoff: 100 * time.Millisecond, MaxRequeueBackoff: 400 * time.Millisecond,
+		ReconnectBackoff: 10 * time.Millisecond, MaxReconnectBackoff: 50 * time.Millisecond,
+	})
+	for _, tc := range []struct {
+		name     string
+		p        idem.RetryPolicy
+		attempt  int
+		min, max time.Duration
+	}{
+		{"requeue 1", c.requeueBackoff, 1, 50 * time.Millisecond, 100 * time.Millisecond},
+		{"requeue 2", c.requeueBackoff, 2, 100 * time.Millisecond, 200 * time.Millisecond},
+		{"requeue capped", c.requeueBackoff, 30, 200 * time.Millisecond, 400 * time.Millisecond},
+		{"reconnect 1", c.reconnectBackoff, 1, 5 * time.Millisecond, 10 * time.Millisecond},
+		{"reconnect capped", c.reconnectBackoff, 30, 25 * time.Millisecond, 50 * time.Millisecond},
+	} {
+		seen := map[time.Duration]bool{}
+		for range 200 {
+			d := tc.p.Backoff(tc.attempt)
+			if d < tc.min || d > tc.max {
+				t.Fatalf("%s: backoff %v outside [%v, %v]", tc.name, d, tc.min, tc.max)
+			}
+			seen[d] = true
+		}
+		if len(seen) < 2 {
+			t.Errorf("%s: no jitter (always %v)", tc.name, seen)
+		}
+	}
+}
