@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -92,7 +91,7 @@ func newAuditFlags(sub, summary string, stderr io.Writer) *auditFlags {
 		fmt.Fprintf(stderr, "usage: idem audit %s --table T --key c1,c2 [flags]\n\n%s\n\nflags:\n", sub, summary)
 		fs.PrintDefaults()
 	}
-	fs.StringVar(&f.database, "database", "", "PostgreSQL URL (default $IDEM_DATABASE_URL, else "+auditDefaultDatabase+")")
+	fs.StringVar(&f.database, "database", "", databaseFlagHelp)
 	fs.BoolVar(&f.jsonOut, "json", false, "print the result as JSON")
 	fs.StringVar(&f.table, "table", "", "business table, optionally schema.table (required)")
 	fs.StringVar(&f.key, "key", "", "comma-separated business key columns that must be unique among live rows (required)")
@@ -110,21 +109,6 @@ func newAuditFlags(sub, summary string, stderr io.Writer) *auditFlags {
 		fs.StringVar(&f.prevColumn, "previous-column", "voided_from_status", "column that receives the status before the void (a voided Paid row still says Paid); - for none")
 	}
 	return f
-}
-
-const auditDefaultDatabase = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-
-// databaseURL is --database, else IDEM_DATABASE_URL, else the local test
-// database. It is resolved here, not as the flag's default, so -h never
-// prints a password taken from the environment.
-func (f *auditFlags) databaseURL() string {
-	if f.database != "" {
-		return f.database
-	}
-	if u := os.Getenv("IDEM_DATABASE_URL"); u != "" {
-		return u
-	}
-	return auditDefaultDatabase
 }
 
 // parse parses args and maps a flag error to exit status 2.
@@ -177,7 +161,7 @@ func (f *auditFlags) auditor(ctx context.Context, offline bool) (*audit.Auditor,
 	if _, err := audit.New(nil, f.spec()); err != nil {
 		return nil, nil, &exitError{code: 2, msg: err.Error()}
 	}
-	dbURL := f.databaseURL()
+	dbURL := databaseURL(f.database)
 	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
 		return nil, nil, fmt.Errorf("opening %s: %w", auditRedact(dbURL), err)

@@ -38,8 +38,6 @@ applied again once its marker is gone.
 The layout is read from the database. Run 'idem inbox <subcommand> -h' for flags.
 `
 
-const defaultInboxURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-
 func runInbox(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, inboxUsage)
@@ -85,11 +83,7 @@ type inboxFlags struct {
 func newInboxFlags(name, doc string, stderr io.Writer, sqliteOK bool) *inboxFlags {
 	f := &inboxFlags{fs: flag.NewFlagSet("idem inbox "+name, flag.ContinueOnError)}
 	f.fs.SetOutput(stderr)
-	def := os.Getenv("IDEM_DATABASE_URL")
-	if def == "" {
-		def = defaultInboxURL
-	}
-	f.fs.StringVar(&f.database, "database", def, "PostgreSQL URL (default from IDEM_DATABASE_URL)")
+	f.fs.StringVar(&f.database, "database", "", databaseFlagHelp)
 	if sqliteOK {
 		f.fs.StringVar(&f.sqlite, "sqlite", "", "SQLite database file, instead of --database")
 	}
@@ -122,7 +116,7 @@ func (f *inboxFlags) parse(args []string) error {
 // pgStore opens the PostgreSQL inbox named by the flags, in the layout the
 // table has in the database.
 func (f *inboxFlags) pgStore(ctx context.Context) (*pgxinbox.Store, func(), error) {
-	pool, err := pgxpool.New(ctx, f.database)
+	pool, err := pgxpool.New(ctx, databaseURL(f.database))
 	if err != nil {
 		return nil, nil, fmt.Errorf("connecting to PostgreSQL: %w", err)
 	}

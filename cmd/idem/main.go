@@ -44,6 +44,26 @@ type exitError struct {
 
 func (e *exitError) Error() string { return e.msg }
 
+// localDatabaseURL is the database commands use when neither --database nor
+// IDEM_DATABASE_URL names one: the local test server.
+const localDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+// databaseFlagHelp documents a --database flag.
+const databaseFlagHelp = "PostgreSQL URL (default $IDEM_DATABASE_URL, else " + localDatabaseURL + ")"
+
+// databaseURL resolves a --database flag: the flag, else IDEM_DATABASE_URL,
+// else localDatabaseURL. It is resolved at use rather than as the flag's
+// default, so -h never prints a password taken from the environment.
+func databaseURL(flagValue string) string {
+	if flagValue != "" {
+		return flagValue
+	}
+	if u := os.Getenv("IDEM_DATABASE_URL"); u != "" {
+		return u
+	}
+	return localDatabaseURL
+}
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
