@@ -64,11 +64,31 @@ const (
 	waiting                    // Retry; to be nacked with requeue when due
 )
 
+// decision is what the consumer decided about one delivery. It is made
+// once per result, from [VerbFor] and the consumer's own rules, and carried
+// to the frame and to the hooks unchanged.
+type decision struct {
+	// frame is what to send the broker.
+	frame Verb
+	// verb is what happened to the message, for stats and hooks. It differs
+	// from frame for a dead letter the consumer republished itself: the
+	// frame is then an Ack of the original.
+	verb Verb
+	res  idem.Result
+}
+
+// decide is the decision for a result before any republishing: the frame
+// and the verb are both [VerbFor] of its outcome.
+func decide(res idem.Result) decision {
+	v := VerbFor(res.Outcome)
+	return decision{frame: v, verb: v, res: res}
+}
+
 type tagEntry struct {
 	tag   uint64
 	state tagState
 	due   time.Time // for waiting
-	res   idem.Result
+	d     decision
 }
 
 // tracker holds every delivery tag of one channel that the broker has not
@@ -86,8 +106,8 @@ type tracker struct {
 type op struct {
 	verb     Verb
 	tag      uint64
-	multiple bool          // ack only
-	results  []idem.Result // of the deliveries this frame settles, for hooks
+	multiple bool       // ack only
+	settled  []decision // of the deliveries this frame settles, for stats and hooks
 }
 
 func (t *tracker) add(tag uint64) {
@@ -113,26 +133,26 @@ func (t *tracker) find(tag uint64) int {
 	return -1
 }
 
-// finish records a batch's verbs. It returns the frames to send now: the
-// dead letters (rejected one by one: a rejected delivery must not wait
-// behind others) and the acks that became possible. Requeues wait until due;
-// see [tracker.due].
-func (t *tracker) finish(tags []uint64, verbs []Verb, results []idem.Result, requeueAt time.Time) []op {
+// finish records a batch's decisions, one per tag. It returns the frames to
+// send now: the dead letters (rejected one by one: a rejected delivery must
+// not wait behind others) and the acks that became possible. Requeues wait
+// until due; see [tracker.due].
+func (t *tracker) finish(tags []uint64, ds []decision, requeueAt time.Time) []op {
 	var ops []op
 	for i, tag := range tags {
 		j := t.find(tag)
 		if j < 0 {
 			continue
 		}
-		t.entries[j].res = results[i]
-		switch verbs[i] {
+		t.entries[j].d = ds[i]
+		switch ds[i].frame {
 		case Ack:
 			t.entries[j].state = ackable
 		case Requeue:
 			t.entries[j].state, t.entries[j].due = waiting, requeueAt
 			t.nWaiting++
 		default:
-			ops = append(ops, op{verb: DeadLetter, tag: tag, results: []idem.Result{results[i]}})
+			ops = append(ops, op{verb: DeadLetter, tag: tag, settled: []decision{ds[i]}})
 			t.remove(j)
 		}
 	}
@@ -146,7 +166,7 @@ func (t *tracker) due(now time.Time) []op {
 	for j := 0; j < len(t.entries); {
 		e := t.entries[j]
 		if e.state == waiting && !e.due.After(now) {
-			ops = append(ops, op{verb: Requeue, tag: e.tag, results: []idem.Result{e.res}})
+			ops = append(ops, op{verb: Requeue, tag: e.tag, settled: []decision{e.d}})
 			t.remove(j)
 			t.nWaiting--
 			continue
@@ -184,11 +204,11 @@ func (t *tracker) acks() []op {
 		n++
 	}
 	if n > 0 {
-		res := make([]idem.Result, n)
+		settled := make([]decision, n)
 		for i := range n {
-			res[i] = t.entries[i].res
+			settled[i] = t.entries[i].d
 		}
-		ops = append(ops, op{verb: Ack, tag: t.entries[n-1].tag, multiple: n > 1, results: res})
+		ops = append(ops, op{verb: Ack, tag: t.entries[n-1].tag, multiple: n > 1, settled: settled})
 		t.entries = t.entries[n:]
 	}
 	if len(t.entries) == 0 || t.entries[0].state != waiting {
@@ -197,7 +217,7 @@ func (t *tracker) acks() []op {
 	kept := t.entries[:0]
 	for _, e := range t.entries {
 		if e.state == ackable {
-			ops = append(ops, op{verb: Ack, tag: e.tag, results: []idem.Result{e.res}})
+			ops = append(ops, op{verb: Ack, tag: e.tag, settled: []decision{e.d}})
 			continue
 		}
 		kept = append(kept, e)

@@ -39,7 +39,14 @@ func frames(ops []op) string {
 	return s
 }
 
-func res(n int) []idem.Result { return make([]idem.Result, n) }
+// decided is one decision per verb, frame and report alike.
+func decided(verbs ...Verb) []decision {
+	ds := make([]decision, len(verbs))
+	for i, v := range verbs {
+		ds[i] = decision{frame: v, verb: v}
+	}
+	return ds
+}
 
 func TestTrackerMultipleAckOnlyOverFinishedTags(t *testing.T) {
 	t.Parallel()
@@ -50,11 +57,11 @@ func TestTrackerMultipleAckOnlyOverFinishedTags(t *testing.T) {
 	now := time.Now()
 	// The second batch (4..6) finishes first: nothing may be acked, since a
 	// multiple ack on 6 would cover 1..3, still in the database.
-	if got := frames(tr.finish([]uint64{4, 5, 6}, []Verb{Ack, Ack, Ack}, res(3), now)); got != "" {
+	if got := frames(tr.finish([]uint64{4, 5, 6}, decided(Ack, Ack, Ack), now)); got != "" {
 		t.Fatalf("acked past a batch in flight: %q", got)
 	}
 	// The first batch finishes: one frame acks everything.
-	if got := frames(tr.finish([]uint64{1, 2, 3}, []Verb{Ack, Ack, Ack}, res(3), now)); got != "ack6* " {
+	if got := frames(tr.finish([]uint64{1, 2, 3}, decided(Ack, Ack, Ack), now)); got != "ack6* " {
 		t.Fatalf("got %q, want one multiple ack on 6", got)
 	}
 	if tr.len() != 0 {
@@ -68,7 +75,7 @@ func TestTrackerDeadLetterSplitsTheRun(t *testing.T) {
 	for tag := uint64(1); tag <= 5; tag++ {
 		tr.add(tag)
 	}
-	got := frames(tr.finish([]uint64{1, 2, 3, 4, 5}, []Verb{Ack, Ack, DeadLetter, Ack, Ack}, res(5), time.Now()))
+	got := frames(tr.finish([]uint64{1, 2, 3, 4, 5}, decided(Ack, Ack, DeadLetter, Ack, Ack), time.Now()))
 	// The reject goes first and alone; the multiple ack then covers only
 	// the acked tags (3 is already settled, so ack 5* does not touch it).
 	if got != "dead_letter3 ack5* " {
@@ -84,7 +91,7 @@ func TestTrackerRequeueWaitsAndIsNeverSwallowed(t *testing.T) {
 	}
 	now := time.Now()
 	due := now.Add(time.Second)
-	got := frames(tr.finish([]uint64{1, 2, 3}, []Verb{Ack, Requeue, Ack}, res(3), due))
+	got := frames(tr.finish([]uint64{1, 2, 3}, decided(Ack, Requeue, Ack), due))
 	// 1 is acked; 3 sits behind a waiting requeue, so it is acked alone: a
 	// multiple ack on 3 would ack 2, which must be requeued.
 	if got != "ack1 ack3 " {
@@ -96,7 +103,7 @@ func TestTrackerRequeueWaitsAndIsNeverSwallowed(t *testing.T) {
 	if got := frames(tr.due(now)); got != "" {
 		t.Fatalf("requeued before due: %q", got)
 	}
-	got = frames(tr.finish([]uint64{4, 5, 6}, []Verb{Ack, Ack, Ack}, res(3), due))
+	got = frames(tr.finish([]uint64{4, 5, 6}, decided(Ack, Ack, Ack), due))
 	if got != "ack4 ack5 ack6 " {
 		t.Fatalf("behind a waiting requeue: got %q", got)
 	}
@@ -113,7 +120,26 @@ func TestTrackerIgnoresUnknownTags(t *testing.T) {
 	var tr tracker
 	tr.add(7)
 	// A tag from a channel that died is not in this tracker: never acked.
-	if got := frames(tr.finish([]uint64{3}, []Verb{Ack}, res(1), time.Now())); got != "" {
+	if got := frames(tr.finish([]uint64{3}, decided(Ack), time.Now())); got != "" {
 		t.Fatalf("acked a foreign tag: %q", got)
+	}
+}
+
+// A dead letter the consumer republished is acked, and its frame carries
+// the decision made once in the worker: reported as a dead letter, not
+// re-derived from the outcome.
+func TestTrackerCarriesTheDecisionToTheFrame(t *testing.T) {
+	t.Parallel()
+	var tr tracker
+	tr.add(1)
+	tr.add(2)
+	republished := decision{frame: Ack, verb: DeadLetter, res: idem.Result{MessageID: "m1", Outcome: idem.DeadLettered}}
+	applied := decide(idem.Result{MessageID: "m2", Outcome: idem.Applied})
+	ops := tr.finish([]uint64{1, 2}, []decision{republished, applied}, time.Now())
+	if got := frames(ops); got != "ack2* " {
+		t.Fatalf("got %q, want one multiple ack", got)
+	}
+	if s := ops[0].settled; len(s) != 2 || s[0] != republished || s[1].verb != Ack || s[1].res.MessageID != "m2" {
+		t.Fatalf("settled %+v", s)
 	}
 }

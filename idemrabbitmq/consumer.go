@@ -199,10 +199,9 @@ type pending struct {
 
 // completion is a processed batch on its way back to the session loop.
 type completion struct {
-	batch   pending
-	results []idem.Result
-	verbs   []Verb // what to send; a republished dead letter is an Ack here
-	err     error  // ends the session without settling the batch
+	batch     pending
+	decisions []decision // one per delivery of batch
+	err       error      // ends the session without settling the batch
 }
 
 // session is one connection and channel. It returns whether it consumed,
@@ -379,9 +378,9 @@ func (s *loop[TTx]) dispatch(b pending) {
 func (s *loop[TTx]) work(b pending) completion {
 	cfg := &s.c.cfg
 	results := s.c.proc.ProcessBatch(s.bctx, b.msgs)
-	r := completion{batch: b, results: results, verbs: make([]Verb, len(results))}
+	r := completion{batch: b, decisions: make([]decision, len(results))}
 	for i, res := range results {
-		r.verbs[i] = VerbFor(res.Outcome)
+		r.decisions[i] = decide(res)
 	}
 	if cfg.Faults != nil {
 		if err := cfg.Faults(s.bctx, BeforeSettle, b.msgs); err != nil {
@@ -390,7 +389,7 @@ func (s *loop[TTx]) work(b pending) completion {
 		}
 	}
 	if s.dl != nil {
-		if err := s.dl.republish(s.bctx, b.deliveries, results, r.verbs); err != nil {
+		if err := s.dl.republish(s.bctx, b.deliveries, r.decisions); err != nil {
 			s.log.Error("republishing dead letters failed; they will be requeued", slog.Any("error", err))
 			if s.dl.ch.IsClosed() {
 				// The broker closed the publishing channel (a missing
@@ -405,11 +404,9 @@ func (s *loop[TTx]) work(b pending) completion {
 // settle turns a completion into frames.
 func (s *loop[TTx]) settle(r completion) error {
 	retry, applied := false, false
-	for _, v := range r.verbs {
-		retry = retry || v == Requeue
-	}
-	for _, res := range r.results {
-		applied = applied || res.Outcome == idem.Applied
+	for _, d := range r.decisions {
+		retry = retry || d.frame == Requeue
+		applied = applied || d.res.Outcome == idem.Applied
 	}
 	at := time.Now()
 	switch {
@@ -425,7 +422,7 @@ func (s *loop[TTx]) settle(r completion) error {
 	for i := range r.batch.deliveries {
 		tags[i] = r.batch.deliveries[i].DeliveryTag
 	}
-	ops := s.tr.finish(tags, r.verbs, r.results, at)
+	ops := s.tr.finish(tags, r.decisions, at)
 	if s.stopping {
 		ops = append(ops, s.tr.due(at)...)
 	}
@@ -449,22 +446,18 @@ func (s *loop[TTx]) send(ops []op) error {
 		if err != nil {
 			return fmt.Errorf("sending %s for tag %d: %w", o.verb, o.tag, err)
 		}
-		for _, res := range o.results {
-			v := VerbFor(res.Outcome)
-			if o.verb == Requeue {
-				v = Requeue // a dead letter whose republish failed
-			}
+		for _, d := range o.settled {
 			switch {
-			case v == Requeue:
+			case d.verb == Requeue:
 				st.requeued.Add(1)
-			case v == DeadLetter:
+			case d.verb == DeadLetter:
 				st.deadLettered.Add(1)
-			case res.Outcome == idem.Duplicate:
+			case d.res.Outcome == idem.Duplicate:
 				st.duplicates.Add(1)
 			default:
 				st.applied.Add(1)
 			}
-			cfg.Hooks.Settled(cfg.Queue, v, res)
+			cfg.Hooks.Settled(cfg.Queue, d.verb, d.res)
 		}
 	}
 	return nil

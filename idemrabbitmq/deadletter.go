@@ -57,38 +57,39 @@ func newDeadLetterer(conn *amqp.Connection, exchange, key, consumer, queue strin
 var errUnroutable = errors.New("dead letter unroutable: no queue is bound to the dead-letter exchange")
 
 // republish publishes the batch's dead letters and waits for the broker's
-// confirms. Each one confirmed becomes an Ack in verbs (the copy is safe, the
-// original may go); on any failure they all become Requeue, because a dead
+// confirms. Once they are confirmed, their frames become Acks (the copy is
+// safe, the original may go) while they are still reported as dead letters;
+// on any failure they all become Requeue, frame and report, because a dead
 // letter must never be dropped.
-func (d *deadLetterer) republish(ctx context.Context, deliveries []amqp.Delivery, results []idem.Result, verbs []Verb) error {
+func (d *deadLetterer) republish(ctx context.Context, deliveries []amqp.Delivery, ds []decision) error {
 	var idx []int
-	for i, v := range verbs {
-		if v == DeadLetter {
+	for i := range ds {
+		if ds[i].frame == DeadLetter {
 			idx = append(idx, i)
 		}
 	}
 	if len(idx) == 0 {
 		return nil
 	}
-	err := d.publish(ctx, deliveries, results, idx)
+	err := d.publish(ctx, deliveries, ds, idx)
 	for _, i := range idx {
 		if err != nil {
-			verbs[i] = Requeue
+			ds[i].frame, ds[i].verb = Requeue, Requeue
 		} else {
-			verbs[i] = Ack
+			ds[i].frame = Ack
 		}
 	}
 	return err
 }
 
-func (d *deadLetterer) publish(ctx context.Context, deliveries []amqp.Delivery, results []idem.Result, idx []int) error {
+func (d *deadLetterer) publish(ctx context.Context, deliveries []amqp.Delivery, ds []decision, idx []int) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	confirms := make([]*amqp.DeferredConfirmation, 0, len(idx))
 	for _, i := range idx {
-		c, err := d.ch.PublishWithDeferredConfirmWithContext(ctx, d.exchange, d.key, true, false, d.copyOf(&deliveries[i], results[i]))
+		c, err := d.ch.PublishWithDeferredConfirmWithContext(ctx, d.exchange, d.key, true, false, d.copyOf(&deliveries[i], ds[i].res))
 		if err != nil {
-			return fmt.Errorf("publishing dead letter %q: %w", results[i].MessageID, err)
+			return fmt.Errorf("publishing dead letter %q: %w", ds[i].res.MessageID, err)
 		}
 		confirms = append(confirms, c)
 	}
