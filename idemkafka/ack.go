@@ -2,6 +2,7 @@ package idemkafka
 
 import (
 	"context"
+	"errors"
 
 	"github.com/idemkit/idem"
 )
@@ -25,9 +26,10 @@ const (
 )
 
 // actionFor maps a processor outcome to the broker's verbs. It is the one
-// place where idem's outcomes meet Kafka: try is the number of the try that
-// produced r, starting at 1.
-func (c *Consumer[TTx]) actionFor(ctx context.Context, r idem.Result, try int) action {
+// place where idem's outcomes meet Kafka: tries is the number of tries of the
+// record that count against MaxAttempts, including the one that produced r
+// when [spends] says it counts.
+func (c *Consumer[TTx]) actionFor(ctx context.Context, r idem.Result, tries int) action {
 	switch {
 	case r.Outcome.Acked(): // Applied, Duplicate
 		return advance
@@ -37,9 +39,32 @@ func (c *Consumer[TTx]) actionFor(ctx context.Context, r idem.Result, try int) a
 		// Retry caused by shutdown or a crash, not by the record: leave it to
 		// redelivery rather than spend its budget or dead-letter it.
 		return stop
-	case try >= c.cfg.MaxAttempts:
+	case !spends(r):
+		// Not the record's fault: wait for the database (or for the record
+		// before it) as long as the consumer runs.
+		return retry
+	case tries >= c.cfg.MaxAttempts:
 		// A poison record holds its partition no longer than its budget.
 		return deadLetter
 	}
 	return retry
+}
+
+// spends reports whether the try that produced r counts against the record's
+// MaxAttempts. A Retry that is not the record's fault does not: the database
+// was unreachable for longer than the processor waits (ErrUnavailable), the
+// batch's commit outcome is unknown or it was cancelled (ErrBatchFailed,
+// ErrCommitUnknown), or an earlier record must be retried first
+// (ErrNotAttempted). Counting them would dead-letter healthy records during
+// an outage.
+func spends(r idem.Result) bool {
+	if r.Outcome != idem.Retry {
+		return true
+	}
+	for _, notItsFault := range []error{idem.ErrUnavailable, idem.ErrBatchFailed, idem.ErrCommitUnknown, idem.ErrNotAttempted} {
+		if errors.Is(r.Err, notItsFault) {
+			return false
+		}
+	}
+	return true
 }

@@ -188,7 +188,8 @@ type partWork struct {
 // goroutine and in order, and returns when all are settled. While a
 // partition backs off before a retry it is paused and drain keeps polling,
 // so the other partitions flow; the rebalance stays blocked until drain
-// returns, which the retry budget bounds.
+// returns. The retry budget bounds that for a poison record; a database
+// outage holds it until the database is back or ctx ends.
 func (c *Consumer[TTx]) drain(ctx context.Context, fetches kgo.Fetches) {
 	work := make(map[tp]*partWork)
 	done := make(chan tp)
@@ -283,23 +284,29 @@ const (
 	halt
 )
 
+// inPlace is what runPartition knows of the record it retries in place.
+type inPlace struct {
+	runs  int // times it was handed to the processor
+	tries int // the runs that count against MaxAttempts (see spends)
+}
+
 // runPartition applies recs, all from partition k, in order: in batches,
 // committing the offset after each, retrying a failing record in place and
 // dead-lettering it once its budget is spent. A batch settles a prefix of
 // its records and stops at the first one to retry (the processor left the
 // ones after it untried), so only the partition's first record is ever
-// retried in place: tries counts its tries so far.
+// retried in place; head is what is known of it.
 func (c *Consumer[TTx]) runPartition(ctx context.Context, k tp, recs []*kgo.Record, stalled chan<- tp) {
-	tries := 0
+	var head inPlace
 	for len(recs) > 0 {
 		n := min(len(recs), c.cfg.MaxBatch)
-		if tries > 0 {
+		if head.runs > 0 {
 			// A record being retried goes alone: a batch would fail with it
 			// and run its neighbours' handlers for nothing.
 			n = 1
 		}
 		batch := recs[:n]
-		settled, st := c.settle(ctx, batch, c.process(ctx, batch, tries), &tries)
+		settled, st := c.settle(ctx, batch, c.process(ctx, batch, head.runs), &head)
 		if settled > 0 {
 			c.commit(ctx, batch[settled-1])
 		}
@@ -308,8 +315,11 @@ func (c *Consumer[TTx]) runPartition(ctx context.Context, k tp, recs []*kgo.Reco
 		case st == halt || c.crashing():
 			return
 		case st == again:
+			// Only this partition waits: drain pauses it and keeps polling
+			// for the others. A wait that is not the record's fault is as
+			// long as an outage, bounded by ctx.
 			stalled <- k
-			if sleep(ctx, c.backoff.Backoff(tries)) != nil {
+			if sleep(ctx, c.backoff.Backoff(head.runs)) != nil {
 				return
 			}
 		}
@@ -317,18 +327,18 @@ func (c *Consumer[TTx]) runPartition(ctx context.Context, k tp, recs []*kgo.Reco
 }
 
 // process runs one batch through the processor, in order: when a record
-// must be retried, the records after it are not tried. tries is the first
-// record's tries so far. Records that are bad input (no ID, a bad time
+// must be retried, the records after it are not tried. runs is the first
+// record's runs so far. Records that are bad input (no ID, a bad time
 // header) get a DeadLettered result without touching the database. Results
 // are in the order of recs.
-func (c *Consumer[TTx]) process(ctx context.Context, recs []*kgo.Record, tries int) []idem.Result {
+func (c *Consumer[TTx]) process(ctx context.Context, recs []*kgo.Record, runs int) []idem.Result {
 	results := make([]idem.Result, len(recs))
 	msgs := make([]idem.Message, 0, len(recs))
 	idx := make([]int, 0, len(recs))
 	for i, r := range recs {
 		attempt := 1
 		if i == 0 {
-			attempt += tries
+			attempt += runs
 		}
 		m, err := c.message(r, attempt)
 		if err != nil {
@@ -348,30 +358,33 @@ func (c *Consumer[TTx]) process(ctx context.Context, recs []*kgo.Record, tries i
 
 // settle acts on the results of one batch in order and returns how many
 // records, from the first, are done with (their offset may be committed) and
-// what the worker does next. *tries is the tries so far of the record being
-// settled: settle counts them and resets them when it moves past a record.
-func (c *Consumer[TTx]) settle(ctx context.Context, recs []*kgo.Record, results []idem.Result, tries *int) (int, step) {
+// what the worker does next. head is what is known of the record being
+// settled: settle counts its runs and tries and resets them when it moves
+// past the record.
+func (c *Consumer[TTx]) settle(ctx context.Context, recs []*kgo.Record, results []idem.Result, head *inPlace) (int, step) {
 	for i, res := range results {
 		r := recs[i]
-		*tries++
-		try := *tries
-		switch c.actionFor(ctx, res, try) {
+		head.runs++
+		if spends(res) {
+			head.tries++
+		}
+		switch c.actionFor(ctx, res, head.tries) {
 		case advance:
-			*tries = 0
+			*head = inPlace{}
 		case deadLetter:
 			if res.Outcome == idem.Retry {
-				res.Err = fmt.Errorf("%w: %d tries in place: %w", idem.ErrRetriesExhausted, try, res.Err)
+				res.Err = fmt.Errorf("%w: %d tries in place: %w", idem.ErrRetriesExhausted, head.tries, res.Err)
 			}
-			if err := c.deadLetter(ctx, r, res, try); err != nil {
+			if err := c.deadLetter(ctx, r, res, head.tries); err != nil {
 				return i, halt
 			}
-			*tries = 0
+			*head = inPlace{}
 		case retry:
 			c.cfg.Logger.Warn("record will be retried in place", "consumer", c.proc.Consumer(),
 				"source", source(r.Topic, r.Partition), "offset", r.Offset, "message_id", res.MessageID,
-				"try", try, "max_attempts", c.cfg.MaxAttempts, "error", res.Err)
+				"run", head.runs, "tries", head.tries, "max_attempts", c.cfg.MaxAttempts, "counted", spends(res), "error", res.Err)
 			if c.cfg.Hooks != nil {
-				c.cfg.Hooks.OnRetry(r, try+1, res)
+				c.cfg.Hooks.OnRetry(r, head.runs+1, res)
 			}
 			return i, again
 		case stop:

@@ -14,7 +14,9 @@ type Hooks interface {
 	// next offset to consume and err is nil when the broker accepted it.
 	OnCommit(topic string, partition int32, offset int64, err error)
 	// OnRetry precedes a try in place of a record whose last outcome was
-	// Retry; try is the number of the coming try, from 2.
+	// Retry; try is the number of the coming run of the record through the
+	// processor, from 2. It counts every run, including those that do not
+	// count against [Config.MaxAttempts] (a database outage).
 	OnRetry(r *kgo.Record, try int, res idem.Result)
 	// OnDeadLetter follows the production of a record to its dead-letter
 	// topic; err is nil when the broker acknowledged it.

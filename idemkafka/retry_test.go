@@ -2,13 +2,16 @@ package idemkafka_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemkafka"
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // appliedOrder returns the message IDs of the effects in the order they
@@ -76,5 +79,156 @@ func TestRetryKeepsPartitionOrder(t *testing.T) {
 	}
 	if dl, a := out.get(idem.DeadLettered), out.get(idem.Applied); dl != 0 || a != n || len(hooks.dl) != 0 {
 		t.Errorf("%d dead-lettered (%d dead letters produced), %d applied; want 0 and %d applied", dl, len(hooks.dl), a, n)
+	}
+}
+
+// errDown is the injected "database unreachable" error.
+var errDown = errors.New("injected: connection refused")
+
+// downStore is the test's PostgreSQL store whose Begin fails with an
+// unavailable-class error for the next down calls.
+type downStore struct {
+	idem.Store[pgx.Tx]
+	down   atomic.Int64
+	failed atomic.Int64
+}
+
+func (s *downStore) Begin(ctx context.Context) (pgx.Tx, error) {
+	if s.down.Add(-1) >= 0 {
+		s.failed.Add(1)
+		return nil, errDown
+	}
+	return s.Store.Begin(ctx)
+}
+
+func (s *downStore) Classify(err error) idem.ErrorClass {
+	if errors.Is(err, errDown) {
+		return idem.ClassUnavailable
+	}
+	return s.Store.Classify(err)
+}
+
+// maxRun remembers the highest run any record was retried to.
+type maxRun struct {
+	*commits
+	max atomic.Int64
+}
+
+func (h *maxRun) OnRetry(_ *kgo.Record, run int, _ idem.Result) {
+	for {
+		m := h.max.Load()
+		if int64(run) <= m || h.max.CompareAndSwap(m, int64(run)) {
+			return
+		}
+	}
+}
+
+// outage returns a processor over d whose database is unreachable for the
+// next down transactions; the processor waits 20ms for it per run.
+func (d *db) outage(t testing.TB, out idem.Observer, down int64) (*idem.Processor[pgx.Tx], *downStore) {
+	t.Helper()
+	store := &downStore{Store: d.store}
+	store.down.Store(down)
+	proc, err := idem.NewProcessor[pgx.Tx](store, &idem.Config[pgx.Tx]{
+		Consumer: "kafka-test", Key: idem.ByMessageID, Handler: write, Observer: out, Logger: testLogger,
+		Retry: idem.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
+			WaitUnavailable: 20 * time.Millisecond},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return proc, store
+}
+
+// A database outage far longer than a record's budget dead-letters
+// nothing: the runs that end in ErrUnavailable (and the records left
+// untried behind them) do not count against MaxAttempts, and once the
+// database is back every record is applied once.
+func TestOutageSpendsNoAttempts(t *testing.T) {
+	t.Parallel()
+	const n, parts = 40, 2
+	k := newKafka(t)
+	topic := k.topic(t, "outage", parts)
+	group := k.group("outage")
+	produce(t, k.client(t), topic, parts, 0, n, msgID)
+	d := newDB(t)
+	out := newOutcomes()
+	const down = 150 // failed Begins: some 25 runs of 20ms, against a budget of 2
+	proc, store := d.outage(t, out, down)
+	hooks := &maxRun{commits: newCommits(t, ends(n, parts))}
+	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), proc, &idemkafka.Config{
+		MaxAttempts:    2,
+		MaxBatch:       5,
+		InitialBackoff: 5 * time.Millisecond,
+		MaxBackoff:     20 * time.Millisecond,
+		Hooks:          hooks,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	wait(t, hooks.done, 60*time.Second, "every partition committed after the outage")
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if f := store.failed.Load(); f != down {
+		t.Fatalf("the outage failed %d transactions, want %d", f, down)
+	}
+	if m := hooks.max.Load(); m <= 2 {
+		t.Errorf("no record was run more than %d times: the outage did not outlast the budget of 2", m)
+	}
+	if rows, distinct := d.effects(t); rows != n || distinct != n {
+		t.Errorf("effects: %d rows, %d distinct; want %d of each", rows, distinct, n)
+	}
+	if dl, a := out.get(idem.DeadLettered), out.get(idem.Applied); dl != 0 || a != n || len(hooks.dl) != 0 {
+		t.Errorf("%d dead-lettered (%d dead letters produced), %d applied; want 0 and %d applied", dl, len(hooks.dl), a, n)
+	}
+	t.Logf("outage: %d failed transactions, records run up to %d times, budget 2", store.failed.Load(), hooks.max.Load())
+}
+
+// An outage that does not end holds the partitions, not the shutdown:
+// cancelling Run returns promptly, with nothing dead-lettered and no offset
+// committed past the records that were never applied.
+func TestOutageEndsWithShutdown(t *testing.T) {
+	t.Parallel()
+	const n, parts = 10, 2
+	k := newKafka(t)
+	topic := k.topic(t, "outage-stop", parts)
+	group := k.group("outage-stop")
+	produce(t, k.client(t), topic, parts, 0, n, msgID)
+	d := newDB(t)
+	out := newOutcomes()
+	proc, store := d.outage(t, out, 1<<40)
+	hooks := &maxRun{commits: newCommits(t, ends(n, parts))}
+	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), proc, &idemkafka.Config{
+		MaxAttempts:    2,
+		InitialBackoff: 5 * time.Millisecond,
+		MaxBackoff:     20 * time.Millisecond,
+		Hooks:          hooks,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	for deadline := time.Now().Add(15 * time.Second); hooks.max.Load() <= 3; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("records ran at most %d times in 15s of outage", hooks.max.Load())
+		}
+	}
+	start := time.Now()
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("Run took %v to return after cancel during an outage", took)
+	}
+	if store.failed.Load() == 0 {
+		t.Error("the outage failed no transaction")
+	}
+	hooks.mu.Lock()
+	defer hooks.mu.Unlock()
+	if len(hooks.dl) != 0 || out.get(idem.DeadLettered) != 0 || out.get(idem.Applied) != 0 || len(hooks.log) != 0 {
+		t.Errorf("during the outage: %d dead letters, %d dead-lettered, %d applied, commits %v; want none",
+			len(hooks.dl), out.get(idem.DeadLettered), out.get(idem.Applied), hooks.log)
 	}
 }
