@@ -328,28 +328,37 @@ func (c *Consumer[TTx]) runPartition(ctx context.Context, k tp, recs []*kgo.Reco
 
 // process runs one batch through the processor, in order: when a record
 // must be retried, the records after it are not tried. runs is the first
-// record's runs so far. Records that are bad input (no ID, a bad time
-// header) get a DeadLettered result without touching the database. Results
-// are in the order of recs.
+// record's runs so far. A record whose event-time header is bad gets a
+// DeadLettered result without touching the database; every other record,
+// one without an ID included, goes to the processor, which logs and counts
+// its outcome. Results are in the order of recs.
 func (c *Consumer[TTx]) process(ctx context.Context, recs []*kgo.Record, runs int) []idem.Result {
 	results := make([]idem.Result, len(recs))
 	msgs := make([]idem.Message, 0, len(recs))
 	idx := make([]int, 0, len(recs))
+	noIDs := make(map[int]error)
 	for i, r := range recs {
 		attempt := 1
 		if i == 0 {
 			attempt += runs
 		}
-		m, err := c.message(r, attempt)
+		m, noID, err := c.message(r, attempt)
 		if err != nil {
 			results[i] = idem.Result{Outcome: idem.DeadLettered, MessageID: m.ID, Err: err}
 			continue
+		}
+		if noID != nil {
+			noIDs[i] = noID
 		}
 		msgs = append(msgs, m)
 		idx = append(idx, i)
 	}
 	if len(msgs) > 0 {
 		for j, r := range c.proc.ProcessBatchInOrder(ctx, msgs) {
+			if noID := noIDs[idx[j]]; noID != nil && r.Outcome == idem.DeadLettered && errors.Is(r.Err, idem.ErrNoMessageID) {
+				// The dead letter says where the ID was looked for.
+				r.Err = noID
+			}
 			results[idx[j]] = r
 		}
 	}

@@ -326,9 +326,10 @@ func header(r *kgo.Record, key string) string {
 	return ""
 }
 
-// A record without the ID header is bad input: it goes to the dead-letter
-// topic with its reason, nothing is applied for it, and the records after it
-// in its partition are.
+// A record without the ID header is bad input: the processor dead-letters
+// it, so its observer counts it like any other outcome; it goes to the
+// dead-letter topic with its reason, nothing is applied for it, and the
+// records after it in its partition are.
 func TestRecordWithoutIDIsDeadLettered(t *testing.T) {
 	t.Parallel()
 	k := newKafka(t)
@@ -342,7 +343,8 @@ func TestRecordWithoutIDIsDeadLettered(t *testing.T) {
 	produce(t, prod, topic, 1, 2, 2, msgID)
 	d := newDB(t)
 	obs := newCommits(t, map[int32]int64{0: 5})
-	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), d.processor(t, nil, nil), &idemkafka.Config{Hooks: obs})
+	out := newOutcomes()
+	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), d.processor(t, out, nil), &idemkafka.Config{Hooks: obs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -354,9 +356,14 @@ func TestRecordWithoutIDIsDeadLettered(t *testing.T) {
 	if rows, _ := d.effects(t); rows != 4 {
 		t.Errorf("effects: %d rows, want 4", rows)
 	}
+	if dl, a := out.get(idem.DeadLettered), out.get(idem.Applied); dl != 1 || a != 4 {
+		t.Errorf("observer counted %d dead-lettered and %d applied; want 1 and 4", dl, a)
+	}
 	dl := readDLQ(t, k, topic+".dlq", 1)[0]
 	if string(dl.Value) != "anonymous" || header(dl, idemkafka.HeaderOriginalOffset) != "2" ||
-		!strings.Contains(header(dl, idemkafka.HeaderError), idem.ErrNoMessageID.Error()) {
+		header(dl, idemkafka.HeaderOutcome) != "dead_lettered" ||
+		!strings.Contains(header(dl, idemkafka.HeaderError), idem.ErrNoMessageID.Error()) ||
+		!strings.Contains(header(dl, idemkafka.HeaderError), idemkafka.DefaultIDHeader) {
 		t.Errorf("dead letter = %q with headers %v; want the anonymous record from offset 2, reason %q", dl.Value, dl.Headers, idem.ErrNoMessageID)
 	}
 }

@@ -17,7 +17,9 @@ import (
 )
 
 // An ID extractor and an event-time header replace the defaults; a record
-// whose time header does not parse is bad input and is dead-lettered.
+// whose time header does not parse is bad input and is dead-lettered, and so
+// is one whose ID the extractor cannot find, with the extractor's reason and
+// counted by the processor's observer.
 func TestIDExtractorAndEventTime(t *testing.T) {
 	t.Parallel()
 	k := newKafka(t)
@@ -29,6 +31,7 @@ func TestIDExtractorAndEventTime(t *testing.T) {
 		{Topic: topic, Key: []byte("order-1"), Headers: []kgo.RecordHeader{{Key: "event-time", Value: []byte(at.Format(time.RFC3339Nano))}}},
 		{Topic: topic, Key: []byte("order-2"), Headers: []kgo.RecordHeader{{Key: "event-time", Value: []byte("yesterday")}}},
 		{Topic: topic, Key: []byte("order-1"), Headers: []kgo.RecordHeader{{Key: "event-time", Value: []byte(at.Format(time.RFC3339Nano))}}},
+		{Topic: topic, Value: []byte("keyless")},
 	}
 	if err := prod.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
 		t.Fatal(err)
@@ -43,11 +46,16 @@ func TestIDExtractorAndEventTime(t *testing.T) {
 		return write(ctx, tx, m)
 	}
 	out := newOutcomes()
-	obs := newCommits(t, map[int32]int64{0: 3})
+	obs := newCommits(t, map[int32]int64{0: 4})
 	// The event time is months old: no horizon guard, so it is applied.
 	noHorizon := func(c *idem.Config[pgx.Tx]) { c.Horizon.Window = -1 }
 	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), d.processor(t, out, handler, noHorizon), &idemkafka.Config{
-		ID:         func(r *kgo.Record) (string, error) { return string(r.Key), nil },
+		ID: func(r *kgo.Record) (string, error) {
+			if len(r.Key) == 0 {
+				return "", errors.New("record has no key")
+			}
+			return string(r.Key), nil
+		},
 		TimeHeader: "event-time",
 		Hooks:      obs,
 	})
@@ -65,9 +73,16 @@ func TestIDExtractorAndEventTime(t *testing.T) {
 	if dup := out.get(idem.Duplicate); dup != 1 {
 		t.Errorf("duplicates %d, want 1", dup)
 	}
-	dl := readDLQ(t, k, topic+".dlq", 1)[0]
-	if string(dl.Key) != "order-2" || !strings.Contains(header(dl, idemkafka.HeaderError), idemkafka.ErrBadTime.Error()) {
+	if dl := out.get(idem.DeadLettered); dl != 1 {
+		t.Errorf("observer counted %d dead-lettered, want 1 (the keyless record)", dl)
+	}
+	dls := readDLQ(t, k, topic+".dlq", 2)
+	if dl := dls[0]; string(dl.Key) != "order-2" || !strings.Contains(header(dl, idemkafka.HeaderError), idemkafka.ErrBadTime.Error()) {
 		t.Errorf("dead letter key %q error %q; want order-2 with %q", dl.Key, header(dl, idemkafka.HeaderError), idemkafka.ErrBadTime)
+	}
+	if dl, e := dls[1], header(dls[1], idemkafka.HeaderError); string(dl.Value) != "keyless" ||
+		!strings.Contains(e, idem.ErrNoMessageID.Error()) || !strings.Contains(e, "record has no key") {
+		t.Errorf("dead letter %q error %q; want the keyless record with %q and the extractor's error", dl.Value, e, idem.ErrNoMessageID)
 	}
 }
 

@@ -19,11 +19,14 @@ func source(topic string, partition int32) string {
 	return topic + "/" + strconv.FormatInt(int64(partition), 10)
 }
 
-// message turns a record into the processor's message. An error means the
-// record is bad input: it goes to the dead-letter topic without touching the
-// database.
-func (c *Consumer[TTx]) message(r *kgo.Record, attempt int) (idem.Message, error) {
-	m := idem.Message{
+// message turns a record into the processor's message. A non-nil err means
+// the event-time header does not parse: the record goes to the dead-letter
+// topic without touching the database. A record without an ID, or whose ID
+// extractor failed, is handed over with an empty ID, so that the processor
+// dead-letters it and logs and counts it like any other outcome; noID is
+// then the reason its dead letter gives.
+func (c *Consumer[TTx]) message(r *kgo.Record, attempt int) (m idem.Message, noID, err error) {
+	m = idem.Message{
 		Source:  source(r.Topic, r.Partition),
 		Key:     string(r.Key),
 		Body:    r.Value,
@@ -38,25 +41,25 @@ func (c *Consumer[TTx]) message(r *kgo.Record, attempt int) (idem.Message, error
 			m.Headers[h.Key] = string(h.Value)
 		}
 	}
-	id, err := c.id(r)
-	if err != nil {
-		return m, err
+	m.ID, noID = c.id(r)
+	if noID == nil && m.ID == "" {
+		noID = fmt.Errorf("%w: record has no %s header", idem.ErrNoMessageID, c.cfg.IDHeader)
 	}
-	if id == "" {
-		return m, fmt.Errorf("%w: record has no %s header", idem.ErrNoMessageID, c.cfg.IDHeader)
+	if noID != nil {
+		m.ID = "" // the processor dead-letters it; its time does not matter
+		return m, noID, nil
 	}
-	m.ID = id
 	switch {
 	case c.cfg.TimeHeader != "":
 		if v, ok := m.Headers[c.cfg.TimeHeader]; ok {
 			if m.Time, err = parseTime(v); err != nil {
-				return m, fmt.Errorf("%w %s: %w", ErrBadTime, c.cfg.TimeHeader, err)
+				return m, nil, fmt.Errorf("%w %s: %w", ErrBadTime, c.cfg.TimeHeader, err)
 			}
 		}
 	case c.cfg.RecordTimeStable:
 		m.Time = r.Timestamp
 	}
-	return m, nil
+	return m, nil, nil
 }
 
 func (c *Consumer[TTx]) id(r *kgo.Record) (id string, err error) {
