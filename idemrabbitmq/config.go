@@ -63,6 +63,21 @@ type Config struct {
 	RequeueBackoff time.Duration
 	// MaxRequeueBackoff caps RequeueBackoff. Defaults to 10s.
 	MaxRequeueBackoff time.Duration
+	// MaxAttempts is how many deliveries of one message may end in Retry
+	// of the message's own making (a handler error not marked permanent, a
+	// deadlock, the processor's retries exhausted) before the consumer
+	// dead-letters it, with a reason wrapping [idem.ErrRetriesExhausted],
+	// instead of requeueing it again. A classic queue has no delivery
+	// limit, so without this count such a message would loop forever; on a
+	// quorum queue the queue's x-delivery-limit applies too, whichever
+	// comes first. A Retry that is not the message's fault (the database
+	// unreachable, a batch whose commit outcome is unknown, a shutdown) is
+	// not counted. The counts are kept in memory, per message ID, for at
+	// most 10,000 messages (when full, an arbitrary one is forgotten); they
+	// survive reconnects but not a restart. The processor's observer has
+	// already counted such a message as a Retry; [Hooks].Settled reports it
+	// as a DeadLetter. Defaults to 10; -1 disables the count.
+	MaxAttempts int
 	// ReconnectBackoff is the first wait before reconnecting after the
 	// connection or channel was lost; it doubles up to MaxReconnectBackoff,
 	// with jitter ([idem.RetryPolicy.Backoff]), and resets once a session
@@ -161,6 +176,9 @@ func (c *Config) setDefaults(consumer string) {
 	if c.MaxRequeueBackoff == 0 {
 		c.MaxRequeueBackoff = 10 * time.Second
 	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 10
+	}
 	if c.ReconnectBackoff == 0 {
 		c.ReconnectBackoff = 100 * time.Millisecond
 	}
@@ -205,6 +223,9 @@ func (c *Config) validate() error {
 	}
 	if c.RequeueBackoff < 0 || c.MaxRequeueBackoff < c.RequeueBackoff {
 		errs = append(errs, fmt.Errorf("requeue backoff %v..%v is not a valid range", c.RequeueBackoff, c.MaxRequeueBackoff))
+	}
+	if c.MaxAttempts < -1 {
+		errs = append(errs, fmt.Errorf("max attempts %d must be at least 1, or -1 to disable", c.MaxAttempts))
 	}
 	if c.ReconnectBackoff < 0 || c.MaxReconnectBackoff < c.ReconnectBackoff {
 		errs = append(errs, fmt.Errorf("reconnect backoff %v..%v is not a valid range", c.ReconnectBackoff, c.MaxReconnectBackoff))

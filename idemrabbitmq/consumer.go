@@ -29,6 +29,7 @@ type Consumer[TTx any] struct {
 	// retry policy: capped exponential backoff with jitter, so consumers
 	// that failed together do not come back together.
 	requeueBackoff, reconnectBackoff idem.RetryPolicy
+	retries                          *retryCounts
 
 	running atomic.Bool
 	mu      sync.Mutex
@@ -77,6 +78,7 @@ func NewConsumer[TTx any](proc *idem.Processor[TTx], cfg *Config) (*Consumer[TTx
 		proc: proc, cfg: c,
 		requeueBackoff:   idem.RetryPolicy{InitialBackoff: c.RequeueBackoff, MaxBackoff: c.MaxRequeueBackoff},
 		reconnectBackoff: idem.RetryPolicy{InitialBackoff: c.ReconnectBackoff, MaxBackoff: c.MaxReconnectBackoff},
+		retries:          newRetryCounts(maxCountedMessages),
 	}, nil
 }
 
@@ -380,7 +382,11 @@ func (s *loop[TTx]) work(b pending) completion {
 	results := s.c.proc.ProcessBatch(s.bctx, b.msgs)
 	r := completion{batch: b, decisions: make([]decision, len(results))}
 	for i, res := range results {
-		r.decisions[i] = decide(res)
+		r.decisions[i] = s.c.decide(s.bctx, res)
+		if d := r.decisions[i]; d.res.Outcome != res.Outcome {
+			s.log.Warn("dead-lettering a message that keeps ending in retry",
+				slog.String("message_id", res.MessageID), slog.Any("error", d.res.Err))
+		}
 	}
 	if cfg.Faults != nil {
 		if err := cfg.Faults(s.bctx, BeforeSettle, b.msgs); err != nil {

@@ -617,3 +617,85 @@ func TestFailingMessageFirstDoesNotSinkItsNeighbours(t *testing.T) {
 		t.Fatalf("queue holds %d", q)
 	}
 }
+
+// A classic queue counts nothing: a message whose error never goes away
+// would be requeued forever. The consumer counts its Retry outcomes and
+// dead-letters it at MaxAttempts, with the reason; its neighbours apply.
+func TestMaxAttemptsEndsATransientLoopOnAClassicQueue(t *testing.T) {
+	t.Parallel()
+	const healthy, maxAttempts = 5, 4
+	for _, republish := range []bool{true, false} {
+		t.Run(fmt.Sprintf("republish=%v", republish), func(t *testing.T) {
+			t.Parallel()
+			conn := broker(t)
+			topo := classicTopology(t, conn)
+			d := newDB(t, uniqueName(t))
+			publish(t, conn, topo.Queue, 0, 1+healthy, msgID)
+
+			var deliveries atomic.Int64
+			h := func(ctx context.Context, tx pgx.Tx, m idem.Message) error {
+				if m.ID == msgID(0) {
+					return errors.New("invoice service unavailable")
+				}
+				return write(ctx, tx, m)
+			}
+			cfg := config(t, topo.Queue)
+			cfg.MaxAttempts = maxAttempts
+			if republish {
+				cfg.DeadLetterExchange = topo.DeadLetterExchange
+			}
+			rec := newSettlements()
+			cfg.Hooks = rec
+			c, err := idemrabbitmq.NewConsumer(d.processor(t, h, func(c *idem.Config[pgx.Tx]) {
+				c.Retry = idem.RetryPolicy{MaxAttempts: 1}
+				c.Observer = observerFunc(func(r idem.Result) {
+					if r.MessageID == msgID(0) {
+						deliveries.Add(1)
+					}
+				})
+			}), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := run(t, c)
+			var dead []amqp.Delivery
+			poll(t, 30*time.Second, "the consumer to dead-letter the looping message", func() bool {
+				dead = append(dead, drain(t, conn, topo.DeadLetterQueue)...)
+				return len(dead) > 0
+			})
+			rec.waitUntil(t, 30*time.Second, "the healthy messages acked", func() bool { return rec.distinctAcked() == healthy })
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			if len(dead) != 1 || dead[0].MessageId != msgID(0) {
+				t.Fatalf("dead-lettered %d messages (first %q), want only %s", len(dead), dead[0].MessageId, msgID(0))
+			}
+			if republish {
+				reason, _ := dead[0].Headers[idemrabbitmq.HeaderReason].(string)
+				if !strings.Contains(reason, idem.ErrRetriesExhausted.Error()) || !strings.Contains(reason, fmt.Sprintf("%d deliveries", maxAttempts)) ||
+					!strings.Contains(reason, "invoice service unavailable") || dead[0].Headers[idemrabbitmq.HeaderOutcome] != "dead_lettered" {
+					t.Fatalf("dead letter reason %q, outcome %v", reason, dead[0].Headers[idemrabbitmq.HeaderOutcome])
+				}
+			}
+			st := c.Stats()
+			t.Logf("stats %+v", st)
+			if n := deliveries.Load(); n != maxAttempts {
+				t.Fatalf("the failing message was processed on %d deliveries, want MaxAttempts = %d", n, maxAttempts)
+			}
+			if st.Requeued != maxAttempts-1 || st.DeadLettered != 1 || st.Applied != healthy {
+				t.Fatalf("stats %+v, want %d requeues, 1 dead letter, %d applied", st, maxAttempts-1, healthy)
+			}
+			if rows, _ := d.effects(t); rows != healthy {
+				t.Fatalf("effects = %d, want the healthy messages only", rows)
+			}
+			if q := depth(t, conn, topo.Queue); q != 0 {
+				t.Fatalf("queue holds %d", q)
+			}
+		})
+	}
+}
+
+// observerFunc is an idem.Observer from a function.
+type observerFunc func(idem.Result)
+
+func (f observerFunc) Observe(_ string, r idem.Result, _ time.Duration) { f(r) }

@@ -43,6 +43,11 @@
 // confirms) and then acked. A multiple ack is sent only over deliveries that
 // are all finished; a delivery still in the database is never covered.
 //
+// Nothing loops forever: a message whose deliveries keep ending in Retry of
+// its own making is dead-lettered after [Config.MaxAttempts] (default 10)
+// with a reason wrapping [idem.ErrRetriesExhausted], even on a classic
+// queue, which has no delivery limit.
+//
 // # Identity
 //
 // The identity is the AMQP message_id property, or the header named by

@@ -110,6 +110,54 @@ func topology(t testing.TB, conn *amqp.Connection, opts *idemrabbitmq.TopologyOp
 	return topo
 }
 
+// classicTopology declares a fresh classic queue (no delivery limit, no
+// x-delivery-count) that dead-letters to its own exchange and queue, and
+// deletes all of it when t ends.
+func classicTopology(t testing.TB, conn *amqp.Connection) idemrabbitmq.Topology {
+	t.Helper()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	q := uniqueName(t)
+	topo := idemrabbitmq.Topology{Queue: q, DeadLetterExchange: q + ".dlx", DeadLetterQueue: q + ".dlq"}
+	t.Cleanup(func() {
+		c, err := amqp.Dial(amqpURL())
+		if err != nil {
+			t.Logf("deleting %s: %v", q, err)
+			return
+		}
+		defer c.Close()
+		ch, err := c.Channel()
+		if err != nil {
+			t.Logf("deleting %s: %v", q, err)
+			return
+		}
+		if err := idemrabbitmq.DeleteTopology(ch, topo); err != nil {
+			t.Logf("deleting %s: %v", q, err)
+		}
+	})
+	classic := amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeClassic}
+	if err := ch.ExchangeDeclare(topo.DeadLetterExchange, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(topo.DeadLetterQueue, true, false, false, false, classic); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(topo.DeadLetterQueue, q, topo.DeadLetterExchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{
+		amqp.QueueTypeArg:           amqp.QueueTypeClassic,
+		"x-dead-letter-exchange":    topo.DeadLetterExchange,
+		"x-dead-letter-routing-key": q,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return topo
+}
+
 func msgID(i int) string { return fmt.Sprintf("inv-%06d", i) }
 
 // publish publishes messages from..from+n-1 with IDs from id, confirmed.

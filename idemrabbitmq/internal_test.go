@@ -2,6 +2,9 @@ package idemrabbitmq
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -77,5 +80,73 @@ func TestBackoffsUseTheRetryPolicy(t *testing.T) {
 		if len(seen) < 2 {
 			t.Errorf("%s: no jitter (always %v)", tc.name, seen)
 		}
+	}
+}
+
+// Only a Retry of the message's own making counts towards MaxAttempts; the
+// last one turns into a dead letter that says why.
+func TestDecideCountsOnlyTheMessagesOwnRetries(t *testing.T) {
+	t.Parallel()
+	c := newTestConsumer(t, &Config{MaxAttempts: 3})
+	ctx := context.Background()
+	own := idem.Result{MessageID: "inv-1", Outcome: idem.Retry, Err: errors.New("tax service timed out")}
+	for _, err := range []error{
+		fmt.Errorf("%w for 1m0s: connection refused", idem.ErrUnavailable),
+		fmt.Errorf("%w: %w", idem.ErrBatchFailed, idem.ErrCommitUnknown),
+		fmt.Errorf("committing: %w", idem.ErrCommitUnknown),
+	} {
+		for range 5 {
+			if d := c.decide(ctx, idem.Result{MessageID: "inv-1", Outcome: idem.Retry, Err: err}); d.frame != Requeue || d.verb != Requeue {
+				t.Fatalf("%v: decision %+v, want a requeue", err, d)
+			}
+		}
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	for range 5 {
+		if d := c.decide(cancelled, own); d.frame != Requeue {
+			t.Fatalf("shutting down: decision %+v, want a requeue", d)
+		}
+	}
+	for i := 1; i < 3; i++ {
+		if d := c.decide(ctx, own); d.frame != Requeue {
+			t.Fatalf("retry %d: decision %+v, want a requeue", i, d)
+		}
+	}
+	d := c.decide(ctx, own)
+	if d.frame != DeadLetter || d.verb != DeadLetter || d.res.Outcome != idem.DeadLettered ||
+		!errors.Is(d.res.Err, idem.ErrRetriesExhausted) || !strings.Contains(d.res.Err.Error(), "tax service timed out") {
+		t.Fatalf("retry 3: decision %+v (%v), want a dead letter wrapping ErrRetriesExhausted", d, d.res.Err)
+	}
+	// Settled for good: the count starts again.
+	if d := c.decide(ctx, own); d.frame != Requeue {
+		t.Fatalf("after the dead letter: %+v", d)
+	}
+	// Applied forgets the count too.
+	c.decide(ctx, idem.Result{MessageID: "inv-1", Outcome: idem.Applied})
+	if n := c.retries.len(); n != 0 {
+		t.Fatalf("%d counts left after the message was applied", n)
+	}
+}
+
+func TestDecideWithoutCount(t *testing.T) {
+	t.Parallel()
+	c := newTestConsumer(t, &Config{MaxAttempts: -1})
+	for range 50 {
+		if d := c.decide(context.Background(), idem.Result{MessageID: "inv-1", Outcome: idem.Retry, Err: errors.New("x")}); d.frame != Requeue {
+			t.Fatalf("decision %+v, want a requeue: the count is disabled", d)
+		}
+	}
+}
+
+func TestRetryCountsStayBounded(t *testing.T) {
+	t.Parallel()
+	r := newRetryCounts(100)
+	for i := range 1000 {
+		r.add(fmt.Sprint("m", i))
+		r.add("hot")
+	}
+	if n := r.len(); n != 100 {
+		t.Fatalf("%d entries, want the cap of 100", n)
 	}
 }

@@ -1,0 +1,96 @@
+package idemrabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/idemkit/idem"
+)
+
+// maxCountedMessages caps how many messages [retryCounts] remembers.
+const maxCountedMessages = 10_000
+
+// retryCounts counts, per message ID, the deliveries that ended in a Retry
+// of the message's own making, so that a message whose error never goes
+// away is dead-lettered after [Config.MaxAttempts] even on a queue that
+// counts nothing (a classic queue has no delivery limit and no
+// x-delivery-count). The counts live in memory: they survive reconnects,
+// not a restart. When the map is full an arbitrary entry is evicted; that
+// message then starts counting again, so the bound is loose only while
+// more than maxCountedMessages messages fail at once.
+type retryCounts struct {
+	mu    sync.Mutex
+	limit int
+	n     map[string]int
+}
+
+func newRetryCounts(limit int) *retryCounts {
+	return &retryCounts{limit: limit, n: make(map[string]int)}
+}
+
+// add counts one more Retry for id and returns its count.
+func (r *retryCounts) add(id string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.n[id]; !ok && len(r.n) >= r.limit {
+		for k := range r.n {
+			delete(r.n, k)
+			break
+		}
+	}
+	r.n[id]++
+	return r.n[id]
+}
+
+// forget drops id's count: the message was settled for good.
+func (r *retryCounts) forget(id string) {
+	r.mu.Lock()
+	delete(r.n, id)
+	r.mu.Unlock()
+}
+
+func (r *retryCounts) len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.n)
+}
+
+// notItsFault reports whether a Retry says nothing about the message
+// itself: the database was unreachable ([idem.ErrUnavailable]), the batch's
+// transaction failed as a whole ([idem.ErrBatchFailed]) or its commit
+// outcome is unknown ([idem.ErrCommitUnknown]), or the consumer is
+// shutting down (ctx is done). Such a Retry does not count against
+// [Config.MaxAttempts].
+func notItsFault(ctx context.Context, err error) bool {
+	return ctx.Err() != nil || errors.Is(err, idem.ErrUnavailable) ||
+		errors.Is(err, idem.ErrBatchFailed) || errors.Is(err, idem.ErrCommitUnknown)
+}
+
+// decide is the decision for one result of a batch processed under ctx:
+// [VerbFor], then the rule that ends endless loops. A Retry of the
+// message's own making is counted; at [Config.MaxAttempts] it becomes a
+// dead letter whose reason wraps [idem.ErrRetriesExhausted].
+func (c *Consumer[TTx]) decide(ctx context.Context, res idem.Result) decision {
+	d := decide(res)
+	switch {
+	case d.frame != Requeue:
+		c.retries.forget(res.MessageID)
+		return d
+	case c.cfg.MaxAttempts < 0 || notItsFault(ctx, res.Err):
+		return d
+	}
+	n := c.retries.add(res.MessageID)
+	if n < c.cfg.MaxAttempts {
+		return d
+	}
+	c.retries.forget(res.MessageID)
+	cause := res.Err
+	if cause == nil {
+		cause = errors.New(res.Outcome.String())
+	}
+	res.Outcome = idem.DeadLettered
+	res.Err = fmt.Errorf("%w: %d deliveries ended in retry (MaxAttempts %d); last: %w", idem.ErrRetriesExhausted, n, c.cfg.MaxAttempts, cause)
+	return decision{frame: DeadLetter, verb: DeadLetter, res: res}
+}
