@@ -40,10 +40,23 @@ type Config struct {
 	// in place before it is dead-lettered. Each try runs the processor's own
 	// retry policy. Defaults to 10. It bounds how long a poison record can
 	// hold its partition and how long a rebalance may wait for it.
+	//
+	// Only tries that failed because of the record count: a handler error,
+	// a transient database error (deadlock, serialization failure, lock
+	// timeout) that outlived the processor's retries. A Retry that is not
+	// the record's fault backs off and tries again without counting, for as
+	// long as Run's context lives: the database stayed unreachable past the
+	// processor's RetryPolicy.WaitUnavailable (idem.ErrUnavailable), the
+	// batch's commit outcome is unknown or it was cancelled
+	// (idem.ErrBatchFailed, idem.ErrCommitUnknown), or the record was not
+	// tried because an earlier one in its partition must be retried first
+	// (idem.ErrNotAttempted). So a database outage holds the partitions, and
+	// a rebalance, until the database is back or the consumer stops, but
+	// dead-letters no healthy record.
 	MaxAttempts int
 	// InitialBackoff is the pause before the second try of a record; the
-	// pause doubles with each try, with jitter, as idem.RetryPolicy's
-	// Backoff does. Defaults to 100ms.
+	// pause doubles with each try, counted or not, with jitter, as
+	// idem.RetryPolicy's Backoff does. Defaults to 100ms.
 	InitialBackoff time.Duration
 	// MaxBackoff caps the pause between tries. Defaults to 5s.
 	MaxBackoff time.Duration

@@ -10,7 +10,9 @@
 // A record's identity is the producer's event ID, by default in the
 // "idem-message-id" header ([DefaultIDHeader]; [Config.IDHeader] or
 // [Config.ID] choose another place). Never the offset: a replay or a
-// republish changes it. A record without an ID goes to the dead-letter topic.
+// republish changes it. A record without an ID is dead-lettered by the
+// processor (logged and counted like any other outcome) and goes to the
+// dead-letter topic.
 // Producers set the header with [NewRecord] or [Publish].
 //
 // # Consuming
@@ -48,7 +50,16 @@
 // offset), then the offset moves past them; Retry backs off and tries the
 // record again in place, pausing only its partition while the others keep
 // flowing, and dead-letters it after [Config.MaxAttempts] tries. A poison
-// record holds its partition no longer than that budget.
+// record holds its partition no longer than that budget. Batches are
+// processed in order (idem's ProcessBatchInOrder): records after one that
+// must be retried are not tried, and are never applied ahead of it.
+//
+// Only failures that are the record's own count against MaxAttempts. A
+// database outage (idem.ErrUnavailable once the processor's WaitUnavailable
+// is over), a batch whose commit outcome is unknown (idem.ErrBatchFailed,
+// idem.ErrCommitUnknown) and records waiting behind an earlier one
+// (idem.ErrNotAttempted) back off and try again without counting, until the
+// database is back or Run's context ends: an outage dead-letters nothing.
 //
 // Cancelling Run's context finishes the batches in flight (or leaves them to
 // redelivery), commits, and leaves the group.
@@ -57,8 +68,9 @@
 //
 // [Consumer.Crash] and [Config.Faults] stop a consumer after its database
 // commit and before its offset commit, the window that produces duplicates
-// in production; a new member of the group then takes over. They exist for
-// tests and drills only.
+// in production; a new member of the group then takes over. A [FaultFunc]
+// may also block there, to hold a partition's offset commit while a drill
+// restarts something. They exist for tests and drills only.
 //
 // # Metrics
 //

@@ -17,6 +17,13 @@ const BeforeOffsetCommit FaultPoint = "before_offset_commit"
 // FaultFunc is called at every fault point, for tests and drills only. A
 // non-nil error crashes the consumer there as [Consumer.Crash] does, and Run
 // returns an error wrapping [ErrCrashed] and this error.
+//
+// It may block, to hold the consumer in the fault window (the incident
+// demo holds offset commits this way until its simulated restart): the
+// partition at hand waits with its offset uncommitted, the other partitions
+// of the poll go on, and a rebalance waits until it returns. ctx ends when
+// Run's context is cancelled or the consumer crashes; a blocking FaultFunc
+// should return then.
 type FaultFunc func(ctx context.Context, point FaultPoint, topic string, partition int32, offset int64) error
 
 // ErrCrashed is wrapped by Run's error after [Consumer.Crash] or a fault.

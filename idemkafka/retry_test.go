@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -230,5 +231,62 @@ func TestOutageEndsWithShutdown(t *testing.T) {
 	if len(hooks.dl) != 0 || out.get(idem.DeadLettered) != 0 || out.get(idem.Applied) != 0 || len(hooks.log) != 0 {
 		t.Errorf("during the outage: %d dead letters, %d dead-lettered, %d applied, commits %v; want none",
 			len(hooks.dl), out.get(idem.DeadLettered), out.get(idem.Applied), hooks.log)
+	}
+}
+
+// A FaultFunc may block: the partition it holds waits with its offset
+// uncommitted while the other partition commits, and it goes on once the
+// FaultFunc returns.
+func TestBlockingFaultHoldsOnlyItsPartition(t *testing.T) {
+	t.Parallel()
+	const n, parts = 20, 2
+	k := newKafka(t)
+	topic := k.topic(t, "hold", parts)
+	group := k.group("hold")
+	produce(t, k.client(t), topic, parts, 0, n, msgID)
+	d := newDB(t)
+	hooks := newCommits(t, ends(n, parts))
+	release, held := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), d.processor(t, nil, nil), &idemkafka.Config{
+		Hooks: hooks,
+		Faults: func(ctx context.Context, _ idemkafka.FaultPoint, _ string, partition int32, _ int64) error {
+			if partition != 0 {
+				return nil
+			}
+			once.Do(func() { close(held) })
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	wait(t, held, 30*time.Second, "partition 0 to reach its offset commit")
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		hooks.mu.Lock()
+		p1, p0 := hooks.last[1], fmt.Sprint(hooks.log[0])
+		hooks.mu.Unlock()
+		if p0 != "[]" {
+			t.Fatalf("partition 0 committed %s while its FaultFunc blocked", p0)
+		}
+		if p1 == n/parts {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("partition 1 committed up to %d while partition 0 was held, want %d", p1, n/parts)
+		}
+	}
+	close(release)
+	wait(t, hooks.done, 30*time.Second, "both partitions committed once released")
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if rows, distinct := d.effects(t); rows != n || distinct != n {
+		t.Errorf("effects: %d rows, %d distinct; want %d of each", rows, distinct, n)
 	}
 }
