@@ -22,6 +22,13 @@ const (
 	DeadLetter
 )
 
+// hold is the consumer's own verb for a Retry that is not the message's
+// fault (see notItsFault): no frame is sent, the delivery stays unacked and
+// is processed again in this session after a backoff. Quorum queues count
+// every requeue towards their delivery limit, so holding is the only way an
+// outage does not spend the messages' budget. It never reaches [Hooks].
+const hold Verb = -1
+
 // String returns the lower-case name used in logs and metric labels.
 func (v Verb) String() string {
 	switch v {
@@ -62,6 +69,7 @@ const (
 	processing tagState = iota // in a batch, in the database
 	ackable                    // finished; may be acked
 	waiting                    // Retry; to be nacked with requeue when due
+	held                       // Retry not the message's fault; to be processed again
 )
 
 // decision is what the consumer decided about one delivery. It is made
@@ -151,6 +159,8 @@ func (t *tracker) finish(tags []uint64, ds []decision, requeueAt time.Time) []op
 		case Requeue:
 			t.entries[j].state, t.entries[j].due = waiting, requeueAt
 			t.nWaiting++
+		case hold:
+			t.entries[j].state = held
 		default:
 			ops = append(ops, op{verb: DeadLetter, tag: tag, settled: []decision{ds[i]}})
 			t.remove(j)
@@ -176,6 +186,15 @@ func (t *tracker) due(now time.Time) []op {
 	return append(ops, t.acks()...)
 }
 
+// process marks tags as being processed (again).
+func (t *tracker) process(tags []uint64) {
+	for _, tag := range tags {
+		if j := t.find(tag); j >= 0 {
+			t.entries[j].state = processing
+		}
+	}
+}
+
 // nextDue returns the earliest time a waiting requeue falls due.
 func (t *tracker) nextDue() (time.Time, bool) {
 	var next time.Time
@@ -193,8 +212,9 @@ func (t *tracker) nextDue() (time.Time, bool) {
 // acks returns the acks possible now. The finished prefix of the tags goes
 // in one multiple ack: every tag up to its last one is finished, so the
 // multiple flag covers nothing in flight. Finished tags behind a waiting
-// requeue are acked one by one, because a multiple ack would swallow the
-// requeue and a requeue may wait for seconds. Finished tags behind a batch
+// requeue or a held delivery are acked one by one, because a multiple ack
+// would swallow it and it may wait for seconds (a held one, for as long as
+// the database is down). Finished tags behind a batch
 // still in the database wait for it: it ends soon, and then one frame acks
 // them all.
 func (t *tracker) acks() []op {
@@ -211,7 +231,7 @@ func (t *tracker) acks() []op {
 		ops = append(ops, op{verb: Ack, tag: t.entries[n-1].tag, multiple: n > 1, settled: settled})
 		t.entries = t.entries[n:]
 	}
-	if len(t.entries) == 0 || t.entries[0].state != waiting {
+	if len(t.entries) == 0 || (t.entries[0].state != waiting && t.entries[0].state != held) {
 		return ops
 	}
 	kept := t.entries[:0]

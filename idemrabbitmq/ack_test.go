@@ -143,3 +143,30 @@ func TestTrackerCarriesTheDecisionToTheFrame(t *testing.T) {
 		t.Fatalf("settled %+v", s)
 	}
 }
+
+// A held delivery is never covered by a multiple ack, however long the
+// database stays down; processed again, it is acked like any other.
+func TestTrackerHeldDeliveryIsNeverSwallowed(t *testing.T) {
+	t.Parallel()
+	var tr tracker
+	for tag := uint64(1); tag <= 4; tag++ {
+		tr.add(tag)
+	}
+	now := time.Now()
+	if got := frames(tr.finish([]uint64{1, 2}, decided(hold, Ack), now)); got != "ack2 " {
+		t.Fatalf("got %q, want 2 acked alone behind the held 1", got)
+	}
+	if got := frames(tr.due(now.Add(time.Hour))); got != "" {
+		t.Fatalf("a held delivery was sent: %q", got)
+	}
+	tr.process([]uint64{1})
+	if got := frames(tr.finish([]uint64{3, 4}, decided(Ack, Ack), now)); got != "" {
+		t.Fatalf("acked past the held delivery being processed again: %q", got)
+	}
+	if got := frames(tr.finish([]uint64{1}, decided(Ack), now)); got != "ack4* " {
+		t.Fatalf("got %q, want one multiple ack", got)
+	}
+	if tr.len() != 0 {
+		t.Fatalf("%d tags left", tr.len())
+	}
+}

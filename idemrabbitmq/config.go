@@ -57,9 +57,10 @@ type Config struct {
 	DeadLetterRoutingKey string
 	// RequeueBackoff is the first wait before a delivery whose outcome is
 	// Retry is nacked back to the queue; consecutive Retry outcomes double
-	// it up to MaxRequeueBackoff, with jitter ([idem.RetryPolicy.Backoff]). The processor has already retried in
-	// process, so a Retry usually means the database is down: while a
-	// requeue waits, no new batch starts. Defaults to 500ms.
+	// it up to MaxRequeueBackoff, with jitter ([idem.RetryPolicy.Backoff]).
+	// The same backoff spaces the local re-runs of held deliveries (see
+	// [Consumer.Run]). While a requeue waits or a held delivery is not
+	// settled, no new batch starts. Defaults to 500ms.
 	RequeueBackoff time.Duration
 	// MaxRequeueBackoff caps RequeueBackoff. Defaults to 10s.
 	MaxRequeueBackoff time.Duration

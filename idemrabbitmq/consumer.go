@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -117,6 +118,21 @@ func (c *Consumer[TTx]) DropConnection() bool {
 // tags of the lost channel are forgotten, never acked on the new one. Run
 // returns an error only when the broker refuses the queue (404 not found,
 // 403 access refused) before the first successful consume.
+//
+// A Retry that is not the message's fault — the database unreachable for
+// longer than the processor's RetryPolicy.WaitUnavailable
+// ([idem.ErrUnavailable]), a batch whose commit outcome is unknown or that
+// was cancelled ([idem.ErrBatchFailed], [idem.ErrCommitUnknown]) — is not
+// nacked: a quorum queue counts every requeue towards its delivery limit,
+// and an outage would dead-letter healthy messages. The delivery is held
+// unacked and processed again in this session after the requeue backoff,
+// while no new batch starts, until it settles; a redelivery finds its
+// marker if it had committed. A shutdown or a lost connection leaves held
+// deliveries to the broker, which requeues them. RabbitMQ's
+// consumer_timeout (30 minutes by default) closes a channel whose delivery
+// stays unacked longer; the consumer then reconnects and the broker
+// redelivers, so a long outage costs at most one delivery per
+// consumer_timeout.
 func (c *Consumer[TTx]) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return ErrRunning
@@ -197,6 +213,7 @@ func (c *Consumer[TTx]) dial() (*amqp.Connection, error) {
 type pending struct {
 	deliveries []amqp.Delivery
 	msgs       []idem.Message
+	rerun      bool // deliveries held after a Retry that was not their fault
 }
 
 // completion is a processed batch on its way back to the session loop.
@@ -270,8 +287,14 @@ type loop[TTx any] struct {
 
 	tr          tracker
 	inflight    int // batches in workers
+	reruns      int // of them, batches of held deliveries
 	retryStreak int
 	stopping    bool
+	// held gathers the deliveries whose Retry was not their fault (the
+	// database down, a commit outcome unknown). They stay unacked and are
+	// processed again at heldAt; until they are settled no new batch starts.
+	held   pending
+	heldAt time.Time
 }
 
 func (s *loop[TTx]) run(ctx context.Context, tag string, deliveries <-chan amqp.Delivery, connClosed, chClosed <-chan *amqp.Error) error {
@@ -314,6 +337,9 @@ func (s *loop[TTx]) run(ctx context.Context, tag string, deliveries <-chan amqp.
 			timedOut = true
 		case r := <-s.completions:
 			s.inflight--
+			if r.batch.rerun {
+				s.reruns--
+			}
 			if r.err != nil {
 				return r.err
 			}
@@ -346,13 +372,23 @@ func (s *loop[TTx]) run(ctx context.Context, tag string, deliveries <-chan amqp.
 			}
 			continue
 		}
-		if n := len(batch.msgs); n > 0 && (n >= cfg.BatchSize || timedOut) && s.inflight < cfg.Workers && s.tr.nWaiting == 0 {
+		if len(s.held.msgs) > 0 && s.inflight < cfg.Workers && !time.Now().Before(s.heldAt) {
+			s.rerun()
+		}
+		// Intake pauses while a requeue waits or a held delivery is not
+		// settled yet: the database is probably down.
+		paused := s.tr.nWaiting > 0 || len(s.held.msgs) > 0 || s.reruns > 0
+		if n := len(batch.msgs); n > 0 && (n >= cfg.BatchSize || timedOut) && s.inflight < cfg.Workers && !paused {
 			s.dispatch(batch)
 			batch = pending{}
 			batchTimer.Stop()
 			timerOn, timedOut = false, false
 		}
-		if next, ok := s.tr.nextDue(); ok {
+		next, ok := s.tr.nextDue()
+		if len(s.held.msgs) > 0 && (!ok || s.heldAt.Before(next)) {
+			next, ok = s.heldAt, true
+		}
+		if ok {
 			requeue.Reset(time.Until(next))
 		}
 	}
@@ -363,6 +399,20 @@ func closedError(what string, e *amqp.Error, ok bool) error {
 		return fmt.Errorf("%s closed", what)
 	}
 	return fmt.Errorf("%s closed: %w", what, e)
+}
+
+// rerun dispatches the held deliveries again.
+func (s *loop[TTx]) rerun() {
+	b := s.held
+	s.held = pending{}
+	b.rerun = true
+	tags := make([]uint64, len(b.deliveries))
+	for i := range b.deliveries {
+		tags[i] = b.deliveries[i].DeliveryTag
+	}
+	s.tr.process(tags)
+	s.reruns++
+	s.dispatch(b)
 }
 
 // dispatch hands a batch to a worker goroutine.
@@ -409,10 +459,13 @@ func (s *loop[TTx]) work(b pending) completion {
 
 // settle turns a completion into frames.
 func (s *loop[TTx]) settle(r completion) error {
-	retry, applied := false, false
+	retry, applied, holding := false, false, 0
 	for _, d := range r.decisions {
-		retry = retry || d.frame == Requeue
+		retry = retry || d.frame == Requeue || d.frame == hold
 		applied = applied || d.res.Outcome == idem.Applied
+		if d.frame == hold {
+			holding++
+		}
 	}
 	at := time.Now()
 	switch {
@@ -430,7 +483,20 @@ func (s *loop[TTx]) settle(r completion) error {
 	}
 	ops := s.tr.finish(tags, r.decisions, at)
 	if s.stopping {
+		// Held deliveries are left unacked: closing the channel returns
+		// them to the queue.
 		ops = append(ops, s.tr.due(at)...)
+	} else if holding > 0 {
+		for i, d := range r.decisions {
+			if d.frame == hold {
+				s.held.deliveries = append(s.held.deliveries, r.batch.deliveries[i])
+				s.held.msgs = append(s.held.msgs, r.batch.msgs[i])
+			}
+		}
+		s.heldAt = at
+		first := r.decisions[slices.IndexFunc(r.decisions, func(d decision) bool { return d.frame == hold })]
+		s.log.Warn("holding deliveries whose retry is not their fault; processing them again after a backoff",
+			slog.Int("held", len(s.held.msgs)), slog.Duration("backoff", time.Until(at).Round(time.Millisecond)), slog.Any("error", first.res.Err))
 	}
 	return s.send(ops)
 }

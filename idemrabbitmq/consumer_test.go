@@ -699,3 +699,112 @@ func TestMaxAttemptsEndsATransientLoopOnAClassicQueue(t *testing.T) {
 type observerFunc func(idem.Result)
 
 func (f observerFunc) Observe(_ string, r idem.Result, _ time.Duration) { f(r) }
+
+// outageCounter observes the processor: how many results were a Retry
+// because the database stayed unreachable.
+type outageCounter struct{ unavailable atomic.Int64 }
+
+func (o *outageCounter) Observe(_ string, r idem.Result, _ time.Duration) {
+	if r.Outcome == idem.Retry && errors.Is(r.Err, idem.ErrUnavailable) {
+		o.unavailable.Add(1)
+	}
+}
+
+// outageProcessor is the billing processor on a pool that reaches the
+// database through a proxy the test can cut, waiting waitUnavailable for
+// the database before each Retry.
+func outageProcessor(t *testing.T, d *db, waitUnavailable time.Duration, obs idem.Observer) (*idem.Processor[pgx.Tx], *pgProxy) {
+	t.Helper()
+	pool, proxy := d.poolVia(t)
+	return d.processorOn(t, pool, nil, func(c *idem.Config[pgx.Tx]) {
+		c.Retry = idem.RetryPolicy{MaxAttempts: 3, InitialBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, WaitUnavailable: waitUnavailable}
+		c.Observer = obs
+	}), proxy
+}
+
+// The database goes away mid-stream for longer than the processor waits for
+// it, again and again. On a quorum queue with a delivery limit of 2, nacking
+// those Retry outcomes would dead-letter healthy messages within seconds;
+// the consumer holds them instead, pauses intake, and processes them again
+// when the database is back: nothing is requeued, redelivered or
+// dead-lettered, and every message is applied once.
+func TestDatabaseOutageSpendsNoDeliveries(t *testing.T) {
+	t.Parallel()
+	const n = 400
+	conn := broker(t)
+	topo := topology(t, conn, &idemrabbitmq.TopologyOptions{DeliveryLimit: 2})
+	d := newDB(t, uniqueName(t))
+	var obs outageCounter
+	proc, proxy := outageProcessor(t, d, 100*time.Millisecond, &obs)
+	publish(t, conn, topo.Queue, 0, n, msgID)
+
+	cfg := config(t, topo.Queue)
+	cfg.BatchSize, cfg.Workers = 20, 2
+	rec := newSettlements()
+	cfg.Hooks = rec
+	c, err := idemrabbitmq.NewConsumer(proc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	rec.waitUntil(t, 30*time.Second, "100 acked", func() bool { return rec.distinctAcked() >= 100 })
+	proxy.setDown(true)
+	poll(t, 30*time.Second, "several Retry outcomes for the outage", func() bool { return obs.unavailable.Load() >= 6 })
+	stalled := rec.distinctAcked()
+	proxy.setDown(false)
+	rec.waitUntil(t, 30*time.Second, "every message acked", func() bool { return rec.distinctAcked() == n })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	st := c.Stats()
+	t.Logf("%d unavailable retries, %d connections refused, %d acked during the outage; stats %+v", obs.unavailable.Load(), proxy.refused.Load(), stalled, st)
+	if rows, distinct := d.effects(t); rows != n || distinct != n {
+		t.Fatalf("effects %d (%d distinct), want %d", rows, distinct, n)
+	}
+	if dl := drain(t, conn, topo.DeadLetterQueue); len(dl) != 0 {
+		t.Fatalf("%d healthy messages dead-lettered by the outage (first %s)", len(dl), dl[0].MessageId)
+	}
+	if st.Requeued != 0 || st.Redelivered != 0 || st.DeadLettered != 0 {
+		t.Fatalf("stats %+v: an outage must spend no delivery", st)
+	}
+	if q := depth(t, conn, topo.Queue); q != 0 {
+		t.Fatalf("queue holds %d", q)
+	}
+}
+
+// Run stops within its grace while the database is down and the processor
+// would wait for it indefinitely; the held deliveries return to the queue
+// unacked and uncounted, and nothing was applied.
+func TestShutdownDuringDatabaseOutage(t *testing.T) {
+	t.Parallel()
+	const n = 30
+	conn := broker(t)
+	topo := topology(t, conn, &idemrabbitmq.TopologyOptions{DeliveryLimit: 2})
+	d := newDB(t, uniqueName(t))
+	proc, proxy := outageProcessor(t, d, -1, nil) // wait for the database until cancelled
+	publish(t, conn, topo.Queue, 0, n, msgID)
+	proxy.setDown(true)
+
+	cfg := config(t, topo.Queue)
+	cfg.ShutdownGrace = 300 * time.Millisecond
+	c, err := idemrabbitmq.NewConsumer(proc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	poll(t, 30*time.Second, "the consumer to hit the outage", func() bool { return proxy.refused.Load() >= 3 })
+	start := time.Now()
+	if err := stop(); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("Run took %v to stop with a grace of %v", took, cfg.ShutdownGrace)
+	}
+	poll(t, 10*time.Second, "the held deliveries to return to the queue", func() bool { return depth(t, conn, topo.Queue) == n })
+	if st := c.Stats(); st.Requeued != 0 || st.Applied != 0 || st.DeadLettered != 0 {
+		t.Fatalf("stats %+v, want nothing settled", st)
+	}
+	if rows, _ := d.effects(t); rows != 0 {
+		t.Fatalf("effects = %d, want none", rows)
+	}
+}

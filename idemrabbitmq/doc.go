@@ -37,16 +37,20 @@
 //
 // [VerbFor] is the one place that maps outcomes to broker verbs: Applied
 // and Duplicate are acked (after the commit); Retry is nacked with requeue
-// after a backoff; DeadLettered and Expired are rejected without requeue,
-// so the queue's dead-letter exchange receives them, or, with
-// [Config.DeadLetterExchange], republished there with their reason (publisher
-// confirms) and then acked. A multiple ack is sent only over deliveries that
+// after a backoff (unless it is not the message's fault, below);
+// DeadLettered and Expired are rejected without requeue, so the queue's
+// dead-letter exchange receives them, or, with [Config.DeadLetterExchange],
+// republished there with their reason (publisher confirms) and then acked. A multiple ack is sent only over deliveries that
 // are all finished; a delivery still in the database is never covered.
 //
 // Nothing loops forever: a message whose deliveries keep ending in Retry of
 // its own making is dead-lettered after [Config.MaxAttempts] (default 10)
 // with a reason wrapping [idem.ErrRetriesExhausted], even on a classic
-// queue, which has no delivery limit.
+// queue, which has no delivery limit. A Retry that is not the message's
+// fault (the database unreachable, a batch whose commit outcome is
+// unknown) neither counts nor requeues: the delivery is held unacked and
+// processed again after a backoff while intake pauses, so an outage does
+// not spend a quorum queue's delivery limit. See [Consumer.Run].
 //
 // # Identity
 //

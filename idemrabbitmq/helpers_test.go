@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
 	"os/exec"
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -253,7 +255,13 @@ func write(ctx context.Context, tx pgx.Tx, m idem.Message) error {
 // processor is the billing consumer's processor over d's inbox.
 func (d *db) processor(t testing.TB, h idem.Handler[pgx.Tx], mod ...func(*idem.Config[pgx.Tx])) *idem.Processor[pgx.Tx] {
 	t.Helper()
-	store, err := pgxinbox.New(d.pool, &pgxinbox.Config{})
+	return d.processorOn(t, d.pool, h, mod...)
+}
+
+// processorOn is processor on another pool of d's schema.
+func (d *db) processorOn(t testing.TB, pool *pgxpool.Pool, h idem.Handler[pgx.Tx], mod ...func(*idem.Config[pgx.Tx])) *idem.Processor[pgx.Tx] {
+	t.Helper()
+	store, err := pgxinbox.New(pool, &pgxinbox.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -428,4 +436,111 @@ func closeByName(t testing.TB, name string) bool {
 		closed = true
 	}
 	return closed
+}
+
+// pgProxy forwards TCP connections to PostgreSQL and can cut them: an
+// outage of the real database as the consumer's pool sees it (connections
+// lost mid-transaction, then refused), while the test's own pool stays up.
+type pgProxy struct {
+	ln      net.Listener
+	target  string
+	mu      sync.Mutex
+	down    bool
+	conns   map[net.Conn]struct{}
+	refused atomic.Int64 // connections turned away while down
+}
+
+func newPGProxy(t testing.TB, target string) *pgProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &pgProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	t.Cleanup(func() {
+		_ = ln.Close()
+		p.setDown(true)
+	})
+	go p.accept()
+	return p
+}
+
+func (p *pgProxy) accept() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		go p.serve(c)
+	}
+}
+
+func (p *pgProxy) serve(c net.Conn) {
+	p.mu.Lock()
+	down := p.down
+	p.mu.Unlock()
+	if down {
+		p.refused.Add(1)
+		_ = c.Close()
+		return
+	}
+	s, err := net.Dial("tcp", p.target)
+	if err != nil {
+		_ = c.Close()
+		return
+	}
+	if !p.track(c, s) {
+		return
+	}
+	go func() { _, _ = io.Copy(s, c); _ = s.Close() }()
+	_, _ = io.Copy(c, s)
+	_ = c.Close()
+}
+
+// track registers a proxied pair, or closes it when the proxy went down
+// meanwhile.
+func (p *pgProxy) track(conns ...net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.down {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		return false
+	}
+	for _, c := range conns {
+		p.conns[c] = struct{}{}
+	}
+	return true
+}
+
+// setDown cuts every open connection and turns new ones away (true), or
+// lets them through again (false).
+func (p *pgProxy) setDown(down bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = down
+	if down {
+		for c := range p.conns {
+			_ = c.Close()
+		}
+		clear(p.conns)
+	}
+}
+
+// poolVia is a pool on d's schema whose connections go through a new proxy.
+func (d *db) poolVia(t testing.TB) (*pgxpool.Pool, *pgProxy) {
+	t.Helper()
+	u, err := url.Parse(d.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newPGProxy(t, u.Host)
+	u.Host = p.ln.Addr().String()
+	pool, err := pgxpool.New(context.Background(), u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, p
 }

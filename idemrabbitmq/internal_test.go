@@ -96,16 +96,16 @@ func TestDecideCountsOnlyTheMessagesOwnRetries(t *testing.T) {
 		fmt.Errorf("committing: %w", idem.ErrCommitUnknown),
 	} {
 		for range 5 {
-			if d := c.decide(ctx, idem.Result{MessageID: "inv-1", Outcome: idem.Retry, Err: err}); d.frame != Requeue || d.verb != Requeue {
-				t.Fatalf("%v: decision %+v, want a requeue", err, d)
+			if d := c.decide(ctx, idem.Result{MessageID: "inv-1", Outcome: idem.Retry, Err: err}); d.frame != hold || d.verb != hold {
+				t.Fatalf("%v: decision %+v, want the delivery held", err, d)
 			}
 		}
 	}
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
 	for range 5 {
-		if d := c.decide(cancelled, own); d.frame != Requeue {
-			t.Fatalf("shutting down: decision %+v, want a requeue", d)
+		if d := c.decide(cancelled, own); d.frame != hold {
+			t.Fatalf("shutting down: decision %+v, want the delivery held (left to the channel's close)", d)
 		}
 	}
 	for i := 1; i < 3; i++ {

@@ -62,23 +62,27 @@ func (r *retryCounts) len() int {
 // transaction failed as a whole ([idem.ErrBatchFailed]) or its commit
 // outcome is unknown ([idem.ErrCommitUnknown]), or the consumer is
 // shutting down (ctx is done). Such a Retry does not count against
-// [Config.MaxAttempts].
+// [Config.MaxAttempts], and the delivery is held rather than requeued.
 func notItsFault(ctx context.Context, err error) bool {
 	return ctx.Err() != nil || errors.Is(err, idem.ErrUnavailable) ||
 		errors.Is(err, idem.ErrBatchFailed) || errors.Is(err, idem.ErrCommitUnknown)
 }
 
 // decide is the decision for one result of a batch processed under ctx:
-// [VerbFor], then the rule that ends endless loops. A Retry of the
-// message's own making is counted; at [Config.MaxAttempts] it becomes a
-// dead letter whose reason wraps [idem.ErrRetriesExhausted].
+// [VerbFor], then two rules. A Retry that is not the message's fault is
+// held (kept unacked and processed again locally), so an outage does not
+// spend the broker's delivery count. A Retry of the message's own making
+// is counted; at [Config.MaxAttempts] it becomes a dead letter whose reason
+// wraps [idem.ErrRetriesExhausted].
 func (c *Consumer[TTx]) decide(ctx context.Context, res idem.Result) decision {
 	d := decide(res)
 	switch {
 	case d.frame != Requeue:
 		c.retries.forget(res.MessageID)
 		return d
-	case c.cfg.MaxAttempts < 0 || notItsFault(ctx, res.Err):
+	case notItsFault(ctx, res.Err):
+		return decision{frame: hold, verb: hold, res: res}
+	case c.cfg.MaxAttempts < 0:
 		return d
 	}
 	n := c.retries.add(res.MessageID)
