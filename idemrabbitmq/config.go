@@ -38,6 +38,15 @@ type Config struct {
 	// batches of one queue may then commit in either order. Deliveries are
 	// still acknowledged only when committed, and a multiple ack never covers
 	// a delivery another worker still holds.
+	//
+	// When the messages of a queue update the same hot rows (an account
+	// balance, a stock level), concurrent batches queue on those rows'
+	// locks, or deadlock when they take them in different orders (a
+	// deadlock rolls a batch back and retries it): more workers then cost
+	// throughput. Keep one worker for such a consumer, or write the effects
+	// of a batch with a HandleBatch (idem.Config) that takes the rows in
+	// key order, so that overlapping batches wait for each other instead of
+	// deadlocking.
 	Workers int
 	// IDHeader names the header that carries the message identity. Empty
 	// (the default) uses the AMQP message_id property. When set, only the
@@ -109,7 +118,8 @@ type Config struct {
 }
 
 // Hooks observes a consumer, for metrics. Processor outcomes are counted by
-// the processor's own idem.Observer; these are the broker-side events. Calls
+// the processor's own idem.Observer; these are the broker-side events (see
+// the package documentation for idem_redelivered_total). Calls
 // come from the consumer's goroutines and must not block. Embed [NopHooks]
 // to implement only some methods.
 type Hooks interface {
@@ -149,7 +159,13 @@ type FaultPoint string
 const BeforeSettle FaultPoint = "before_settle"
 
 // FaultFunc is called at every fault point with the messages concerned. A
-// non-nil error makes the step fail there.
+// non-nil error makes the step fail there. It runs on the batch's worker
+// and may block: a drill that holds a committed batch's acks blocks there
+// (for as long as it likes, or until ctx, cancelled after
+// [Config.ShutdownGrace] once Run is stopping, is done) and then returns
+// an error to cut the connection, so the broker redelivers what committed
+// and the inbox turns it into duplicates. While it blocks, that worker
+// takes no other batch.
 type FaultFunc func(ctx context.Context, point FaultPoint, msgs []idem.Message) error
 
 // ErrConfig is wrapped by every configuration error from [NewConsumer].

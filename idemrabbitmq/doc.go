@@ -52,6 +52,40 @@
 // processed again after a backoff while intake pauses, so an outage does
 // not spend a quorum queue's delivery limit. See [Consumer.Run].
 //
+// # Workers and hot rows
+//
+// [Config.Workers] above 1 runs batches concurrently. When the messages
+// touch the same hot rows (a balance, a stock level), concurrent batches
+// queue on those rows' locks or deadlock and retry, and the extra workers
+// cost throughput instead of adding it: keep one worker for such a
+// consumer, or use a HandleBatch that writes the batch's rows in key
+// order.
+//
+// # Metrics
+//
+// The processor's observer counts outcomes; [Hooks] adds what only the
+// broker knows. To feed Prometheus' idem_redelivered_total from package
+// idemprom, whose Metrics is the processor's observer and has
+// Redelivered(consumer), a hooks adapter of a few lines does:
+//
+//	type promHooks struct {
+//		idemrabbitmq.NopHooks
+//		m        *idemprom.Metrics
+//		consumer string
+//	}
+//
+//	func (h promHooks) Redelivered(queue string) { h.m.Redelivered(h.consumer) }
+//
+//	m := idemprom.New(prometheus.DefaultRegisterer)
+//	proc, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{ /* ... */ Observer: m})
+//	c, err := idemrabbitmq.NewConsumer(proc, &idemrabbitmq.Config{
+//		// ...
+//		Hooks: promHooks{m: m, consumer: proc.Consumer()},
+//	})
+//
+// The label is the consumer (the processor's name), as on every idem
+// series, not the queue.
+//
 // # Identity
 //
 // The identity is the AMQP message_id property, or the header named by
@@ -69,7 +103,9 @@
 // PRECONDITION_FAILED. It reconnects with backoff and consumes again; the
 // broker redelivers what was not acked and the inbox sorts it out. Tests and
 // drills can cause exactly this with [Consumer.DropConnection] or a
-// [FaultFunc] at [BeforeSettle].
+// [FaultFunc] at [BeforeSettle]. A FaultFunc may block: the demo holds a
+// committed batch's acks by blocking there, then returns an error to cut
+// the connection.
 //
 // # Publishing
 //

@@ -7,9 +7,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemprom"
 	"github.com/idemkit/idem/idemrabbitmq"
 	"github.com/idemkit/idem/pgxinbox"
 )
@@ -75,4 +77,41 @@ func ExampleNewConsumer() {
 	if err := c.Run(ctx); err != nil { // until ctx is cancelled
 		log.Fatal(err)
 	}
+}
+
+// promHooks feeds idem_redelivered_total from the consumer's hooks.
+type promHooks struct {
+	idemrabbitmq.NopHooks
+	m        *idemprom.Metrics
+	consumer string
+}
+
+func (h promHooks) Redelivered(queue string) { h.m.Redelivered(h.consumer) }
+
+// Prometheus' idem_redelivered_total counts the deliveries the broker
+// flagged as redelivered, labelled by consumer.
+func ExampleHooks() {
+	reg := prometheus.NewRegistry()
+	m := idemprom.New(reg)
+	// proc, _ := idem.NewProcessor(store, &idem.Config[pgx.Tx]{..., Observer: m})
+	// c, _ := idemrabbitmq.NewConsumer(proc, &idemrabbitmq.Config{..., Hooks: hooks})
+	var hooks idemrabbitmq.Hooks = promHooks{m: m, consumer: "billing-invoice"}
+
+	// What the consumer does for two redelivered deliveries:
+	hooks.Redelivered("billing.invoice")
+	hooks.Redelivered("billing.invoice")
+
+	families, err := reg.Gather()
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == "idem_redelivered_total" {
+			for _, s := range f.GetMetric() {
+				fmt.Println(f.GetName(), s.GetLabel()[0].GetValue(), s.GetCounter().GetValue())
+			}
+		}
+	}
+	// Output:
+	// idem_redelivered_total billing-invoice 2
 }
