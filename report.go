@@ -6,6 +6,12 @@ import (
 	"time"
 )
 
+// Report logs and counts an outcome that a broker adapter decided itself,
+// outside Process: a message it dead-letters after its own retry budget, or
+// one it refuses before the processor sees it (a bad header). Every outcome
+// a consumer ends with is then in the log and in the metrics.
+func (p *Processor[TTx]) Report(r Result) { p.report(r, 0) }
+
 // report logs and counts one result: every outcome is observed, and those a
 // person should see are logged.
 func (p *Processor[TTx]) report(r Result, elapsed time.Duration) {

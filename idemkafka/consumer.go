@@ -345,6 +345,7 @@ func (c *Consumer[TTx]) process(ctx context.Context, recs []*kgo.Record, runs in
 		m, noID, err := c.message(r, attempt)
 		if err != nil {
 			results[i] = idem.Result{Outcome: idem.DeadLettered, MessageID: m.ID, Err: err}
+			c.proc.Report(results[i])
 			continue
 		}
 		if noID != nil {
@@ -382,7 +383,11 @@ func (c *Consumer[TTx]) settle(ctx context.Context, recs []*kgo.Record, results 
 			*head = inPlace{}
 		case deadLetter:
 			if res.Outcome == idem.Retry {
+				// The processor reported a Retry; the dead letter is this
+				// consumer's decision, so it reports that outcome itself.
+				res.Outcome = idem.DeadLettered
 				res.Err = fmt.Errorf("%w: %d tries in place: %w", idem.ErrRetriesExhausted, head.tries, res.Err)
+				c.proc.Report(res)
 			}
 			if err := c.deadLetter(ctx, r, res, head.tries); err != nil {
 				return i, halt

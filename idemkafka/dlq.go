@@ -52,11 +52,6 @@ func (c *Consumer[TTx]) deadLetterRecord(r *kgo.Record, res idem.Result, tries i
 // It keeps trying while ctx lives: moving the offset past a record that is
 // in neither the database nor the dead-letter topic would lose it.
 func (c *Consumer[TTx]) deadLetter(ctx context.Context, r *kgo.Record, res idem.Result, tries int) error {
-	if res.Outcome != idem.DeadLettered && res.Outcome != idem.Expired {
-		// Retries exhausted: the dead letter says so, whatever the last
-		// try's outcome was.
-		res.Outcome = idem.DeadLettered
-	}
 	dl := c.deadLetterRecord(r, res, tries)
 	for attempt := 1; ; attempt++ {
 		err := c.dlq.ProduceSync(ctx, dl).FirstErr()

@@ -73,8 +73,8 @@ func TestIDExtractorAndEventTime(t *testing.T) {
 	if dup := out.get(idem.Duplicate); dup != 1 {
 		t.Errorf("duplicates %d, want 1", dup)
 	}
-	if dl := out.get(idem.DeadLettered); dl != 1 {
-		t.Errorf("observer counted %d dead-lettered, want 1 (the keyless record)", dl)
+	if dl := out.get(idem.DeadLettered); dl != 2 {
+		t.Errorf("observer counted %d dead-lettered, want 2 (the bad time header and the keyless record)", dl)
 	}
 	dls := readDLQ(t, k, topic+".dlq", 2)
 	if dl := dls[0]; string(dl.Key) != "order-2" || !strings.Contains(header(dl, idemkafka.HeaderError), idemkafka.ErrBadTime.Error()) {
