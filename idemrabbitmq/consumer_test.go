@@ -632,7 +632,7 @@ func TestMaxAttemptsEndsATransientLoopOnAClassicQueue(t *testing.T) {
 			d := newDB(t, uniqueName(t))
 			publish(t, conn, topo.Queue, 0, 1+healthy, msgID)
 
-			var deliveries atomic.Int64
+			var deliveries, reported atomic.Int64
 			h := func(ctx context.Context, tx pgx.Tx, m idem.Message) error {
 				if m.ID == msgID(0) {
 					return errors.New("invoice service unavailable")
@@ -649,8 +649,12 @@ func TestMaxAttemptsEndsATransientLoopOnAClassicQueue(t *testing.T) {
 			c, err := idemrabbitmq.NewConsumer(d.processor(t, h, func(c *idem.Config[pgx.Tx]) {
 				c.Retry = idem.RetryPolicy{MaxAttempts: 1}
 				c.Observer = observerFunc(func(r idem.Result) {
-					if r.MessageID == msgID(0) {
+					switch {
+					case r.MessageID != msgID(0):
+					case r.Outcome == idem.Retry:
 						deliveries.Add(1)
+					case r.Outcome == idem.DeadLettered:
+						reported.Add(1) // the consumer's own decision, reported through the processor
 					}
 				})
 			}), cfg)
@@ -681,6 +685,9 @@ func TestMaxAttemptsEndsATransientLoopOnAClassicQueue(t *testing.T) {
 			t.Logf("stats %+v", st)
 			if n := deliveries.Load(); n != maxAttempts {
 				t.Fatalf("the failing message was processed on %d deliveries, want MaxAttempts = %d", n, maxAttempts)
+			}
+			if n := reported.Load(); n != 1 {
+				t.Fatalf("the dead letter was observed %d times, want once (logged and counted as dead_lettered)", n)
 			}
 			if st.Requeued != maxAttempts-1 || st.DeadLettered != 1 || st.Applied != healthy {
 				t.Fatalf("stats %+v, want %d requeues, 1 dead letter, %d applied", st, maxAttempts-1, healthy)
