@@ -3,7 +3,6 @@ package idem
 import (
 	"context"
 	"errors"
-	"fmt"
 )
 
 // permanentError marks an error that no retry can fix.
@@ -83,6 +82,26 @@ func classify[TTx any](s Store[TTx], err error) ErrorClass {
 	return s.Classify(err)
 }
 
-// wrapStep names the step an error came from, so a dead letter's reason says
-// where it failed.
-func wrapStep(step string, err error) error { return fmt.Errorf("%s: %w", step, err) }
+// storeError is a failure of one of the store's own steps (begin, claim,
+// lookup, commit), named so that a dead letter's reason says where it
+// failed.
+type storeError struct {
+	step string
+	err  error
+}
+
+func (e *storeError) Error() string { return e.step + ": " + e.err.Error() }
+func (e *storeError) Unwrap() error { return e.err }
+
+func wrapStep(step string, err error) error { return &storeError{step: step, err: err} }
+
+// fromStore reports whether err came from the store's own steps rather than
+// from the handler. Only there does an unreachable-server error mean the
+// inbox database is down: a handler that cannot reach its payment gateway
+// fails the message (it spends attempts and ends in the dead-letter path),
+// while a database outage is waited out. A database outage in the middle of
+// a handler costs one attempt; the next attempt's BEGIN sees it.
+func fromStore(err error) bool {
+	var se *storeError
+	return errors.As(err, &se)
+}

@@ -19,10 +19,11 @@ type RetryPolicy struct {
 	// MaxBackoff caps the wait between tries. Defaults to 2s.
 	MaxBackoff time.Duration
 	// WaitUnavailable is how long the processor keeps retrying, with
-	// backoff, while the database is unreachable (errors of class
-	// ClassUnavailable), without spending the message's attempts: an outage
-	// is not the message's fault, and spending its budget would dead-letter
-	// healthy messages. After that the outcome is Retry wrapping
+	// backoff, while the inbox database is unreachable (errors of class
+	// ClassUnavailable from the store's own BEGIN, claim or COMMIT), without
+	// spending the message's attempts: an outage is not the message's fault,
+	// and spending its budget would dead-letter healthy messages. A handler
+	// that cannot reach another service spends attempts as usual. After that the outcome is Retry wrapping
 	// [ErrUnavailable]. Defaults to 1 minute. -1 waits until the context ends.
 	WaitUnavailable time.Duration
 }
@@ -81,7 +82,7 @@ func (r *retrier) next(ctx context.Context, err error) (o Outcome, rerr error, a
 		return Retry, err, false, 0
 	case r.class(err) == ClassPermanent:
 		return DeadLettered, err, false, 0
-	case r.class(err) == ClassUnavailable:
+	case r.class(err) == ClassUnavailable && fromStore(err):
 		// Not the message's fault: wait for the database without spending
 		// the message's budget, up to WaitUnavailable.
 		if r.downSince.IsZero() {
