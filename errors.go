@@ -82,9 +82,18 @@ func classify[TTx any](s Store[TTx], err error) ErrorClass {
 	return s.Classify(err)
 }
 
+// Names of the store's steps, as they appear in errors.
+const (
+	stepBegin  = "beginning transaction"
+	stepClaim  = "claiming inbox keys"
+	stepLookup = "looking up duplicate markers"
+	stepCommit = "committing"
+)
+
 // storeError is a failure of one of the store's own steps (begin, claim,
 // lookup, commit), named so that a dead letter's reason says where it
-// failed.
+// failed, and so that the retry policy can tell the store's failures from
+// the handler's.
 type storeError struct {
 	step string
 	err  error
@@ -95,13 +104,32 @@ func (e *storeError) Unwrap() error { return e.err }
 
 func wrapStep(step string, err error) error { return &storeError{step: step, err: err} }
 
-// fromStore reports whether err came from the store's own steps rather than
-// from the handler. Only there does an unreachable-server error mean the
-// inbox database is down: a handler that cannot reach its payment gateway
-// fails the message (it spends attempts and ends in the dead-letter path),
-// while a database outage is waited out. A database outage in the middle of
-// a handler costs one attempt; the next attempt's BEGIN sees it.
-func fromStore(err error) bool {
+func storeStep(err error) string {
 	var se *storeError
-	return errors.As(err, &se)
+	if errors.As(err, &se) {
+		return se.step
+	}
+	return ""
+}
+
+// storeUnavailable reports whether err is the database being unreachable
+// while the store began the transaction or claimed the keys. Those steps
+// carry nothing of the message but validated keys and IDs, so their failure
+// proves an outage. The same error from the handler (it cannot reach its
+// payment gateway), or a COMMIT whose outcome is unknown (a handler slower
+// than the server's idle timeout ends that way every time), is a failure of
+// the message's try.
+func storeUnavailable(err error, class func(error) ErrorClass) bool {
+	switch storeStep(err) {
+	case stepBegin, stepClaim, stepLookup:
+		return class(err) == ClassUnavailable
+	}
+	return false
+}
+
+// commitUnknown reports whether err is the store saying that a COMMIT's
+// outcome is unknown (not a handler's error that happens to wrap the
+// sentinel).
+func commitUnknown(err error) bool {
+	return storeStep(err) == stepCommit && errors.Is(err, ErrCommitUnknown)
 }

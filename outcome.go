@@ -57,6 +57,13 @@ type Result struct {
 	// won: the same key was reused for different content, usually a producer
 	// bug.
 	Conflict bool
+	// Blameless is set on a Retry that is not the message's doing: the inbox
+	// database could not be reached ([ErrUnavailable]), processing was
+	// cancelled, or the message was not attempted because an earlier one
+	// must be retried first ([ErrNotAttempted]). Adapters retry such a
+	// message without spending its delivery budget; every other Retry
+	// counts against it, so nothing loops forever.
+	Blameless bool
 }
 
 // Marker is a row of the inbox: the claim of one key by one consumer.

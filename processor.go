@@ -102,35 +102,48 @@ func (p *Processor[TTx]) batch(ctx context.Context, msgs []Message, inOrder bool
 	case 1:
 		p.processOne(ctx, valid[0], 0)
 	default:
-		err := p.runTx(ctx, valid)
-		for _, it := range valid {
-			it.res.Attempts = 1
+		// The batch is tried once; only an outage at BEGIN is waited out
+		// (for the whole batch at once, not once per message).
+		policy := p.cfg.Retry
+		policy.MaxAttempts = 1
+		v, ok := p.attempt(ctx, valid, p.retrier(policy), 0)
+		if ok {
+			break
 		}
-		if err != nil {
-			if stopAll(ctx, err) {
-				for _, it := range valid {
-					it.res.Outcome, it.res.Err = Retry, fmt.Errorf("%w: %w", ErrBatchFailed, err)
+		if v.blameless || stopAll(ctx, v.err) {
+			// The database is down, the commit may have happened, or the
+			// caller gave up: no message of the batch is known to be
+			// applied, and trying them one by one would not help.
+			for _, it := range valid {
+				it.res.Outcome, it.res.Err, it.res.Blameless = Retry, fmt.Errorf("%w: %w", ErrBatchFailed, v.err), v.blameless
+			}
+			break
+		}
+		// Something in the batch failed, perhaps one poison message: apply
+		// each message alone so its neighbours still go through.
+		for _, it := range valid {
+			p.processOne(ctx, it, it.res.Attempts)
+			if inOrder && it.res.Outcome == Retry {
+				// Nothing after it may be applied ahead of it, nor reported:
+				// those messages were not processed at all.
+				after := false
+				for _, rest := range items {
+					if after {
+						rest.res = Result{Outcome: Retry, MessageID: rest.msg.ID, Key: rest.res.Key, Blameless: true,
+							Err: fmt.Errorf("%w: message %s before it must be retried first", ErrNotAttempted, it.msg.ID)}
+					}
+					after = after || rest == it
 				}
 				break
-			}
-			// Something in the batch failed, perhaps one poison message: apply
-			// each message alone so its neighbours still go through.
-			for i, it := range valid {
-				p.processOne(ctx, it, 1)
-				if inOrder && it.res.Outcome == Retry {
-					for _, rest := range valid[i+1:] {
-						rest.res.Outcome = Retry
-						rest.res.Err = fmt.Errorf("%w: message %s before it must be retried first", ErrNotAttempted, it.msg.ID)
-					}
-					break
-				}
 			}
 		}
 	}
 	elapsed := time.Since(start)
 	results := make([]Result, len(items))
 	for i, it := range items {
-		p.report(it.res, elapsed)
+		if !errors.Is(it.res.Err, ErrNotAttempted) {
+			p.report(it.res, elapsed)
+		}
 		results[i] = it.res
 	}
 	return results
@@ -217,32 +230,43 @@ func (p *Processor[TTx]) key(msg Message) (key string, err error) {
 // unavailable database, for up to RetryPolicy.WaitUnavailable: the outage is
 // not the message's fault.
 func (p *Processor[TTx]) processOne(ctx context.Context, it *item, prior int) {
-	r := retrier{policy: p.cfg.Retry, class: func(err error) ErrorClass { return classify(p.store, err) }}
+	if v, ok := p.attempt(ctx, []*item{it}, p.retrier(p.cfg.Retry), prior); !ok {
+		it.res.Outcome, it.res.Err, it.res.Blameless = v.outcome, v.err, v.blameless
+	}
+}
+
+func (p *Processor[TTx]) retrier(policy RetryPolicy) *retrier {
+	return &retrier{policy: policy, class: func(err error) ErrorClass { return classify(p.store, err) }}
+}
+
+// attempt runs the transaction over items until it succeeds or r gives up,
+// and then returns r's verdict. prior counts earlier transactions of these
+// items, for Result.Attempts.
+func (p *Processor[TTx]) attempt(ctx context.Context, items []*item, r *retrier, prior int) (verdict, bool) {
 	for runs := 1; ; runs++ {
-		if runs > 1 {
-			// Time has passed since prepare: a message that fell behind the
-			// horizon meanwhile may have lost its marker to prune.
-			if err := p.cfg.Horizon.check(it.msg); err != nil && !p.cfg.Horizon.ApplyExpired {
-				it.res.Outcome, it.res.Err = Expired, err
-				return
+		if runs > 1 && len(items) == 1 {
+			// Time has passed: a message that fell behind the horizon
+			// meanwhile may have lost its marker to prune.
+			if err := p.cfg.Horizon.check(items[0].msg); err != nil && !p.cfg.Horizon.ApplyExpired {
+				return verdict{outcome: Expired, err: err}, false
 			}
 		}
-		it.res.Attempts = prior + runs
-		err := p.runTx(ctx, []*item{it})
+		for _, it := range items {
+			it.res.Attempts = prior + runs
+		}
+		err := p.runTx(ctx, items)
 		if err == nil {
-			return
+			return verdict{}, true
 		}
-		outcome, err, again, wait := r.next(ctx, err)
-		if !again {
-			it.res.Outcome, it.res.Err = outcome, err
-			return
+		v := r.next(ctx, err)
+		if !v.again {
+			return v, false
 		}
-		t := time.NewTimer(wait)
+		t := time.NewTimer(v.wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			it.res.Outcome, it.res.Err = Retry, fmt.Errorf("%w (after: %w)", ctx.Err(), err)
-			return
+			return verdict{outcome: Retry, err: fmt.Errorf("%w (after: %w)", ctx.Err(), err), blameless: true}, false
 		case <-t.C:
 		}
 	}
@@ -252,11 +276,11 @@ func (p *Processor[TTx]) processOne(ctx context.Context, it *item, prior int) {
 // every item's outcome is Applied or Duplicate.
 func (p *Processor[TTx]) runTx(ctx context.Context, items []*item) error {
 	for _, it := range items {
-		it.res.Outcome, it.res.Err, it.res.First, it.res.Conflict, it.fresh = 0, nil, nil, false, false
+		it.res.Outcome, it.res.Err, it.res.First, it.res.Conflict, it.res.Blameless, it.fresh = 0, nil, nil, false, false, false
 	}
 	tx, err := p.store.Begin(ctx)
 	if err != nil {
-		return wrapStep("beginning transaction", err)
+		return wrapStep(stepBegin, err)
 	}
 	open := true
 	defer func() {
@@ -289,7 +313,7 @@ func (p *Processor[TTx]) runTx(ctx context.Context, items []*item) error {
 	// finishes than by one whose outcome is unknown.
 	open = false
 	if err := p.store.Commit(context.WithoutCancel(ctx), tx); err != nil {
-		return wrapStep("committing", err)
+		return wrapStep(stepCommit, err)
 	}
 	for _, it := range fresh {
 		it.res.Outcome = Applied
@@ -326,7 +350,7 @@ func (p *Processor[TTx]) claim(ctx context.Context, tx TTx, items []*item) ([]*i
 	slices.SortFunc(claims, func(a, b Claim) int { return strings.Compare(a.Key, b.Key) })
 	inserted, err := p.store.Claim(ctx, tx, p.cfg.Consumer, claims, p.lockTimeout())
 	if err != nil {
-		return nil, wrapStep("claiming inbox keys", err)
+		return nil, wrapStep(stepClaim, err)
 	}
 	if len(inserted) != len(claims) {
 		return nil, fmt.Errorf("claiming inbox keys: store answered %d results for %d claims", len(inserted), len(claims))
@@ -343,7 +367,7 @@ func (p *Processor[TTx]) claim(ctx context.Context, tx TTx, items []*item) ([]*i
 	if len(dups) > 0 {
 		markers, err := p.store.Lookup(ctx, tx, p.cfg.Consumer, dups)
 		if err != nil {
-			return nil, wrapStep("looking up duplicate markers", err)
+			return nil, wrapStep(stepLookup, err)
 		}
 		for _, k := range dups {
 			if m, ok := markers[k]; ok {
@@ -430,5 +454,5 @@ func (e *afterCommitError) Unwrap() error { return e.err }
 // the caller gave up.
 func stopAll(ctx context.Context, err error) bool {
 	var ac *afterCommitError
-	return ctx.Err() != nil || errors.Is(err, ErrCommitUnknown) || errors.As(err, &ac)
+	return ctx.Err() != nil || commitUnknown(err) || errors.As(err, &ac)
 }

@@ -19,11 +19,14 @@ type RetryPolicy struct {
 	// MaxBackoff caps the wait between tries. Defaults to 2s.
 	MaxBackoff time.Duration
 	// WaitUnavailable is how long the processor keeps retrying, with
-	// backoff, while the inbox database is unreachable (errors of class
-	// ClassUnavailable from the store's own BEGIN, claim or COMMIT), without
-	// spending the message's attempts: an outage is not the message's fault,
-	// and spending its budget would dead-letter healthy messages. A handler
-	// that cannot reach another service spends attempts as usual. After that the outcome is Retry wrapping
+	// backoff, while the inbox database is unreachable (BEGIN or the claim
+	// failing with an error of class ClassUnavailable), without spending the
+	// message's attempts: those steps carry nothing of the message, so an
+	// outage is not its fault, and spending its budget would dead-letter
+	// healthy messages.
+	// Then the outcome is Retry wrapping [ErrUnavailable], with
+	// Result.Blameless set. Any other failure, a handler that cannot reach
+	// another service included, spends attempts as usual. After that the outcome is Retry wrapping
 	// [ErrUnavailable]. Defaults to 1 minute. -1 waits until the context ends.
 	WaitUnavailable time.Duration
 }
@@ -58,47 +61,60 @@ func (p RetryPolicy) Backoff(attempt int) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
-// retrier is the retry policy applied to one message: the one place that
-// decides, after a failed transaction, whether to try again, how long to
-// wait, and what to report when giving up.
+// verdict is what the retry policy decided after a failed try.
+type verdict struct {
+	outcome Outcome // reported if no further try is made
+	err     error   // the error to report
+	again   bool    // try again, after wait
+	wait    time.Duration
+	// blameless: the failure is not the message's doing (see
+	// Result.Blameless).
+	blameless bool
+}
+
+// retrier is the retry policy applied to one message or batch: the one
+// place that decides, after a failed transaction, whether to try again, how
+// long to wait, and what to report when giving up.
 type retrier struct {
 	policy    RetryPolicy
 	class     func(error) ErrorClass
-	attempt   int       // the message's tries so far, against MaxAttempts
+	attempt   int       // tries so far that count against MaxAttempts
 	downSince time.Time // start of the current database outage
 	waits     int       // tries during that outage, for its backoff
 }
 
-// next is called after a failed try. It returns the outcome to report if no
-// further try is made, the error to report, and whether to try again (after
-// wait).
-func (r *retrier) next(ctx context.Context, err error) (o Outcome, rerr error, again bool, wait time.Duration) {
+func (r *retrier) next(ctx context.Context, err error) verdict {
 	r.attempt++
 	switch {
+	case ctx.Err() != nil:
+		// The caller gave up (shutdown): not the message's doing.
+		return verdict{outcome: Retry, err: err, blameless: true}
 	case stopAll(ctx, err):
-		// The commit may have happened, or the caller gave up: leave the
-		// message to the broker, whose redelivery finds the marker or redoes
-		// the work.
-		return Retry, err, false, 0
+		// The commit may have happened: leave the message to the broker,
+		// whose redelivery finds the marker or redoes the work. It counts
+		// against the message: a message whose commits always end this way
+		// (a handler slower than the server's idle timeout) must not loop.
+		return verdict{outcome: Retry, err: err}
 	case r.class(err) == ClassPermanent:
-		return DeadLettered, err, false, 0
-	case r.class(err) == ClassUnavailable && fromStore(err):
-		// Not the message's fault: wait for the database without spending
-		// the message's budget, up to WaitUnavailable.
+		return verdict{outcome: DeadLettered, err: err}
+	case storeUnavailable(err, r.class):
+		// BEGIN and the claim carry nothing of the message, so their failure
+		// proves an outage: wait for the database without spending the
+		// message's budget, up to WaitUnavailable.
 		if r.downSince.IsZero() {
 			r.downSince = time.Now()
 		}
 		down := time.Since(r.downSince)
 		if w := r.policy.WaitUnavailable; w >= 0 && down >= w {
-			return Retry, fmt.Errorf("%w for %v: %w", ErrUnavailable, down.Round(time.Second), err), false, 0
+			return verdict{outcome: Retry, err: fmt.Errorf("%w for %v: %w", ErrUnavailable, down.Round(time.Millisecond), err), blameless: true}
 		}
 		r.attempt--
 		r.waits++
-		return Retry, err, true, r.policy.Backoff(r.waits)
+		return verdict{outcome: Retry, err: err, again: true, wait: r.policy.Backoff(r.waits)}
 	}
 	r.downSince, r.waits = time.Time{}, 0
 	if r.attempt >= r.policy.MaxAttempts {
-		return Retry, fmt.Errorf("%w after %d attempts: %w", ErrRetriesExhausted, r.attempt, err), false, 0
+		return verdict{outcome: Retry, err: fmt.Errorf("%w after %d attempts: %w", ErrRetriesExhausted, r.attempt, err)}
 	}
-	return Retry, err, true, r.policy.Backoff(r.attempt)
+	return verdict{outcome: Retry, err: err, again: true, wait: r.policy.Backoff(r.attempt)}
 }

@@ -2,7 +2,6 @@ package idemkafka
 
 import (
 	"context"
-	"errors"
 
 	"github.com/idemkit/idem"
 )
@@ -51,20 +50,9 @@ func (c *Consumer[TTx]) actionFor(ctx context.Context, r idem.Result, tries int)
 }
 
 // spends reports whether the try that produced r counts against the record's
-// MaxAttempts. A Retry that is not the record's fault does not: the database
-// was unreachable for longer than the processor waits (ErrUnavailable), the
-// batch's commit outcome is unknown or it was cancelled (ErrBatchFailed,
-// ErrCommitUnknown), or an earlier record must be retried first
-// (ErrNotAttempted). Counting them would dead-letter healthy records during
-// an outage.
-func spends(r idem.Result) bool {
-	if r.Outcome != idem.Retry {
-		return true
-	}
-	for _, notItsFault := range []error{idem.ErrUnavailable, idem.ErrBatchFailed, idem.ErrCommitUnknown, idem.ErrNotAttempted} {
-		if errors.Is(r.Err, notItsFault) {
-			return false
-		}
-	}
-	return true
-}
+// MaxAttempts: every outcome does except a Retry the processor marks
+// Blameless (the inbox database was unreachable at BEGIN, processing was
+// cancelled, or an earlier record must be retried first). Counting those
+// would dead-letter healthy records during an outage; counting the rest
+// (an unknown commit included) keeps any record from looping forever.
+func spends(r idem.Result) bool { return r.Outcome != idem.Retry || !r.Blameless }

@@ -43,16 +43,16 @@ type Config struct {
 	//
 	// Only tries that failed because of the record count: a handler error,
 	// a transient database error (deadlock, serialization failure, lock
-	// timeout) that outlived the processor's retries. A Retry that is not
-	// the record's fault backs off and tries again without counting, for as
-	// long as Run's context lives: the database stayed unreachable past the
-	// processor's RetryPolicy.WaitUnavailable (idem.ErrUnavailable), the
-	// batch's commit outcome is unknown or it was cancelled
-	// (idem.ErrBatchFailed, idem.ErrCommitUnknown), or the record was not
-	// tried because an earlier one in its partition must be retried first
-	// (idem.ErrNotAttempted). So a database outage holds the partitions, and
-	// a rebalance, until the database is back or the consumer stops, but
-	// dead-letters no healthy record.
+	// timeout) that outlived the processor's retries, a commit whose outcome
+	// is unknown (a handler slower than the server's idle timeout ends that
+	// way every time, so it must not loop). A Retry the processor marks
+	// Blameless backs off and tries again without counting, for as long as
+	// Run's context lives: the inbox database stayed unreachable past the
+	// processor's RetryPolicy.WaitUnavailable (idem.ErrUnavailable), or the
+	// record was not tried because an earlier one in its partition must be
+	// retried first (idem.ErrNotAttempted). So a database outage holds the
+	// partitions, and a rebalance, until the database is back or the
+	// consumer stops, but dead-letters no healthy record.
 	MaxAttempts int
 	// InitialBackoff is the pause before the second try of a record; the
 	// pause doubles with each try, counted or not, with jitter, as

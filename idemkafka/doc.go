@@ -54,12 +54,14 @@
 // processed in order (idem's ProcessBatchInOrder): records after one that
 // must be retried are not tried, and are never applied ahead of it.
 //
-// Only failures that are the record's own count against MaxAttempts. A
-// database outage (idem.ErrUnavailable once the processor's WaitUnavailable
-// is over), a batch whose commit outcome is unknown (idem.ErrBatchFailed,
-// idem.ErrCommitUnknown) and records waiting behind an earlier one
-// (idem.ErrNotAttempted) back off and try again without counting, until the
-// database is back or Run's context ends: an outage dead-letters nothing.
+// Only failures that are the record's own count against MaxAttempts. What
+// the processor marks Blameless — a database outage (idem.ErrUnavailable
+// once the processor's WaitUnavailable is over) and records waiting behind
+// an earlier one (idem.ErrNotAttempted) — backs off and tries again without
+// counting, until the database is back or Run's context ends: an outage
+// dead-letters nothing. A commit whose outcome is unknown counts, so a
+// record whose commits always end that way cannot hold its partition
+// forever.
 //
 // Cancelling Run's context finishes the batches in flight (or leaves them to
 // redelivery), commits, and leaves the group.

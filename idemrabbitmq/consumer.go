@@ -119,11 +119,10 @@ func (c *Consumer[TTx]) DropConnection() bool {
 // returns an error only when the broker refuses the queue (404 not found,
 // 403 access refused) before the first successful consume.
 //
-// A Retry that is not the message's fault — the database unreachable for
-// longer than the processor's RetryPolicy.WaitUnavailable
-// ([idem.ErrUnavailable]), a batch whose commit outcome is unknown or that
-// was cancelled ([idem.ErrBatchFailed], [idem.ErrCommitUnknown]) — is not
-// nacked: a quorum queue counts every requeue towards its delivery limit,
+// A Retry that is not the message's fault — one the processor marks
+// Blameless: the inbox database unreachable for longer than the processor's
+// RetryPolicy.WaitUnavailable ([idem.ErrUnavailable]), or processing
+// cancelled — is not nacked: a quorum queue counts every requeue towards its delivery limit,
 // and an outage would dead-letter healthy messages. The delivery is held
 // unacked and processed again in this session after the requeue backoff,
 // while no new batch starts, until it settles; a redelivery finds its

@@ -733,8 +733,9 @@ func outageProcessor(t *testing.T, d *db, waitUnavailable time.Duration, obs ide
 // it, again and again. On a quorum queue with a delivery limit of 2, nacking
 // those Retry outcomes would dead-letter healthy messages within seconds;
 // the consumer holds them instead, pauses intake, and processes them again
-// when the database is back: nothing is requeued, redelivered or
-// dead-lettered, and every message is applied once.
+// when the database is back: nothing is dead-lettered, at most the batches
+// whose COMMIT the cut caught are requeued once, and every message is
+// applied once.
 func TestDatabaseOutageSpendsNoDeliveries(t *testing.T) {
 	t.Parallel()
 	const n = 400
@@ -771,8 +772,11 @@ func TestDatabaseOutageSpendsNoDeliveries(t *testing.T) {
 	if dl := drain(t, conn, topo.DeadLetterQueue); len(dl) != 0 {
 		t.Fatalf("%d healthy messages dead-lettered by the outage (first %s)", len(dl), dl[0].MessageId)
 	}
-	if st.Requeued != 0 || st.Redelivered != 0 || st.DeadLettered != 0 {
-		t.Fatalf("stats %+v: an outage must spend no delivery", st)
+	// Only a batch whose COMMIT the cut caught (its outcome unknown: it
+	// counts, lest a message whose commits always fail loop forever) spends
+	// one delivery; at most one batch per worker was there.
+	if st.Requeued > uint64(cfg.Workers*cfg.BatchSize) || st.Redelivered > st.Requeued || st.DeadLettered != 0 {
+		t.Fatalf("stats %+v: an outage may spend at most one delivery of the %d messages in flight", st, cfg.Workers*cfg.BatchSize)
 	}
 	if q := depth(t, conn, topo.Queue); q != 0 {
 		t.Fatalf("queue holds %d", q)

@@ -90,17 +90,21 @@ func TestDecideCountsOnlyTheMessagesOwnRetries(t *testing.T) {
 	c := newTestConsumer(t, &Config{MaxAttempts: 3})
 	ctx := context.Background()
 	own := idem.Result{MessageID: "inv-1", Outcome: idem.Retry, Err: errors.New("tax service timed out")}
-	for _, err := range []error{
-		fmt.Errorf("%w for 1m0s: connection refused", idem.ErrUnavailable),
-		fmt.Errorf("%w: %w", idem.ErrBatchFailed, idem.ErrCommitUnknown),
-		fmt.Errorf("committing: %w", idem.ErrCommitUnknown),
-	} {
-		for range 5 {
-			if d := c.decide(ctx, idem.Result{MessageID: "inv-1", Outcome: idem.Retry, Err: err}); d.frame != hold || d.verb != hold {
-				t.Fatalf("%v: decision %+v, want the delivery held", err, d)
-			}
+	// What the processor marks Blameless (an outage) is held, never counted.
+	outage := idem.Result{MessageID: "inv-1", Outcome: idem.Retry, Blameless: true,
+		Err: fmt.Errorf("%w for 1m0s: connection refused", idem.ErrUnavailable)}
+	for range 5 {
+		if d := c.decide(ctx, outage); d.frame != hold || d.verb != hold {
+			t.Fatalf("%v: decision %+v, want the delivery held", outage.Err, d)
 		}
 	}
+	// An unknown commit counts: a message whose commits always end that way
+	// (a handler slower than the server's idle timeout) must not loop.
+	unknown := idem.Result{MessageID: "inv-2", Outcome: idem.Retry, Err: fmt.Errorf("%w: %w", idem.ErrBatchFailed, idem.ErrCommitUnknown)}
+	if d := c.decide(ctx, unknown); d.frame != Requeue || c.retries.add("inv-2") != 2 {
+		t.Fatalf("unknown commit: decision %+v, want a counted requeue", d)
+	}
+	c.retries.forget("inv-2")
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
 	for range 5 {

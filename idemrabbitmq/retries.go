@@ -58,14 +58,13 @@ func (r *retryCounts) len() int {
 }
 
 // notItsFault reports whether a Retry says nothing about the message
-// itself: the database was unreachable ([idem.ErrUnavailable]), the batch's
-// transaction failed as a whole ([idem.ErrBatchFailed]) or its commit
-// outcome is unknown ([idem.ErrCommitUnknown]), or the consumer is
+// itself: the processor marked it Blameless (the inbox database was
+// unreachable at BEGIN, or processing was cancelled), or the consumer is
 // shutting down (ctx is done). Such a Retry does not count against
-// [Config.MaxAttempts], and the delivery is held rather than requeued.
-func notItsFault(ctx context.Context, err error) bool {
-	return ctx.Err() != nil || errors.Is(err, idem.ErrUnavailable) ||
-		errors.Is(err, idem.ErrBatchFailed) || errors.Is(err, idem.ErrCommitUnknown)
+// [Config.MaxAttempts], and the delivery is held rather than requeued. Any
+// other Retry, an unknown commit included, counts, so nothing loops forever.
+func notItsFault(ctx context.Context, res idem.Result) bool {
+	return ctx.Err() != nil || res.Blameless
 }
 
 // decide is the decision for one result of a batch processed under ctx:
@@ -80,7 +79,7 @@ func (c *Consumer[TTx]) decide(ctx context.Context, res idem.Result) decision {
 	case d.frame != Requeue:
 		c.retries.forget(res.MessageID)
 		return d
-	case notItsFault(ctx, res.Err):
+	case notItsFault(ctx, res):
 		return decision{frame: hold, verb: hold, res: res}
 	case c.cfg.MaxAttempts < 0:
 		return d

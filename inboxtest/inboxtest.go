@@ -685,8 +685,9 @@ func (s suite[TTx]) commitUnknown(t *testing.T) {
 	env, f, p := s.faulty(t, nil)
 	f.loseCommitAnswer.Store(true)
 	r := p.Process(ctx, msg("evt-1"))
-	if r.Outcome != idem.Retry || !errors.Is(r.Err, idem.ErrCommitUnknown) || r.Attempts != 1 {
-		t.Fatalf("lost commit answer: %v after %d attempts (%v), want Retry after 1 with ErrCommitUnknown", r.Outcome, r.Attempts, r.Err)
+	if r.Outcome != idem.Retry || !errors.Is(r.Err, idem.ErrCommitUnknown) || r.Attempts != 1 || r.Blameless {
+		t.Fatalf("lost commit answer: %v after %d attempts (%v, blameless %v), want Retry after 1 with ErrCommitUnknown, counted against the message",
+			r.Outcome, r.Attempts, r.Err, r.Blameless)
 	}
 	f.loseCommitAnswer.Store(false)
 	want(t, p.Process(ctx, msg("evt-1")), idem.Duplicate)
@@ -757,11 +758,30 @@ func (s suite[TTx]) unavailableKeepsBudget(t *testing.T) {
 	_, f, p = s.faulty(t, func(c *idem.Config[TTx]) { c.Retry.WaitUnavailable = 30 * time.Millisecond })
 	f.beginDown.Store(1 << 30)
 	r = p.Process(ctx, msg("evt-2"))
-	if r.Outcome != idem.Retry || !errors.Is(r.Err, idem.ErrUnavailable) {
-		t.Fatalf("during a long outage: %v (%v), want Retry with ErrUnavailable", r.Outcome, r.Err)
+	if r.Outcome != idem.Retry || !errors.Is(r.Err, idem.ErrUnavailable) || !r.Blameless {
+		t.Fatalf("during a long outage: %v (%v, blameless %v), want a blameless Retry with ErrUnavailable", r.Outcome, r.Err, r.Blameless)
+	}
+	// A batch waits for the database once, as a whole, rather than once per
+	// message after falling back to one at a time.
+	for _, r := range p.ProcessBatch(ctx, []idem.Message{msg("evt-b1"), msg("evt-b2"), msg("evt-b3")}) {
+		if r.Outcome != idem.Retry || !errors.Is(r.Err, idem.ErrBatchFailed) || !errors.Is(r.Err, idem.ErrUnavailable) || !r.Blameless {
+			t.Fatalf("batch during a long outage: %s %v (%v), want a blameless Retry for the whole batch", r.MessageID, r.Outcome, r.Err)
+		}
 	}
 	if c := count(t, env.Effects, "ledger", ""); c != 1 {
 		t.Fatalf("effects = %d, want 1", c)
+	}
+	// The same unreachable-server error from the handler (its payment
+	// gateway is down) is the message's failure: it spends attempts, ends
+	// in the dead-letter path's budget, and does not wait.
+	_, _, p = s.faulty(t, func(c *idem.Config[TTx]) {
+		c.Retry.MaxAttempts = 2
+		c.Handler = func(context.Context, TTx, idem.Message) error { return errDown }
+	})
+	r = p.Process(ctx, msg("evt-3"))
+	if r.Outcome != idem.Retry || !errors.Is(r.Err, idem.ErrRetriesExhausted) || r.Attempts != 2 || r.Blameless {
+		t.Fatalf("handler's own unreachable service: %v after %d (%v, blameless %v), want a counted Retry after 2 with ErrRetriesExhausted",
+			r.Outcome, r.Attempts, r.Err, r.Blameless)
 	}
 }
 
