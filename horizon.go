@@ -44,7 +44,8 @@ func (h *Horizon) setDefaults() {
 
 // HorizonStore is a store that knows its retention window and offers the
 // matching horizon guard; [NewProcessor] adopts it unless Config.Horizon sets
-// a window.
+// a window, and refuses a window longer than the store's. A store wrapped in
+// a decorator loses this unless the decorator forwards Horizon.
 type HorizonStore interface {
 	Horizon() Horizon
 }

@@ -52,3 +52,30 @@ func TestTimeFromUUIDv7(t *testing.T) {
 		}
 	}
 }
+
+// horizonStore is a store with a retention window, for configuration tests.
+type horizonStore struct {
+	nopStore
+	window time.Duration
+}
+
+func (s horizonStore) Horizon() Horizon { return Horizon{Window: s.window} }
+
+func TestHorizonFromStore(t *testing.T) {
+	h := func(context.Context, struct{}, Message) error { return nil }
+	store := horizonStore{window: 14 * 24 * time.Hour}
+	p, err := NewProcessor[struct{}](store, &Config[struct{}]{Consumer: "x", Key: ByMessageID, Handler: h})
+	if err != nil || p.cfg.Horizon.Window != store.window {
+		t.Fatalf("processor did not adopt the store's window: %v %v", p, err)
+	}
+	_, err = NewProcessor[struct{}](store, &Config[struct{}]{Consumer: "x", Key: ByMessageID, Handler: h,
+		Horizon: Horizon{Window: 30 * 24 * time.Hour}})
+	if !errors.Is(err, ErrConfig) {
+		t.Fatalf("a horizon longer than the store keeps markers was accepted: %v", err)
+	}
+	p, err = NewProcessor[struct{}](store, &Config[struct{}]{Consumer: "x", Key: ByMessageID, Handler: h,
+		Horizon: Horizon{Window: -1}})
+	if err != nil || p.cfg.Horizon.check(Message{ID: "m", Time: time.Unix(0, 0)}) != nil {
+		t.Fatalf("Window -1 must disable the guard: %v", err)
+	}
+}

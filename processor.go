@@ -30,9 +30,15 @@ func NewProcessor[TTx any](store Store[TTx], cfg *Config[TTx]) (*Processor[TTx],
 		return nil, fmt.Errorf("%w: config is nil", ErrConfig)
 	}
 	c := *cfg
-	if hs, ok := store.(HorizonStore); ok && c.Horizon.Window == 0 {
+	if hs, ok := store.(HorizonStore); ok {
 		h := hs.Horizon()
-		c.Horizon.Window, c.Horizon.Skew = h.Window, max(c.Horizon.Skew, h.Skew)
+		switch {
+		case c.Horizon.Window == 0:
+			c.Horizon.Window, c.Horizon.Skew = h.Window, max(c.Horizon.Skew, h.Skew)
+		case c.Horizon.Window > h.Window:
+			// The guard would accept messages whose markers prune removes.
+			return nil, fmt.Errorf("%w: horizon window %v is longer than the store's retention window %v: messages older than the store keeps markers for would be applied again", ErrConfig, c.Horizon.Window, h.Window)
+		}
 	}
 	c.setDefaults()
 	if err := c.validate(); err != nil {

@@ -344,8 +344,8 @@ func (c *Consumer[TTx]) process(ctx context.Context, recs []*kgo.Record, runs in
 		}
 		m, noID, err := c.message(r, attempt)
 		if err != nil {
+			// Reported when settled: the walk may stop before this record.
 			results[i] = idem.Result{Outcome: idem.DeadLettered, MessageID: m.ID, Err: err}
-			c.proc.Report(results[i])
 			continue
 		}
 		if noID != nil {
@@ -382,12 +382,15 @@ func (c *Consumer[TTx]) settle(ctx context.Context, recs []*kgo.Record, results 
 		case advance:
 			*head = inPlace{}
 		case deadLetter:
-			if res.Outcome == idem.Retry {
+			switch {
+			case res.Outcome == idem.Retry:
 				// The processor reported a Retry; the dead letter is this
 				// consumer's decision, so it reports that outcome itself.
 				res.Outcome = idem.DeadLettered
 				res.Err = fmt.Errorf("%w: %d tries in place: %w", idem.ErrRetriesExhausted, head.tries, res.Err)
 				c.proc.Report(res)
+			case errors.Is(res.Err, ErrBadTime):
+				c.proc.Report(res) // refused here, never seen by the processor
 			}
 			if err := c.deadLetter(ctx, r, res, head.tries); err != nil {
 				return i, halt
