@@ -77,8 +77,14 @@ func (h *Horizon) check(msg Message) error {
 // the producer assigns UUIDv7 message IDs. ok is false for anything that is
 // not a UUIDv7.
 func TimeFromUUIDv7(id string) (t time.Time, ok bool) {
-	s := strings.ReplaceAll(id, "-", "")
-	if len(s) != 32 || len(id) != 36 && len(id) != 32 {
+	s := id
+	if len(id) == 36 {
+		if id[8] != '-' || id[13] != '-' || id[18] != '-' || id[23] != '-' {
+			return time.Time{}, false
+		}
+		s = id[:8] + id[9:13] + id[14:18] + id[19:23] + id[24:]
+	}
+	if len(s) != 32 {
 		return time.Time{}, false
 	}
 	b, err := hex.DecodeString(s)
