@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -817,5 +819,268 @@ func TestShutdownDuringDatabaseOutage(t *testing.T) {
 	}
 	if rows, _ := d.effects(t); rows != 0 {
 		t.Fatalf("effects = %d, want none", rows)
+	}
+}
+
+// heldWatch observes the processor for the Retry outcomes the consumer
+// holds: Blameless, because the database stayed unreachable.
+type heldWatch struct {
+	mu    sync.Mutex
+	seen  map[string]int // message ID → such outcomes
+	total int
+}
+
+func newHeldWatch() *heldWatch { return &heldWatch{seen: map[string]int{}} }
+
+func (h *heldWatch) Observe(_ string, r idem.Result, _ time.Duration) {
+	if r.Outcome != idem.Retry || !r.Blameless || !errors.Is(r.Err, idem.ErrUnavailable) {
+		return
+	}
+	h.mu.Lock()
+	h.seen[r.MessageID]++
+	h.total++
+	h.mu.Unlock()
+}
+
+// count is how many held outcomes were observed.
+func (h *heldWatch) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.total
+}
+
+// rerun reports whether a message was held and then processed again: it
+// ended in a held Retry twice, so the consumer held it in between.
+func (h *heldWatch) rerun() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, k := range h.seen {
+		if k >= 2 {
+			return true
+		}
+	}
+	return false
+}
+
+func (h *heldWatch) ids() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ids := make([]string, 0, len(h.seen))
+	for id := range h.seen {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// holdingSetup is a consumer's set-up for a database outage that outlasts
+// the processor's WaitUnavailable: n messages on a fresh quorum queue, a
+// processor whose pool reaches the database through a proxy, and watches
+// on what is held and settled.
+type holdingSetup struct {
+	conn  *amqp.Connection
+	topo  idemrabbitmq.Topology
+	d     *db
+	proc  *idem.Processor[pgx.Tx]
+	proxy *pgProxy
+	held  *heldWatch
+	rec   *settlements
+	cfg   *idemrabbitmq.Config
+}
+
+func newHoldingSetup(t *testing.T, n int) *holdingSetup {
+	t.Helper()
+	s := &holdingSetup{conn: broker(t), held: newHeldWatch(), rec: newSettlements()}
+	s.topo = topology(t, s.conn, nil)
+	s.d = newDB(t, uniqueName(t))
+	s.proc, s.proxy = outageProcessor(t, s.d, 50*time.Millisecond, s.held)
+	publish(t, s.conn, s.topo.Queue, 0, n, msgID)
+	s.cfg = config(t, s.topo.Queue)
+	s.cfg.BatchSize, s.cfg.Workers = 20, 2
+	s.cfg.Hooks = s.rec
+	return s
+}
+
+// cutUntilHeld waits for some messages to be applied, cuts the database and
+// waits until the consumer holds deliveries and has processed one again.
+func (s *holdingSetup) cutUntilHeld(t *testing.T) {
+	t.Helper()
+	s.rec.waitUntil(t, 30*time.Second, "60 acked", func() bool { return s.rec.distinctAcked() >= 60 })
+	s.proxy.setDown(true)
+	poll(t, 30*time.Second, "a delivery held and processed again during the outage", s.held.rerun)
+}
+
+// Run is cancelled while the consumer holds deliveries for an outage that
+// outlasts the processor's WaitUnavailable: Run returns within its grace,
+// the held deliveries are never acked and return to the queue, and a new
+// consumer applies every message once when the database is back.
+func TestShutdownWhileDeliveriesAreHeld(t *testing.T) {
+	t.Parallel()
+	const n = 200
+	s := newHoldingSetup(t, n)
+	s.cfg.ShutdownGrace = 2 * time.Second
+	c, err := idemrabbitmq.NewConsumer(s.proc, s.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	s.cutUntilHeld(t)
+	start := time.Now()
+	if err := stop(); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	if took := time.Since(start); took >= s.cfg.ShutdownGrace {
+		t.Fatalf("Run took %v to stop with deliveries held, grace %v", took, s.cfg.ShutdownGrace)
+	}
+	held := s.held.ids()
+	s.rec.mu.Lock()
+	acked := len(s.rec.acked)
+	for _, id := range held {
+		if s.rec.acked[id] != 0 {
+			t.Errorf("held message %s was acked during the outage", id)
+		}
+	}
+	s.rec.mu.Unlock()
+	st := c.Stats()
+	t.Logf("%d messages held, %d acked before the shutdown; stats %+v", len(held), acked, st)
+	if st.DeadLettered != 0 || s.rec.deadLettered() != 0 {
+		t.Fatalf("stats %+v: the outage dead-lettered messages", st)
+	}
+	// The broker returns the unacked deliveries on its own time.
+	var q int
+	poll(t, 10*time.Second, fmt.Sprintf("the %d unacked deliveries back in the queue", n-acked), func() bool {
+		q = depth(t, s.conn, s.topo.Queue)
+		return q >= n-acked
+	})
+	if q != n-acked {
+		t.Fatalf("queue holds %d after the shutdown, want the %d messages not acked", q, n-acked)
+	}
+
+	s.proxy.setDown(false)
+	c2, err := idemrabbitmq.NewConsumer(s.proc, s.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop = run(t, c2)
+	s.rec.waitUntil(t, 30*time.Second, "every message acked", func() bool { return s.rec.distinctAcked() == n })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	st2 := c2.Stats()
+	t.Logf("second consumer: stats %+v", st2)
+	if rows, distinct := s.d.effects(t); rows != n || distinct != n {
+		t.Fatalf("effects %d (%d distinct), want %d", rows, distinct, n)
+	}
+	if st2.Redelivered < uint64(len(held)) {
+		t.Fatalf("%d redeliveries, want at least the %d held messages back from the broker", st2.Redelivered, len(held))
+	}
+	if dl := drain(t, s.conn, s.topo.DeadLetterQueue); len(dl) != 0 || st2.DeadLettered != 0 || s.rec.deadLettered() != 0 {
+		t.Fatalf("%d messages in the dead-letter queue, stats %+v; want none", len(dl), st2)
+	}
+	if q := depth(t, s.conn, s.topo.Queue); q != 0 {
+		t.Fatalf("queue holds %d", q)
+	}
+}
+
+// syncBuffer is an io.Writer tests can read while a logger writes to it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// reconnects records why sessions ended.
+type reconnects struct {
+	*settlements
+	mu   sync.Mutex
+	errs []error
+}
+
+func (r *reconnects) Reconnecting(_ string, err error) {
+	r.mu.Lock()
+	r.errs = append(r.errs, err)
+	r.mu.Unlock()
+}
+
+func (r *reconnects) list() []error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.errs)
+}
+
+// The connection drops while the consumer holds deliveries for a database
+// outage. The held tags die with the channel: the consumer reconnects by
+// itself, never acks an old tag on the new channel (which the broker would
+// close with 406 PRECONDITION_FAILED, again and again), holds the
+// redeliveries until the database is back, and applies every message once.
+func TestConnectionLossWhileDeliveriesAreHeld(t *testing.T) {
+	t.Parallel()
+	const n = 200
+	s := newHoldingSetup(t, n)
+	var logs syncBuffer
+	s.cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	hooks := &reconnects{settlements: s.rec}
+	s.cfg.Hooks = hooks
+	c, err := idemrabbitmq.NewConsumer(s.proc, s.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	s.cutUntilHeld(t)
+	held := s.held.ids()
+	if !c.DropConnection() {
+		t.Fatal("no connection to drop while deliveries were held")
+	}
+	// The new session receives the held messages again and, the database
+	// still down, holds them in turn.
+	poll(t, 30*time.Second, "the consumer to reconnect", func() bool { return c.Stats().Reconnects >= 1 })
+	before := s.held.count()
+	poll(t, 30*time.Second, "the new session to hold redeliveries", func() bool {
+		return c.Stats().Redelivered > 0 && s.held.count() > before
+	})
+	s.proxy.setDown(false)
+	// A second session end means a channel or connection closed that the
+	// test did not drop: stop waiting and say why.
+	poll(t, 30*time.Second, "every message acked", func() bool {
+		return s.rec.distinctAcked() == n || c.Stats().Reconnects > 1
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	st := c.Stats()
+	t.Logf("%d messages held at the drop; stats %+v; sessions ended by %v", len(held), st, hooks.list())
+	if out := logs.String(); strings.Contains(out, "PRECONDITION_FAILED") || strings.Contains(out, "unknown delivery tag") {
+		t.Errorf("the broker closed a channel over a delivery tag:\n%s", out)
+	}
+	for _, err := range hooks.list() {
+		var ae *amqp.Error
+		if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
+			t.Errorf("session ended by %v", err)
+		}
+	}
+	if st.Reconnects != 1 {
+		t.Fatalf("%d reconnects (%v), want exactly 1 for the one drop", st.Reconnects, hooks.list())
+	}
+	if st.Redelivered < uint64(len(held)) {
+		t.Fatalf("%d redeliveries, want at least the %d held messages back from the broker", st.Redelivered, len(held))
+	}
+	if rows, distinct := s.d.effects(t); rows != n || distinct != n {
+		t.Fatalf("effects %d (%d distinct), want %d", rows, distinct, n)
+	}
+	if dl := drain(t, s.conn, s.topo.DeadLetterQueue); len(dl) != 0 || st.DeadLettered != 0 || s.rec.deadLettered() != 0 {
+		t.Fatalf("%d messages in the dead-letter queue, stats %+v; want none", len(dl), st)
+	}
+	if q := depth(t, s.conn, s.topo.Queue); q != 0 {
+		t.Fatalf("queue holds %d", q)
 	}
 }
