@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/testrun"
+
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemkafka"
 	"github.com/idemkit/idem/internal/pgtest"
@@ -306,28 +308,10 @@ func (d *db) effects(t testing.TB) (rows, distinct int) {
 	return rows, distinct
 }
 
-// run starts c.Run in the background and returns a stop function that
-// cancels it and returns Run's error.
+// run starts c in the background; stop cancels it and returns Run's error.
 func run[TTx any](t testing.TB, c *idemkafka.Consumer[TTx]) (stop func() error) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() { errc <- c.Run(ctx) }()
-	var once sync.Once
-	var err error
-	stop = func() error {
-		once.Do(func() {
-			cancel()
-			select {
-			case err = <-errc:
-			case <-time.After(60 * time.Second):
-				err = fmt.Errorf("Run did not return within 60s of cancel")
-			}
-		})
-		return err
-	}
-	t.Cleanup(func() { _ = stop() })
-	return stop
+	return testrun.Start(t, c, 60*time.Second)
 }
 
 // wait fails the test if ch is not closed within d.

@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/testrun"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -386,28 +388,10 @@ func poll(t testing.TB, d time.Duration, what string, cond func() bool) {
 	}
 }
 
-// run starts c and returns a stop function that cancels it and returns
-// Run's error once it returned.
+// run starts c in the background; stop cancels it and returns Run's error.
 func run[TTx any](t testing.TB, c *idemrabbitmq.Consumer[TTx]) (stop func() error) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() { errc <- c.Run(ctx) }()
-	var once sync.Once
-	var err error
-	stop = func() error {
-		once.Do(func() {
-			cancel()
-			select {
-			case err = <-errc:
-			case <-time.After(30 * time.Second):
-				err = fmt.Errorf("Run did not return 30s after cancel")
-			}
-		})
-		return err
-	}
-	t.Cleanup(func() { _ = stop() })
-	return stop
+	return testrun.Start(t, c, 30*time.Second)
 }
 
 // closeByName closes, through rabbitmqctl, only the broker connections whose
