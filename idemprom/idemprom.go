@@ -5,6 +5,13 @@
 //	idem_process_seconds{consumer}          time of the transaction that carried it
 //	idem_key_conflicts_total{consumer}      duplicates whose body differed from the winner's
 //	idem_redelivered_total{consumer}        deliveries the broker flagged as redelivered
+//	idem_inbox_markers_pruned_total{table}  markers removed by prune
+//	idem_inbox_partitions_dropped_total{table}
+//	idem_inbox_oldest_marker_age_seconds{table}  read by stats; against the window it shows prune falling behind
+//
+// Metrics also implements retention.Hooks: pass it as pgxinbox.Config.Hooks
+// (or PruneOptions.Hooks). Expired messages are counted by
+// idem_messages_total{outcome="expired"}.
 //
 // Usage:
 //
@@ -39,6 +46,9 @@ type Metrics struct {
 	seconds     *prometheus.HistogramVec
 	conflicts   *prometheus.CounterVec
 	redelivered *prometheus.CounterVec
+	pruned      *prometheus.CounterVec
+	dropped     *prometheus.CounterVec
+	oldest      *prometheus.GaugeVec
 }
 
 // New creates the metrics and registers them with reg (nil: not
@@ -64,8 +74,23 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "idem_redelivered_total",
 			Help: "Deliveries flagged by the broker as redelivered (informative; the inbox decides).",
 		}, []string{"consumer"}),
+		pruned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idem_inbox_markers_pruned_total",
+			Help: "Inbox markers removed by prune, by table.",
+		}, []string{"table"}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idem_inbox_partitions_dropped_total",
+			Help: "Inbox partitions dropped, by table.",
+		}, []string{"table"}),
+		oldest: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "idem_inbox_oldest_marker_age_seconds",
+			Help: "Age of the oldest inbox marker when stats were last read; above the retention window means prune is late.",
+		}, []string{"table"}),
 	}
 	if reg != nil {
+		m.pruned = register(reg, m.pruned)
+		m.dropped = register(reg, m.dropped)
+		m.oldest = register(reg, m.oldest)
 		m.messages = register(reg, m.messages)
 		m.seconds = register(reg, m.seconds)
 		m.conflicts = register(reg, m.conflicts)
@@ -105,3 +130,21 @@ func (m *Metrics) Redelivered(consumer string) {
 // MessagesCounter returns idem_messages_total, for tests and dashboards
 // built in code.
 func (m *Metrics) MessagesCounter() *prometheus.CounterVec { return m.messages }
+
+// MarkersPruned implements retention.Hooks.
+func (m *Metrics) MarkersPruned(table string, n int64) {
+	m.pruned.WithLabelValues(table).Add(float64(n))
+}
+
+// PartitionsDropped implements retention.Hooks.
+func (m *Metrics) PartitionsDropped(table string, n int) {
+	m.dropped.WithLabelValues(table).Add(float64(n))
+}
+
+// OldestMarker implements retention.Hooks.
+func (m *Metrics) OldestMarker(table string, age time.Duration) {
+	m.oldest.WithLabelValues(table).Set(age.Seconds())
+}
+
+// PrunedCounter returns idem_inbox_markers_pruned_total, for tests.
+func (m *Metrics) PrunedCounter() *prometheus.CounterVec { return m.pruned }

@@ -12,6 +12,7 @@ import (
 	"github.com/idemkit/idem/idemprom"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
+	"github.com/idemkit/idem/retention"
 )
 
 // TestCountsOutcomes runs a real processor on PostgreSQL and reads the
@@ -55,5 +56,37 @@ func TestCountsOutcomes(t *testing.T) {
 	conflicts, err := testutil.GatherAndCount(reg, "idem_key_conflicts_total")
 	if err != nil || conflicts != 1 {
 		t.Fatalf("conflict series %d (%v)", conflicts, err)
+	}
+}
+
+// TestRetentionMetrics prunes a real inbox with the metrics as its hooks.
+func TestRetentionMetrics(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	reg := prometheus.NewRegistry()
+	m := idemprom.New(reg)
+	var _ retention.Hooks = m
+	store, err := pgxinbox.New(pool, &pgxinbox.Config{Hooks: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256, processed_at)
+SELECT 'ledger', 'old-' || g, 'old-' || g, '\x00', now() - interval '20 days' FROM generate_series(1, 7) g`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Stats(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Prune(ctx, pgxinbox.PruneOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(m.PrunedCounter().WithLabelValues(store.Table())); got != 7 {
+		t.Fatalf("idem_inbox_markers_pruned_total = %v, want 7", got)
+	}
+	if n, err := testutil.GatherAndCount(reg, "idem_inbox_oldest_marker_age_seconds"); err != nil || n != 1 {
+		t.Fatalf("oldest marker gauge: %d series (%v)", n, err)
 	}
 }
