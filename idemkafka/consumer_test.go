@@ -173,24 +173,24 @@ func TestRebalanceStorm(t *testing.T) {
 	h2, h3 := &memberHooks{commits: obs, first: make(chan struct{})}, &memberHooks{commits: obs, first: make(chan struct{})}
 	m2, m3 := member(h2), member(h3)
 	stop2, stop3 := run(t, m2), run(t, m3)
-	for next < 3*n/4 {
-		produceChunks(next + chunk)
-		select {
-		case <-h2.first:
-		default:
-			continue
+	// Keep records flowing until both new members own partitions and have
+	// committed: a member whose partitions hold no new record has nothing to
+	// commit. The last chunks are kept for the shrinking phase.
+	joined := func() bool { return isClosed(h2.first) && isClosed(h3.first) }
+	for !joined() {
+		if next >= n-2*chunk {
+			t.Fatalf("members 2 and 3 did not both commit while %d of %d records flowed (second: %v, third: %v)",
+				next, n, isClosed(h2.first), isClosed(h3.first))
 		}
+		produceChunks(next + chunk)
+		// Give the group a moment to rebalance before the next chunk.
+		wait := time.NewTimer(250 * time.Millisecond)
 		select {
 		case <-h3.first:
-		default:
-			continue
+		case <-wait.C:
 		}
-		if next >= n/2 {
-			break
-		}
+		wait.Stop()
 	}
-	wait(t, h2.first, 60*time.Second, "the second member to commit")
-	wait(t, h3.first, 60*time.Second, "the third member to commit")
 	// Back to 1: one member dies without committing, one leaves gracefully,
 	// while the rest of the records arrive.
 	m3.Crash()
@@ -482,5 +482,15 @@ func (h *memberHooks) OnCommit(topic string, p int32, offset int64, err error) {
 	h.commits.OnCommit(topic, p, offset, err)
 	if err == nil {
 		h.once.Do(func() { close(h.first) })
+	}
+}
+
+// isClosed reports whether ch is closed.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }
