@@ -103,10 +103,14 @@ func (p *Processor[TTx]) batch(ctx context.Context, msgs []Message, inOrder bool
 			valid = append(valid, items[i])
 		}
 	}
+	var stop *item // in order: the message left to Retry that ends the walk
 	switch len(valid) {
 	case 0:
 	case 1:
 		p.processOne(ctx, valid[0], 0)
+		if inOrder && valid[0].res.Outcome == Retry {
+			stop = valid[0]
+		}
 	default:
 		// The batch is tried once; only an outage at BEGIN is waited out
 		// (for the whole batch at once, not once per message).
@@ -130,18 +134,22 @@ func (p *Processor[TTx]) batch(ctx context.Context, msgs []Message, inOrder bool
 		for _, it := range valid {
 			p.processOne(ctx, it, it.res.Attempts)
 			if inOrder && it.res.Outcome == Retry {
-				// Nothing after it may be applied ahead of it, nor reported:
-				// those messages were not processed at all.
-				after := false
-				for _, rest := range items {
-					if after {
-						rest.res = Result{Outcome: Retry, MessageID: rest.msg.ID, Key: rest.res.Key, Blameless: true,
-							Err: fmt.Errorf("%w: message %s before it must be retried first", ErrNotAttempted, it.msg.ID)}
-					}
-					after = after || rest == it
-				}
+				stop = it
 				break
 			}
+		}
+	}
+	if stop != nil {
+		// Nothing after it may be applied ahead of it, nor reported: those
+		// messages (bad input included) were not processed at all, and will
+		// come again.
+		after := false
+		for _, it := range items {
+			if after {
+				it.res = Result{Outcome: Retry, MessageID: it.msg.ID, Key: it.res.Key, Blameless: true,
+					Err: fmt.Errorf("%w: message %s before it must be retried first", ErrNotAttempted, stop.msg.ID)}
+			}
+			after = after || it == stop
 		}
 	}
 	elapsed := time.Since(start)

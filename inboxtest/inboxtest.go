@@ -629,6 +629,12 @@ func (s suite[TTx]) retryInBatchKeepsOrder(t *testing.T) {
 	if c := count(t, env.Effects, "ledger", "c2"); c != 0 {
 		t.Fatalf("c2 was applied before b2")
 	}
+	// A message that is bad input behind the stop is not dead-lettered (nor
+	// counted) yet either: it was not reached, and will come again.
+	rs = p.ProcessBatchInOrder(ctx, []idem.Message{msg("b3"), {Body: []byte("{}")}})
+	if rs[0].Outcome != idem.Retry || rs[1].Outcome != idem.Retry || !errors.Is(rs[1].Err, idem.ErrNotAttempted) || !rs[1].Blameless {
+		t.Fatalf("bad input behind a retried message: %v %v (%v)", rs[0].Outcome, rs[1].Outcome, rs[1].Err)
+	}
 	down.Store(false)
 	rs = p.ProcessBatchInOrder(ctx, []idem.Message{msg("b2"), msg("c2")})
 	if rs[0].Outcome != idem.Applied || rs[1].Outcome != idem.Applied {
