@@ -1,0 +1,348 @@
+package idemkey
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ReplayedHeader is set to "true" on a response replayed from the store.
+const ReplayedHeader = "Idempotent-Replayed"
+
+// Config configures [Middleware]. A nil *Config means every default.
+type Config struct {
+	// Methods are the request methods the middleware guards; other methods
+	// pass through untouched, with or without a key. Defaults to POST and
+	// PATCH, the methods that are not idempotent by definition.
+	Methods []string
+	// Required answers a guarded request without the header with 400 Bad
+	// Request. Defaults to false: such a request passes through unguarded.
+	Required bool
+	// Scope returns the namespace of a request's keys, typically the
+	// authenticated client, so that two clients choosing the same key never
+	// see each other's responses. Defaults to one namespace for everyone.
+	Scope func(*http.Request) string
+	// Fingerprint identifies a request, so that a key reused for another
+	// request is refused with 422. Defaults to [Fingerprint] (method, path
+	// and query, SHA-256 of the body).
+	Fingerprint func(r *http.Request, body []byte) []byte
+	// Headers are the response headers stored and replayed with the status
+	// and body. Defaults to Content-Type, Content-Language, Location, ETag
+	// and Last-Modified.
+	Headers []string
+	// Release reports whether a response with this status frees the key
+	// instead of being stored, so the client may retry with the same key.
+	// Defaults to status >= 500. Return false for every status to store
+	// server errors too.
+	Release func(status int) bool
+	// TTL is how long a stored response is replayed; after it the key is
+	// free again. Defaults to 24 hours.
+	TTL time.Duration
+	// Lease is how long a request in progress holds its key. A claim older
+	// than its lease (a server that died mid-request) is taken over by the
+	// next request with the key, so it must exceed the slowest handler.
+	// Defaults to 1 minute.
+	Lease time.Duration
+	// RetryAfter is sent, in whole seconds (at least 1), with the 409
+	// answered to a repeat of a request still in progress. Defaults to 1
+	// second.
+	RetryAfter time.Duration
+	// MaxBody is the largest request body, in bytes, read for the
+	// fingerprint; a larger body is answered with 413. Defaults to 1 MiB.
+	MaxBody int64
+	// Logger receives the store failures that happen after the handler ran
+	// (the response is still sent). Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Fingerprint is the default request fingerprint: SHA-256 over the method,
+// the request URI (path and query) and the SHA-256 of the body.
+func Fingerprint(r *http.Request, body []byte) []byte {
+	bodySum := sha256.Sum256(body)
+	h := sha256.New()
+	h.Write([]byte(r.Method))
+	h.Write([]byte{0})
+	h.Write([]byte(r.URL.RequestURI()))
+	h.Write([]byte{0})
+	h.Write(bodySum[:])
+	return h.Sum(nil)
+}
+
+// middleware is a [Config] with its defaults applied.
+type middleware struct {
+	store      Store
+	methods    []string
+	required   bool
+	scope      func(*http.Request) string
+	print      func(*http.Request, []byte) []byte
+	headers    []string
+	release    func(int) bool
+	ttl, lease time.Duration
+	retryAfter string
+	maxBody    int64
+	log        *slog.Logger
+}
+
+// Middleware makes the handlers it wraps honour the [Header], following the
+// IETF httpapi Idempotency-Key draft:
+//
+//   - The first request with a key claims it in store, runs the handler
+//     while buffering its response, stores the status, the configured
+//     headers and the body, then sends the response.
+//   - A repeat with the same key and the same fingerprint gets the stored
+//     response again, byte for byte, with [ReplayedHeader]: true; the
+//     handler does not run.
+//   - The same key with another fingerprint: 422 Unprocessable Content.
+//   - A repeat while the first request is in progress: 409 Conflict with
+//     Retry-After.
+//   - A response the Release policy rejects (5xx by default), a handler
+//     that panics, and a request whose key cannot be claimed leave the key
+//     free, so the client may retry.
+//   - A store that cannot be reached: 503 with Retry-After; the request is
+//     not run unguarded.
+//
+// Keys are accepted bare (Stripe's form) or as the draft's quoted
+// structured-field string, and must pass [Validate] (400 otherwise). The
+// handler's response is buffered, so streaming handlers do not fit behind
+// it. Middleware panics on a nil store or a negative Config duration or
+// size, at construction, like http.Handle does with bad patterns.
+func Middleware(store Store, cfg *Config) func(http.Handler) http.Handler {
+	m, err := newMiddleware(store, cfg)
+	if err != nil {
+		panic("idemkey: " + err.Error())
+	}
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(next, w, r) })
+	}
+}
+
+func newMiddleware(store Store, cfg *Config) (*middleware, error) {
+	if store == nil {
+		return nil, errors.New("middleware needs a store")
+	}
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	if cfg.TTL < 0 || cfg.Lease < 0 || cfg.RetryAfter < 0 || cfg.MaxBody < 0 {
+		return nil, fmt.Errorf("negative TTL %v, Lease %v, RetryAfter %v or MaxBody %d", cfg.TTL, cfg.Lease, cfg.RetryAfter, cfg.MaxBody)
+	}
+	m := &middleware{
+		store: store, methods: cfg.Methods, required: cfg.Required, scope: cfg.Scope,
+		print: cfg.Fingerprint, headers: cfg.Headers, release: cfg.Release,
+		ttl: cfg.TTL, lease: cfg.Lease, maxBody: cfg.MaxBody, log: cfg.Logger,
+	}
+	if m.methods == nil {
+		m.methods = []string{http.MethodPost, http.MethodPatch}
+	}
+	if m.scope == nil {
+		m.scope = func(*http.Request) string { return "" }
+	}
+	if m.print == nil {
+		m.print = Fingerprint
+	}
+	if m.headers == nil {
+		m.headers = []string{"Content-Type", "Content-Language", "Location", "ETag", "Last-Modified"}
+	}
+	if m.release == nil {
+		m.release = func(status int) bool { return status >= 500 }
+	}
+	if m.ttl == 0 {
+		m.ttl = 24 * time.Hour
+	}
+	if m.lease == 0 {
+		m.lease = time.Minute
+	}
+	retryAfter := cfg.RetryAfter
+	if retryAfter == 0 {
+		retryAfter = time.Second
+	}
+	m.retryAfter = strconv.Itoa(max(1, int((retryAfter+time.Second-1)/time.Second)))
+	if m.maxBody == 0 {
+		m.maxBody = 1 << 20
+	}
+	if m.log == nil {
+		m.log = slog.Default()
+	}
+	return m, nil
+}
+
+func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Request) {
+	if !slices.Contains(m.methods, r.Method) {
+		next.ServeHTTP(w, r)
+		return
+	}
+	values := r.Header.Values(Header)
+	if len(values) == 0 {
+		if m.required {
+			problem(w, http.StatusBadRequest, "Idempotency-Key is missing", "This operation requires an "+Header+" header.")
+			return
+		}
+		next.ServeHTTP(w, r)
+		return
+	}
+	key, err := parseKey(values)
+	if err != nil {
+		problem(w, http.StatusBadRequest, "Idempotency-Key is invalid", err.Error())
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, m.maxBody+1))
+	if err != nil {
+		problem(w, http.StatusBadRequest, "Request body could not be read", err.Error())
+		return
+	}
+	if int64(len(body)) > m.maxBody {
+		problem(w, http.StatusRequestEntityTooLarge, "Request body too large", fmt.Sprintf("An idempotent request body may have at most %d bytes.", m.maxBody))
+		return
+	}
+	_ = r.Body.Close()
+	r.Body = io.NopCloser(bytes.NewReader(body))
+
+	c := Claim{Scope: m.scope(r), Key: key, Fingerprint: m.print(r, body), Token: newToken(), Lease: m.lease, TTL: m.ttl}
+	rec, err := m.store.Claim(r.Context(), c)
+	switch {
+	case err != nil:
+		m.log.ErrorContext(r.Context(), "idemkey: claiming key", "key", key, "err", err)
+		w.Header().Set("Retry-After", m.retryAfter)
+		problem(w, http.StatusServiceUnavailable, "Idempotency-Key store unavailable", "The request was not processed; retry it with the same key.")
+		return
+	case rec == nil:
+		m.run(next, w, r, c)
+	case !bytes.Equal(rec.Fingerprint, c.Fingerprint):
+		problem(w, http.StatusUnprocessableEntity, "Idempotency-Key reused", "This key was used for a different request.")
+	case rec.Response == nil:
+		w.Header().Set("Retry-After", m.retryAfter)
+		problem(w, http.StatusConflict, "Request in progress", "A request with this key is still being processed; retry later.")
+	default:
+		replay(w, rec.Response)
+	}
+}
+
+// run serves the request that claimed the key and stores or releases it.
+func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Request, c Claim) {
+	ctx := context.WithoutCancel(r.Context()) // the verdict must be stored even if the client left
+	settled := false
+	defer func() {
+		if !settled { // the handler panicked: free the key, let the panic go on
+			if err := m.store.Release(ctx, c); err != nil {
+				m.log.ErrorContext(ctx, "idemkey: releasing key after panic", "key", c.Key, "err", err)
+			}
+		}
+	}()
+	rec := &recorder{header: w.Header()}
+	next.ServeHTTP(rec, r)
+	status := rec.statusCode()
+	if m.release(status) {
+		if err := m.store.Release(ctx, c); err != nil {
+			m.log.ErrorContext(ctx, "idemkey: releasing key", "key", c.Key, "status", status, "err", err)
+		}
+	} else {
+		resp := Response{Status: status, Header: http.Header{}, Body: rec.body.Bytes()}
+		for _, h := range m.headers {
+			if v := rec.header.Values(h); len(v) > 0 {
+				resp.Header[http.CanonicalHeaderKey(h)] = slices.Clone(v)
+			}
+		}
+		if err := m.store.Complete(ctx, c, resp); err != nil {
+			m.log.ErrorContext(ctx, "idemkey: storing response", "key", c.Key, "status", status, "err", err)
+		}
+	}
+	settled = true
+	w.WriteHeader(status)
+	_, _ = w.Write(rec.body.Bytes())
+}
+
+func replay(w http.ResponseWriter, resp *Response) {
+	for k, v := range resp.Header {
+		w.Header()[k] = slices.Clone(v)
+	}
+	w.Header().Set(ReplayedHeader, "true")
+	w.WriteHeader(resp.Status)
+	_, _ = w.Write(resp.Body)
+}
+
+// parseKey reads the one header value, bare or as a structured-field string.
+func parseKey(values []string) (string, error) {
+	if len(values) != 1 {
+		return "", fmt.Errorf("%w: %d %s headers, want one", ErrInvalidKey, len(values), Header)
+	}
+	v := strings.TrimSpace(values[0])
+	if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
+		var b strings.Builder
+		inner := v[1 : len(v)-1]
+		for i := 0; i < len(inner); i++ {
+			c := inner[i]
+			if c == '\\' {
+				if i+1 == len(inner) || (inner[i+1] != '"' && inner[i+1] != '\\') {
+					return "", fmt.Errorf("%w: bad escape in quoted key", ErrInvalidKey)
+				}
+				i++
+				c = inner[i]
+			} else if c == '"' {
+				return "", fmt.Errorf("%w: unescaped quote in quoted key", ErrInvalidKey)
+			}
+			b.WriteByte(c)
+		}
+		v = b.String()
+	}
+	if err := Validate(v); err != nil {
+		return "", err
+	}
+	return v, nil
+}
+
+func newToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return hex.EncodeToString(b[:])
+}
+
+// problem writes an RFC 9457 problem, the error format the draft suggests.
+func problem(w http.ResponseWriter, status int, title, detail string) {
+	body, _ := json.Marshal(map[string]any{"title": title, "status": status, "detail": detail})
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// recorder buffers a handler's response. Its header map is the real
+// response's, so headers the handler sets reach the client.
+type recorder struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (r *recorder) Header() http.Header { return r.header }
+
+func (r *recorder) WriteHeader(status int) {
+	if r.status == 0 && status >= 200 { // 1xx are informational; keep waiting for the final status
+		r.status = status
+	}
+}
+
+func (r *recorder) Write(p []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	return r.body.Write(p)
+}
+
+func (r *recorder) statusCode() int {
+	if r.status == 0 {
+		return http.StatusOK
+	}
+	return r.status
+}

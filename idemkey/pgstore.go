@@ -1,0 +1,222 @@
+package idemkey
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+	"text/template"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// DB is what [PGStore] needs from a database: a *pgxpool.Pool, a *pgx.Conn
+// (not for concurrent use) or a test double.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// PGConfig configures a [PGStore].
+type PGConfig struct {
+	// Table is the keys table, optionally schema-qualified
+	// ("payments.idempotency_keys"). Defaults to "idem_idempotency_keys".
+	// Each part must match ^[A-Za-z_][A-Za-z0-9_]{0,62}$.
+	Table string
+}
+
+// ErrConfig is wrapped by the errors of an invalid [PGConfig].
+var ErrConfig = errors.New("invalid idemkey configuration")
+
+// PGStore is the [Store] on PostgreSQL through pgx. Call [PGStore.Migrate]
+// once before use and [PGStore.Prune] periodically.
+type PGStore struct {
+	db    DB
+	table pgx.Identifier
+	name  string // quoted
+	sql   struct{ claim, lookup, complete, release, prune string }
+}
+
+var identPart = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+// NewPGStore returns a store on db.
+func NewPGStore(db DB, cfg *PGConfig) (*PGStore, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: db is nil", ErrConfig)
+	}
+	table := "idem_idempotency_keys"
+	if cfg != nil && cfg.Table != "" {
+		table = cfg.Table
+	}
+	parts := strings.Split(table, ".")
+	if len(parts) > 2 {
+		return nil, fmt.Errorf("%w: table %q has more than schema.table", ErrConfig, table)
+	}
+	for _, p := range parts {
+		if !identPart.MatchString(p) {
+			return nil, fmt.Errorf("%w: table %q: part %q must match %s", ErrConfig, table, p, identPart)
+		}
+	}
+	s := &PGStore{db: db, table: pgx.Identifier(parts)}
+	s.name = s.table.Sanitize()
+	// The claim, spelled out once: insert the key, or take over a row whose
+	// lease or TTL ran out. Of concurrent claims the primary key lets one
+	// insert; the others wait for it and then find the row unexpired.
+	s.sql.claim = `INSERT INTO ` + s.name + ` AS k (scope, key, fingerprint, token, expires_at)
+VALUES ($1, $2, $3, $4, now() + $5::bigint * interval '1 millisecond')
+ON CONFLICT (scope, key) DO UPDATE
+SET fingerprint = EXCLUDED.fingerprint, token = EXCLUDED.token, status = NULL, header = NULL,
+    body = NULL, created_at = now(), expires_at = EXCLUDED.expires_at
+WHERE k.expires_at <= now()
+RETURNING true`
+	s.sql.lookup = `SELECT fingerprint, status, header, body FROM ` + s.name + `
+WHERE scope = $1 AND key = $2 AND expires_at > now()`
+	s.sql.complete = `UPDATE ` + s.name + `
+SET status = $4, header = $5::jsonb, body = $6, expires_at = now() + $7::bigint * interval '1 millisecond'
+WHERE scope = $1 AND key = $2 AND token = $3 AND status IS NULL`
+	s.sql.release = `DELETE FROM ` + s.name + ` WHERE scope = $1 AND key = $2 AND token = $3 AND status IS NULL`
+	s.sql.prune = `DELETE FROM ` + s.name + ` WHERE ctid = ANY(ARRAY(
+SELECT ctid FROM ` + s.name + ` WHERE expires_at < now() - $1::bigint * interval '1 millisecond' LIMIT $2))`
+	return s, nil
+}
+
+// Table returns the quoted table name, for maintenance queries.
+func (s *PGStore) Table() string { return s.name }
+
+// Migrate creates the keys table and its index when missing. It is safe to
+// call on every start and from several processes at once: migrators queue
+// on an advisory lock.
+func (s *PGStore) Migrate(ctx context.Context) error {
+	raw, err := migrationFS.ReadFile("migrations/001_idempotency_keys.sql")
+	if err != nil {
+		return fmt.Errorf("migrating idempotency keys: %w", err)
+	}
+	t, err := template.New("migration").Parse(string(raw))
+	if err != nil {
+		return fmt.Errorf("parsing idempotency keys migration: %w", err)
+	}
+	var b strings.Builder
+	// PostgreSQL puts an index in its table's schema: the name is unqualified.
+	index := pgx.Identifier{s.table[len(s.table)-1] + "_expires_at_idx"}.Sanitize()
+	if err := t.Execute(&b, map[string]string{"Table": s.name, "ExpiresIndex": index}); err != nil {
+		return fmt.Errorf("rendering idempotency keys migration: %w", err)
+	}
+	tx, err := s.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("migrating idempotency keys: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('idem.idemkey.migrate'))`); err != nil {
+		return fmt.Errorf("migrating idempotency keys: %w", err)
+	}
+	if _, err := tx.Exec(ctx, b.String()); err != nil {
+		return fmt.Errorf("migrating idempotency keys: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("migrating idempotency keys: %w", err)
+	}
+	return nil
+}
+
+// Claim implements [Store]. A key released or taken over between the
+// insert and the lookup is claimed again.
+func (s *PGStore) Claim(ctx context.Context, c Claim) (*Record, error) {
+	for attempt := 0; ; attempt++ {
+		var won bool
+		err := s.db.QueryRow(ctx, s.sql.claim, c.Scope, c.Key, c.Fingerprint, c.Token, c.Lease.Milliseconds()).Scan(&won)
+		if err == nil {
+			return nil, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return nil, fmt.Errorf("claiming idempotency key %q: %w", c.Key, err)
+		}
+		var (
+			rec    Record
+			status *int32
+			header []byte
+			body   []byte
+		)
+		err = s.db.QueryRow(ctx, s.sql.lookup, c.Scope, c.Key).Scan(&rec.Fingerprint, &status, &header, &body)
+		if errors.Is(err, pgx.ErrNoRows) && attempt < 3 {
+			continue // released, or expired just now: the key is free again
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading idempotency key %q: %w", c.Key, err)
+		}
+		if status != nil {
+			rec.Response = &Response{Status: int(*status), Header: http.Header{}, Body: body}
+			if len(header) > 0 {
+				if err := json.Unmarshal(header, &rec.Response.Header); err != nil {
+					return nil, fmt.Errorf("decoding stored headers of key %q: %w", c.Key, err)
+				}
+			}
+			if rec.Response.Body == nil {
+				rec.Response.Body = []byte{}
+			}
+		}
+		return &rec, nil
+	}
+}
+
+// Complete implements [Store].
+func (s *PGStore) Complete(ctx context.Context, c Claim, resp Response) error {
+	header, err := json.Marshal(resp.Header)
+	if err != nil {
+		return fmt.Errorf("encoding headers of key %q: %w", c.Key, err)
+	}
+	body := resp.Body
+	if body == nil {
+		body = []byte{}
+	}
+	tag, err := s.db.Exec(ctx, s.sql.complete, c.Scope, c.Key, c.Token, resp.Status, string(header), body, c.TTL.Milliseconds())
+	if err != nil {
+		return fmt.Errorf("storing response of key %q: %w", c.Key, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("storing response of key %q: %w", c.Key, ErrLeaseLost)
+	}
+	return nil
+}
+
+// Release implements [Store].
+func (s *PGStore) Release(ctx context.Context, c Claim) error {
+	if _, err := s.db.Exec(ctx, s.sql.release, c.Scope, c.Key, c.Token); err != nil {
+		return fmt.Errorf("releasing idempotency key %q: %w", c.Key, err)
+	}
+	return nil
+}
+
+// pruneBatch bounds each DELETE of Prune, so that no statement holds many
+// row locks or runs for long.
+const pruneBatch = 1000
+
+// Prune deletes the records that expired more than olderThan ago (0: every
+// expired record), in batches of a thousand rows, and returns how many it
+// deleted. Expired records are already ignored by Claim; pruning reclaims
+// their space. Run it periodically, for instance hourly.
+func (s *PGStore) Prune(ctx context.Context, olderThan time.Duration) (int64, error) {
+	if olderThan < 0 {
+		return 0, fmt.Errorf("%w: prune olderThan %v is negative", ErrConfig, olderThan)
+	}
+	var total int64
+	for {
+		tag, err := s.db.Exec(ctx, s.sql.prune, olderThan.Milliseconds(), pruneBatch)
+		if err != nil {
+			return total, fmt.Errorf("pruning idempotency keys: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < pruneBatch {
+			return total, nil
+		}
+	}
+}
