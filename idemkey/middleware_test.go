@@ -1,0 +1,333 @@
+package idemkey_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/idemkey"
+	"github.com/idemkit/idem/internal/pgtest"
+)
+
+// newStore returns a migrated store in a fresh schema.
+func newStore(t *testing.T) (*idemkey.PGStore, *pgxpool.Pool) {
+	t.Helper()
+	pool := pgtest.Pool(t)
+	store, err := idemkey.NewPGStore(pool, &idemkey.PGConfig{Table: "idempotency_keys"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return store, pool
+}
+
+// charges is a handler that creates one charge per run: 201 with a new ID.
+type charges struct {
+	runs   atomic.Int64
+	status int           // status to answer; 201 when 0
+	gate   chan struct{} // when set, the first run waits for it
+}
+
+func (c *charges) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	n := c.runs.Add(1)
+	if c.gate != nil && n == 1 {
+		<-c.gate
+	}
+	body, _ := io.ReadAll(r.Body)
+	status := c.status
+	if status == 0 {
+		status = http.StatusCreated
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", fmt.Sprintf("/charges/ch-%d", n))
+	w.Header().Set("X-Run", fmt.Sprint(n))
+	w.WriteHeader(status)
+	fmt.Fprintf(w, `{"id":"ch-%d","request":%q,"bytes":"\x00\xff"}`, n, body)
+}
+
+func serve(t *testing.T, store idemkey.Store, cfg *idemkey.Config, h http.Handler) *httptest.Server {
+	t.Helper()
+	if cfg == nil {
+		cfg = &idemkey.Config{}
+	}
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	srv := httptest.NewServer(idemkey.Middleware(store, cfg)(h))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+type answer struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func post(t *testing.T, url, key, body string, header ...string) answer {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Error(err)
+		return answer{}
+	}
+	if key != "" {
+		req.Header.Set(idemkey.Header, key)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Error(err)
+		return answer{}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Error(err)
+	}
+	return answer{resp.StatusCode, resp.Header, b}
+}
+
+func TestMiddlewareReplaysTheFirstResponse(t *testing.T) {
+	t.Parallel()
+	store, _ := newStore(t)
+	h := &charges{}
+	srv := serve(t, store, nil, h)
+
+	first := post(t, srv.URL+"/charges", "renew:sub-8421:2026-03", `{"amount":5000000}`)
+	second := post(t, srv.URL+"/charges", "renew:sub-8421:2026-03", `{"amount":5000000}`)
+	quoted := post(t, srv.URL+"/charges", `"renew:sub-8421:2026-03"`, `{"amount":5000000}`)
+	if n := h.runs.Load(); n != 1 {
+		t.Fatalf("handler ran %d times, want 1", n)
+	}
+	if first.status != http.StatusCreated || first.header.Get(idemkey.ReplayedHeader) != "" {
+		t.Fatalf("first answer: %d, replayed %q", first.status, first.header.Get(idemkey.ReplayedHeader))
+	}
+	for _, again := range []answer{second, quoted} {
+		if again.status != first.status || !bytes.Equal(again.body, first.body) {
+			t.Fatalf("replay %d %q, want %d %q", again.status, again.body, first.status, first.body)
+		}
+		for _, k := range []string{"Content-Type", "Location"} {
+			if again.header.Get(k) != first.header.Get(k) {
+				t.Errorf("replayed %s = %q, want %q", k, again.header.Get(k), first.header.Get(k))
+			}
+		}
+		if again.header.Get(idemkey.ReplayedHeader) != "true" {
+			t.Errorf("replay lacks %s: true", idemkey.ReplayedHeader)
+		}
+		if again.header.Get("X-Run") != "" {
+			t.Error("a header outside Config.Headers was replayed")
+		}
+	}
+	// Another key is another charge.
+	if other := post(t, srv.URL+"/charges", "renew:sub-8421:2026-04", `{"amount":5000000}`); other.status != http.StatusCreated || h.runs.Load() != 2 {
+		t.Fatalf("another key: %d after %d runs", other.status, h.runs.Load())
+	}
+}
+
+func TestMiddlewareConcurrentDuplicatesRunOnce(t *testing.T) {
+	t.Parallel()
+	store, _ := newStore(t)
+	h := &charges{gate: make(chan struct{})}
+	srv := serve(t, store, &idemkey.Config{RetryAfter: 2e9}, h)
+
+	const n = 16
+	answers := make(chan answer, n)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() { answers <- post(t, srv.URL+"/charges", "k-1", "same") })
+	}
+	// While the winner is held in the handler, every other request is
+	// answered 409: wait for those, then let the winner finish.
+	for range n - 1 {
+		a := <-answers
+		if a.status != http.StatusConflict || a.header.Get("Retry-After") != "2" {
+			t.Errorf("duplicate in progress: %d, Retry-After %q; want 409, 2", a.status, a.header.Get("Retry-After"))
+		}
+	}
+	close(h.gate)
+	wg.Wait()
+	won := <-answers
+	if won.status != http.StatusCreated {
+		t.Fatalf("winner: %d %s", won.status, won.body)
+	}
+	after := post(t, srv.URL+"/charges", "k-1", "same")
+	if after.status != http.StatusCreated || !bytes.Equal(after.body, won.body) || after.header.Get(idemkey.ReplayedHeader) != "true" {
+		t.Fatalf("after the winner: %d %q, want a replay of %q", after.status, after.body, won.body)
+	}
+	if runs := h.runs.Load(); runs != 1 {
+		t.Fatalf("handler ran %d times, want 1", runs)
+	}
+}
+
+func TestMiddlewareRefusesAKeyReusedForAnotherRequest(t *testing.T) {
+	t.Parallel()
+	store, _ := newStore(t)
+	h := &charges{}
+	srv := serve(t, store, nil, h)
+	post(t, srv.URL+"/charges", "k-1", `{"amount":100}`)
+	for _, c := range []struct{ path, body string }{
+		{"/charges", `{"amount":999}`},
+		{"/refunds", `{"amount":100}`},
+		{"/charges?currency=usd", `{"amount":100}`},
+	} {
+		if a := post(t, srv.URL+c.path, "k-1", c.body); a.status != http.StatusUnprocessableEntity {
+			t.Errorf("%s %s with a used key: %d, want 422", c.path, c.body, a.status)
+		}
+	}
+	if runs := h.runs.Load(); runs != 1 {
+		t.Fatalf("handler ran %d times, want 1", runs)
+	}
+}
+
+func TestMiddlewareServerErrorReleasesTheKey(t *testing.T) {
+	t.Parallel()
+	store, _ := newStore(t)
+	h := &charges{status: http.StatusBadGateway}
+	srv := serve(t, store, nil, h)
+	if a := post(t, srv.URL, "k-1", "x"); a.status != http.StatusBadGateway {
+		t.Fatalf("first: %d", a.status)
+	}
+	h.status = 0
+	retry := post(t, srv.URL, "k-1", "x")
+	if retry.status != http.StatusCreated || retry.header.Get(idemkey.ReplayedHeader) != "" {
+		t.Fatalf("retry after 502: %d replayed=%q, want a fresh 201", retry.status, retry.header.Get(idemkey.ReplayedHeader))
+	}
+	if again := post(t, srv.URL, "k-1", "x"); !bytes.Equal(again.body, retry.body) || h.runs.Load() != 2 {
+		t.Fatalf("after success: runs %d, body %q want %q", h.runs.Load(), again.body, retry.body)
+	}
+
+	// Told to keep server errors, the middleware replays them.
+	keep := &charges{status: http.StatusInternalServerError}
+	srv = serve(t, store, &idemkey.Config{Release: func(int) bool { return false }}, keep)
+	post(t, srv.URL, "k-2", "x")
+	if a := post(t, srv.URL, "k-2", "x"); a.status != http.StatusInternalServerError || a.header.Get(idemkey.ReplayedHeader) != "true" || keep.runs.Load() != 1 {
+		t.Fatalf("kept 500: %d replayed=%q runs=%d", a.status, a.header.Get(idemkey.ReplayedHeader), keep.runs.Load())
+	}
+}
+
+func TestMiddlewarePanicReleasesTheKey(t *testing.T) {
+	t.Parallel()
+	store, _ := newStore(t)
+	var runs atomic.Int64
+	handler := idemkey.Middleware(store, &idemkey.Config{Logger: slog.New(slog.DiscardHandler)})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) == 1 {
+			panic("gateway client crashed")
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	call := func() (code int, panicked bool) {
+		defer func() {
+			if recover() != nil {
+				panicked = true
+			}
+		}()
+		req := httptest.NewRequest(http.MethodPost, "/charges", strings.NewReader("x"))
+		req.Header.Set(idemkey.Header, "k-1")
+		w := httptest.NewRecorder()
+		handler.ServeHTTP(w, req)
+		return w.Code, false
+	}
+	if _, panicked := call(); !panicked {
+		t.Fatal("the handler's panic was swallowed")
+	}
+	if code, _ := call(); code != http.StatusCreated || runs.Load() != 2 {
+		t.Fatalf("retry after a panic: %d after %d runs, want 201 after 2", code, runs.Load())
+	}
+}
+
+func TestMiddlewareScopesKeys(t *testing.T) {
+	t.Parallel()
+	store, _ := newStore(t)
+	h := &charges{}
+	srv := serve(t, store, &idemkey.Config{Scope: func(r *http.Request) string { return r.Header.Get("X-Client") }}, h)
+	a := post(t, srv.URL, "k-1", "x", "X-Client", "merchant-a")
+	b := post(t, srv.URL, "k-1", "x", "X-Client", "merchant-b")
+	if a.status != http.StatusCreated || b.status != http.StatusCreated || bytes.Equal(a.body, b.body) || h.runs.Load() != 2 {
+		t.Fatalf("two clients with one key: %d %q, %d %q, runs %d", a.status, a.body, b.status, b.body, h.runs.Load())
+	}
+	if again := post(t, srv.URL, "k-1", "x", "X-Client", "merchant-a"); !bytes.Equal(again.body, a.body) || h.runs.Load() != 2 {
+		t.Fatalf("same client again: %q, want replay of %q", again.body, a.body)
+	}
+}
+
+func TestMiddlewareRequestsWithoutAGuardedKey(t *testing.T) {
+	t.Parallel()
+	store, _ := newStore(t)
+	h := &charges{}
+	srv := serve(t, store, nil, h)
+	post(t, srv.URL, "", "x")
+	post(t, srv.URL, "", "x")
+	if h.runs.Load() != 2 {
+		t.Fatalf("requests without a key: %d runs, want 2 (pass through)", h.runs.Load())
+	}
+	for _, key := range []string{"has space", `"unterminated\"`, strings.Repeat("k", idemkey.MaxLen+1)} {
+		if a := post(t, srv.URL, key, "x"); a.status != http.StatusBadRequest {
+			t.Errorf("key %q: %d, want 400", key, a.status)
+		}
+	}
+	req, _ := http.NewRequest(http.MethodGet, srv.URL, nil)
+	req.Header.Set(idemkey.Header, "k-get")
+	for range 2 {
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	if h.runs.Load() != 4 {
+		t.Fatalf("GET with a key: %d runs in all, want 4 (GET is not guarded)", h.runs.Load())
+	}
+
+	required := serve(t, store, &idemkey.Config{Required: true, MaxBody: 4}, h)
+	if a := post(t, required.URL, "", "x"); a.status != http.StatusBadRequest || a.header.Get("Content-Type") != "application/problem+json" {
+		t.Fatalf("required key missing: %d %s", a.status, a.header.Get("Content-Type"))
+	}
+	if a := post(t, required.URL, "k-big", "12345"); a.status != http.StatusRequestEntityTooLarge {
+		t.Fatalf("body over MaxBody: %d, want 413", a.status)
+	}
+}
+
+func TestMiddlewareStoreDownIsServiceUnavailable(t *testing.T) {
+	t.Parallel()
+	store, pool := newStore(t)
+	pool.Close()
+	h := &charges{}
+	srv := serve(t, store, nil, h)
+	if a := post(t, srv.URL, "k-1", "x"); a.status != http.StatusServiceUnavailable || a.header.Get("Retry-After") == "" || h.runs.Load() != 0 {
+		t.Fatalf("store down: %d, Retry-After %q, runs %d; want 503 with Retry-After and no run", a.status, a.header.Get("Retry-After"), h.runs.Load())
+	}
+}
+
+func TestMiddlewareConfig(t *testing.T) {
+	t.Parallel()
+	for name, f := range map[string]func(){
+		"nil store":      func() { idemkey.Middleware(nil, nil) },
+		"negative lease": func() { idemkey.Middleware(&idemkey.PGStore{}, &idemkey.Config{Lease: -1}) },
+	} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%s: no panic", name)
+				}
+			}()
+			f()
+		}()
+	}
+	if _, err := idemkey.NewPGStore(nil, nil); !errors.Is(err, idemkey.ErrConfig) {
+		t.Errorf("nil db: %v", err)
+	}
+}

@@ -1,0 +1,128 @@
+package idemkey_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/idemkey"
+	"github.com/idemkit/idem/internal/pgtest"
+)
+
+func claim(key, token string) idemkey.Claim {
+	return idemkey.Claim{Key: key, Fingerprint: []byte("fp-" + key), Token: token, Lease: time.Minute, TTL: time.Hour}
+}
+
+func TestPGStoreLeaseTakeover(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store, pool := newStore(t)
+	first, second := claim("k-1", "t-1"), claim("k-1", "t-2")
+	if rec, err := store.Claim(ctx, first); err != nil || rec != nil {
+		t.Fatalf("first claim: %+v, %v", rec, err)
+	}
+	if rec, err := store.Claim(ctx, second); err != nil || rec == nil || rec.Response != nil {
+		t.Fatalf("claim while in progress: %+v, %v; want a record without response", rec, err)
+	}
+	// The first server died mid-request: its lease runs out.
+	if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET expires_at = now() - interval '1 second'`); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := store.Claim(ctx, second); err != nil || rec != nil {
+		t.Fatalf("claim after the lease ran out: %+v, %v; want a win", rec, err)
+	}
+	if err := store.Complete(ctx, first, idemkey.Response{Status: 201}); !errors.Is(err, idemkey.ErrLeaseLost) {
+		t.Fatalf("late completion of the first claim: %v, want ErrLeaseLost", err)
+	}
+	if err := store.Release(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	resp := idemkey.Response{Status: 201, Header: http.Header{"Content-Type": {"text/plain"}}, Body: []byte("ok")}
+	if err := store.Complete(ctx, second, resp); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := store.Claim(ctx, claim("k-1", "t-3"))
+	if err != nil || rec == nil || rec.Response == nil {
+		t.Fatalf("claim after completion: %+v, %v", rec, err)
+	}
+	if r := rec.Response; r.Status != 201 || string(r.Body) != "ok" || r.Header.Get("Content-Type") != "text/plain" {
+		t.Fatalf("stored response %+v", r)
+	}
+}
+
+func TestPGStorePrune(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store, pool := newStore(t)
+	for _, k := range []string{"old-1", "old-2", "fresh"} {
+		c := claim(k, "t-"+k)
+		if _, err := store.Claim(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+		if err := store.Complete(ctx, c, idemkey.Response{Status: 200}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET expires_at = now() - interval '2 hours' WHERE key LIKE 'old-%'`); err != nil {
+		t.Fatal(err)
+	}
+	// An expired response no longer answers: the key is free again.
+	if rec, err := store.Claim(ctx, claim("old-2", "t-new")); err != nil || rec != nil {
+		t.Fatalf("claim of an expired key: %+v, %v; want a win", rec, err)
+	}
+	if n, err := store.Prune(ctx, 3*time.Hour); err != nil || n != 0 {
+		t.Fatalf("prune of records expired over 3h ago: %d, %v; want 0", n, err)
+	}
+	if n, err := store.Prune(ctx, 0); err != nil || n != 1 {
+		t.Fatalf("prune: %d, %v; want 1 (old-1)", n, err)
+	}
+	var left []string
+	rows, _ := pool.Query(ctx, `SELECT key FROM idempotency_keys ORDER BY key`)
+	for rows.Next() {
+		var k string
+		_ = rows.Scan(&k)
+		left = append(left, k)
+	}
+	if rows.Err() != nil || len(left) != 2 || left[0] != "fresh" || left[1] != "old-2" {
+		t.Fatalf("left after prune: %q, %v", left, rows.Err())
+	}
+}
+
+func TestPGStoreMigrateConcurrentlyAndTableNames(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	if _, err := pool.Exec(ctx, `CREATE SCHEMA payments`); err != nil {
+		t.Fatal(err)
+	}
+	store, err := idemkey.NewPGStore(pool, &idemkey.PGConfig{Table: "payments.keys"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if store.Table() != `"payments"."keys"` {
+		t.Fatalf("Table() = %s", store.Table())
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for range 4 {
+		wg.Go(func() { errs <- store.Migrate(ctx) })
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rec, err := store.Claim(ctx, claim("k", "t")); err != nil || rec != nil {
+		t.Fatalf("claim on a schema-qualified table: %+v, %v", rec, err)
+	}
+	for _, bad := range []string{`keys"; DROP TABLE x; --`, "a.b.c", "1keys", "payments."} {
+		if _, err := idemkey.NewPGStore(pool, &idemkey.PGConfig{Table: bad}); !errors.Is(err, idemkey.ErrConfig) {
+			t.Errorf("table %q: %v, want ErrConfig", bad, err)
+		}
+	}
+}
