@@ -95,14 +95,15 @@ func TestPGStoreMigrateConcurrentlyAndTableNames(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pgtest.Pool(t)
-	if _, err := pool.Exec(ctx, `CREATE SCHEMA payments`); err != nil {
+	var schema string // the test's own schema, named explicitly
+	if err := pool.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
 		t.Fatal(err)
 	}
-	store, err := idemkey.NewPGStore(pool, &idemkey.PGConfig{Table: "payments.keys"})
+	store, err := idemkey.NewPGStore(pool, &idemkey.PGConfig{Table: schema + ".keys"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if store.Table() != `"payments"."keys"` {
+	if store.Table() != `"`+schema+`"."keys"` {
 		t.Fatalf("Table() = %s", store.Table())
 	}
 	var wg sync.WaitGroup
