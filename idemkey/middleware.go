@@ -36,7 +36,7 @@ type Config struct {
 	Scope func(*http.Request) string
 	// Fingerprint identifies a request, so that a key reused for another
 	// request is refused with 422. Defaults to [Fingerprint] (method, path
-	// and query, SHA-256 of the body).
+	// and query, SHA-256 of the body). A nil result counts as empty.
 	Fingerprint func(r *http.Request, body []byte) []byte
 	// Headers are the response headers stored and replayed with the status
 	// and body. Defaults to Content-Type, Content-Language, Location, ETag
@@ -209,7 +209,11 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	_ = r.Body.Close()
 	r.Body = io.NopCloser(bytes.NewReader(body))
 
-	c := Claim{Scope: m.scope(r), Key: key, Fingerprint: m.print(r, body), Token: newToken(), Lease: m.lease, TTL: m.ttl}
+	fp := m.print(r, body)
+	if fp == nil {
+		fp = []byte{} // a custom Fingerprint may return nil; the store keeps bytes
+	}
+	c := Claim{Scope: m.scope(r), Key: key, Fingerprint: fp, Token: newToken(), Lease: m.lease, TTL: m.ttl}
 	rec, err := m.store.Claim(r.Context(), c)
 	switch {
 	case err != nil:

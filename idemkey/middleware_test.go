@@ -331,3 +331,16 @@ func TestMiddlewareConfig(t *testing.T) {
 		t.Errorf("nil db: %v", err)
 	}
 }
+
+func TestMiddlewareNilFingerprint(t *testing.T) {
+	t.Parallel()
+	store, _ := newStore(t)
+	h := &charges{}
+	srv := serve(t, store, &idemkey.Config{Fingerprint: func(*http.Request, []byte) []byte { return nil }}, h)
+	first := post(t, srv.URL, "k-1", "x")
+	again := post(t, srv.URL, "k-1", "x")
+	if first.status != http.StatusCreated || again.status != http.StatusCreated || again.header.Get(idemkey.ReplayedHeader) != "true" || h.runs.Load() != 1 {
+		t.Fatalf("nil fingerprint: %d then %d (replayed %q), runs %d; want 201, a replayed 201, 1 run",
+			first.status, again.status, again.header.Get(idemkey.ReplayedHeader), h.runs.Load())
+	}
+}

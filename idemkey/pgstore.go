@@ -131,6 +131,9 @@ func (s *PGStore) Migrate(ctx context.Context) error {
 // Claim implements [Store]. A key released or taken over between the
 // insert and the lookup is claimed again.
 func (s *PGStore) Claim(ctx context.Context, c Claim) (*Record, error) {
+	if c.Fingerprint == nil {
+		c.Fingerprint = []byte{} // nil would be NULL in a NOT NULL column
+	}
 	for attempt := 0; ; attempt++ {
 		var won bool
 		err := s.db.QueryRow(ctx, s.sql.claim, c.Scope, c.Key, c.Fingerprint, c.Token, c.Lease.Milliseconds()).Scan(&won)
