@@ -116,8 +116,9 @@ type middleware struct {
 // Keys are accepted bare (Stripe's form) or as the draft's quoted
 // structured-field string, and must pass [Validate] (400 otherwise). The
 // handler's response is buffered, so streaming handlers do not fit behind
-// it. Middleware panics on a nil store or a negative Config duration or
-// size, at construction, like http.Handle does with bad patterns.
+// it. Middleware panics on a nil store, a negative Config duration or size,
+// or a TTL or Lease under a millisecond, at construction, like http.Handle
+// does with bad patterns.
 func Middleware(store Store, cfg *Config) func(http.Handler) http.Handler {
 	m, err := newMiddleware(store, cfg)
 	if err != nil {
@@ -137,6 +138,9 @@ func newMiddleware(store Store, cfg *Config) (*middleware, error) {
 	}
 	if cfg.TTL < 0 || cfg.Lease < 0 || cfg.RetryAfter < 0 || cfg.MaxBody < 0 {
 		return nil, fmt.Errorf("negative TTL %v, Lease %v, RetryAfter %v or MaxBody %d", cfg.TTL, cfg.Lease, cfg.RetryAfter, cfg.MaxBody)
+	}
+	if (cfg.TTL > 0 && cfg.TTL < time.Millisecond) || (cfg.Lease > 0 && cfg.Lease < time.Millisecond) {
+		return nil, fmt.Errorf("TTL %v or Lease %v under the store's 1ms resolution", cfg.TTL, cfg.Lease)
 	}
 	m := &middleware{
 		store: store, methods: cfg.Methods, required: cfg.Required, scope: cfg.Scope,

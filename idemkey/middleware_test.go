@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -315,8 +316,10 @@ func TestMiddlewareStoreDownIsServiceUnavailable(t *testing.T) {
 func TestMiddlewareConfig(t *testing.T) {
 	t.Parallel()
 	for name, f := range map[string]func(){
-		"nil store":      func() { idemkey.Middleware(nil, nil) },
-		"negative lease": func() { idemkey.Middleware(&idemkey.PGStore{}, &idemkey.Config{Lease: -1}) },
+		"nil store":       func() { idemkey.Middleware(nil, nil) },
+		"negative lease":  func() { idemkey.Middleware(&idemkey.PGStore{}, &idemkey.Config{Lease: -1}) },
+		"lease under 1ms": func() { idemkey.Middleware(&idemkey.PGStore{}, &idemkey.Config{Lease: 500 * time.Microsecond}) },
+		"TTL under 1ms":   func() { idemkey.Middleware(&idemkey.PGStore{}, &idemkey.Config{TTL: time.Nanosecond}) },
 	} {
 		func() {
 			defer func() {

@@ -136,7 +136,7 @@ func (s *PGStore) Claim(ctx context.Context, c Claim) (*Record, error) {
 	}
 	for attempt := 0; ; attempt++ {
 		var won bool
-		err := s.db.QueryRow(ctx, s.sql.claim, c.Scope, c.Key, c.Fingerprint, c.Token, c.Lease.Milliseconds()).Scan(&won)
+		err := s.db.QueryRow(ctx, s.sql.claim, c.Scope, c.Key, c.Fingerprint, c.Token, millis(c.Lease)).Scan(&won)
 		if err == nil {
 			return nil, nil
 		}
@@ -181,7 +181,7 @@ func (s *PGStore) Complete(ctx context.Context, c Claim, resp Response) error {
 	if body == nil {
 		body = []byte{}
 	}
-	tag, err := s.db.Exec(ctx, s.sql.complete, c.Scope, c.Key, c.Token, resp.Status, string(header), body, c.TTL.Milliseconds())
+	tag, err := s.db.Exec(ctx, s.sql.complete, c.Scope, c.Key, c.Token, resp.Status, string(header), body, millis(c.TTL))
 	if err != nil {
 		return fmt.Errorf("storing response of key %q: %w", c.Key, err)
 	}
@@ -189,6 +189,12 @@ func (s *PGStore) Complete(ctx context.Context, c Claim, resp Response) error {
 		return fmt.Errorf("storing response of key %q: %w", c.Key, ErrLeaseLost)
 	}
 	return nil
+}
+
+// millis is d in whole milliseconds, the resolution of the SQL, rounded up
+// so that a positive lease or TTL never becomes none.
+func millis(d time.Duration) int64 {
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
 
 // Release implements [Store].

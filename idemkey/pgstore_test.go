@@ -127,3 +127,22 @@ func TestPGStoreMigrateConcurrentlyAndTableNames(t *testing.T) {
 		}
 	}
 }
+
+func TestPGStoreSubMillisecondLease(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store, pool := newStore(t)
+	c := claim("k-1", "t-1")
+	c.Lease = 500 * time.Microsecond
+	if rec, err := store.Claim(ctx, c); err != nil || rec != nil {
+		t.Fatalf("claim: %+v, %v", rec, err)
+	}
+	// A lease under a millisecond is rounded up, not truncated to none.
+	var lease time.Duration
+	if err := pool.QueryRow(ctx, `SELECT expires_at - created_at FROM idempotency_keys`).Scan(&lease); err != nil {
+		t.Fatal(err)
+	}
+	if lease != time.Millisecond {
+		t.Fatalf("stored lease of a 500µs claim: %v, want 1ms", lease)
+	}
+}
