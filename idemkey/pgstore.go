@@ -2,7 +2,9 @@ package idemkey
 
 import (
 	"context"
+	"crypto/sha256"
 	"embed"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -106,8 +108,7 @@ func (s *PGStore) Migrate(ctx context.Context) error {
 		return fmt.Errorf("parsing idempotency keys migration: %w", err)
 	}
 	var b strings.Builder
-	// PostgreSQL puts an index in its table's schema: the name is unqualified.
-	index := pgx.Identifier{s.table[len(s.table)-1] + "_expires_at_idx"}.Sanitize()
+	index := pgx.Identifier{expiresIndex(s.table[len(s.table)-1])}.Sanitize()
 	if err := t.Execute(&b, map[string]string{"Table": s.name, "ExpiresIndex": index}); err != nil {
 		return fmt.Errorf("rendering idempotency keys migration: %w", err)
 	}
@@ -126,6 +127,20 @@ func (s *PGStore) Migrate(ctx context.Context) error {
 		return fmt.Errorf("migrating idempotency keys: %w", err)
 	}
 	return nil
+}
+
+// expiresIndex names the expires_at index of table. PostgreSQL puts an
+// index in its table's schema: the name is unqualified. A name over 63 bytes
+// would be truncated, and two long table names could share one (or the
+// index could take the table's own name), so a long table name is cut and
+// followed by a hash of the whole.
+func expiresIndex(table string) string {
+	const suffix = "_expires_at_idx"
+	if len(table)+len(suffix) <= 63 {
+		return table + suffix
+	}
+	sum := sha256.Sum256([]byte(table))
+	return table[:39] + "_" + hex.EncodeToString(sum[:4]) + suffix // 39+1+8+15 = 63 bytes
 }
 
 // Claim implements [Store]. A key released or taken over between the

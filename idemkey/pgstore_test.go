@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -144,5 +145,34 @@ func TestPGStoreSubMillisecondLease(t *testing.T) {
 	}
 	if lease != time.Millisecond {
 		t.Fatalf("stored lease of a 500µs claim: %v, want 1ms", lease)
+	}
+}
+
+func TestPGStoreLongTableNamesGetTheirOwnIndex(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	// Two 63-byte names that differ only in their last byte: PostgreSQL
+	// would truncate "<table>_expires_at_idx" of both to the same name.
+	for _, last := range []string{"a", "b"} {
+		table := strings.Repeat("k", 62) + last
+		store, err := idemkey.NewPGStore(pool, &idemkey.PGConfig{Table: table})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := store.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var indexes []string
+	rows, _ := pool.Query(ctx, `SELECT tablename || ' ' || indexname FROM pg_indexes
+WHERE schemaname = current_schema() AND indexdef LIKE '%(expires_at)' ORDER BY 1`)
+	for rows.Next() {
+		var s string
+		_ = rows.Scan(&s)
+		indexes = append(indexes, s)
+	}
+	if rows.Err() != nil || len(indexes) != 2 {
+		t.Fatalf("expires_at indexes: %q, %v; want one per table", indexes, rows.Err())
 	}
 }
