@@ -87,8 +87,12 @@ WHERE scope = $1 AND key = $2 AND expires_at > now()`
 SET status = $4, header = $5::jsonb, body = $6, expires_at = now() + $7::bigint * interval '1 millisecond'
 WHERE scope = $1 AND key = $2 AND token = $3 AND status IS NULL`
 	s.sql.release = `DELETE FROM ` + s.name + ` WHERE scope = $1 AND key = $2 AND token = $3 AND status IS NULL`
+	// Prune re-checks expires_at on the row it deletes, not only its ctid:
+	// a takeover that commits while the DELETE waits on the row is no
+	// longer expired and must stay.
 	s.sql.prune = `DELETE FROM ` + s.name + ` WHERE ctid = ANY(ARRAY(
-SELECT ctid FROM ` + s.name + ` WHERE expires_at < now() - $1::bigint * interval '1 millisecond' LIMIT $2))`
+SELECT ctid FROM ` + s.name + ` WHERE expires_at < now() - $1::bigint * interval '1 millisecond' LIMIT $2))
+AND expires_at < now() - $1::bigint * interval '1 millisecond'`
 	return s, nil
 }
 

@@ -176,3 +176,63 @@ WHERE schemaname = current_schema() AND indexdef LIKE '%(expires_at)' ORDER BY 1
 		t.Fatalf("expires_at indexes: %q, %v; want one per table", indexes, rows.Err())
 	}
 }
+
+// A takeover that commits while Prune waits on its row must survive: Prune
+// chose the row while it was expired, but it no longer is.
+func TestPGStorePruneSparesATakeoverCommittedMidPrune(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store, pool := newStore(t)
+	old := claim("k-1", "t-old")
+	if _, err := store.Claim(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET expires_at = now() - interval '1 hour'`); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var txPID int32
+	if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&txPID); err != nil {
+		t.Fatal(err)
+	}
+	inTx, err := idemkey.NewPGStore(tx, &idemkey.PGConfig{Table: "idempotency_keys"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := inTx.Claim(ctx, claim("k-1", "t-new")); err != nil || rec != nil {
+		t.Fatalf("takeover: %+v, %v", rec, err)
+	}
+	pruned := make(chan error, 1)
+	go func() {
+		_, err := store.Prune(ctx, 0)
+		pruned <- err
+	}()
+	// Wait until Prune is blocked on the takeover's row lock.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		var waiting bool
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid)))`, txPID).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("Prune never waited on the takeover")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-pruned; err != nil {
+		t.Fatal(err)
+	}
+	var token string
+	if err := pool.QueryRow(ctx, `SELECT token FROM idempotency_keys WHERE key = 'k-1'`).Scan(&token); err != nil || token != "t-new" {
+		t.Fatalf("after prune: token %q, %v; want the takeover t-new kept", token, err)
+	}
+}
