@@ -39,8 +39,13 @@ type Config struct {
 	// and query, SHA-256 of the body). A nil result counts as empty.
 	Fingerprint func(r *http.Request, body []byte) []byte
 	// Headers are the response headers stored and replayed with the status
-	// and body. Defaults to Content-Type, Content-Language, Location, ETag
-	// and Last-Modified.
+	// and body; a replay carries no other header of the original response.
+	// Defaults to Content-Type, Content-Encoding, Content-Language,
+	// Content-Disposition, Location, Cache-Control, ETag and Last-Modified.
+	// A header that describes the body (Content-Encoding above all) must be
+	// listed, or the replayed body cannot be read. A response negotiated on
+	// a request header the fingerprint ignores (Accept-Encoding, say) is
+	// replayed as first negotiated.
 	Headers []string
 	// Release reports whether a response with this status frees the key
 	// instead of being stored, so the client may retry with the same key.
@@ -102,8 +107,9 @@ type middleware struct {
 //     while buffering its response, stores the status, the configured
 //     headers and the body, then sends the response.
 //   - A repeat with the same key and the same fingerprint gets the stored
-//     response again, byte for byte, with [ReplayedHeader]: true; the
-//     handler does not run.
+//     response again: the same status and body, byte for byte, and the
+//     headers listed in Config.Headers (no others), with [ReplayedHeader]:
+//     true; the handler does not run.
 //   - The same key with another fingerprint: 422 Unprocessable Content.
 //   - A repeat while the first request is in progress: 409 Conflict with
 //     Retry-After.
@@ -157,7 +163,8 @@ func newMiddleware(store Store, cfg *Config) (*middleware, error) {
 		m.print = Fingerprint
 	}
 	if m.headers == nil {
-		m.headers = []string{"Content-Type", "Content-Language", "Location", "ETag", "Last-Modified"}
+		m.headers = []string{"Content-Type", "Content-Encoding", "Content-Language", "Content-Disposition",
+			"Location", "Cache-Control", "ETag", "Last-Modified"}
 	}
 	if m.release == nil {
 		m.release = func(status int) bool { return status >= 500 }

@@ -2,6 +2,7 @@ package idemkey_test
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -345,5 +346,39 @@ func TestMiddlewareNilFingerprint(t *testing.T) {
 	if first.status != http.StatusCreated || again.status != http.StatusCreated || again.header.Get(idemkey.ReplayedHeader) != "true" || h.runs.Load() != 1 {
 		t.Fatalf("nil fingerprint: %d then %d (replayed %q), runs %d; want 201, a replayed 201, 1 run",
 			first.status, again.status, again.header.Get(idemkey.ReplayedHeader), h.runs.Load())
+	}
+}
+
+func TestMiddlewareReplaysContentEncodingAndDisposition(t *testing.T) {
+	t.Parallel()
+	store, _ := newStore(t)
+	var runs atomic.Int64
+	srv := serve(t, store, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.Header().Set("Content-Type", "text/csv")
+		w.Header().Set("Content-Encoding", "gzip")
+		w.Header().Set("Content-Disposition", `attachment; filename="receipt.csv"`)
+		w.Header().Set("Cache-Control", "no-store")
+		zw := gzip.NewWriter(w)
+		_, _ = io.WriteString(zw, "charge,amount\nch-1,5000000\n")
+		_ = zw.Close()
+	}))
+	// An explicit Accept-Encoding keeps the client from decompressing.
+	first := post(t, srv.URL, "k-1", "x", "Accept-Encoding", "gzip")
+	again := post(t, srv.URL, "k-1", "x", "Accept-Encoding", "gzip")
+	if runs.Load() != 1 || again.header.Get(idemkey.ReplayedHeader) != "true" || !bytes.Equal(again.body, first.body) {
+		t.Fatalf("runs %d, replayed %q", runs.Load(), again.header.Get(idemkey.ReplayedHeader))
+	}
+	for _, k := range []string{"Content-Type", "Content-Encoding", "Content-Disposition", "Cache-Control"} {
+		if again.header.Get(k) == "" || again.header.Get(k) != first.header.Get(k) {
+			t.Errorf("replayed %s = %q, want %q", k, again.header.Get(k), first.header.Get(k))
+		}
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(again.body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := io.ReadAll(zr); err != nil || !strings.HasPrefix(string(b), "charge,amount") {
+		t.Fatalf("replayed body: %q, %v", b, err)
 	}
 }

@@ -42,7 +42,8 @@ type Response struct {
 	Status int
 	// Header holds the headers kept for replay (Config.Headers).
 	Header http.Header
-	// Body is the response body, byte for byte.
+	// Body is the response body, byte for byte (as the handler wrote it,
+	// encoded as its Content-Encoding header says).
 	Body []byte
 }
 
