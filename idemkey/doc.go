@@ -37,8 +37,9 @@
 //		Scope: func(r *http.Request) string { return clientID(r) },
 //	})(chargeHandler))
 //
-// The first request with a key claims it (an INSERT that does nothing on
-// conflict), runs the handler and stores its response; a repeat gets that
+// The first request with a key claims it (an INSERT whose conflict with an
+// existing key updates the row only to take over an expired one), runs the
+// handler and stores its response; a repeat gets that
 // response replayed with Idempotent-Replayed: true, a repeat while the first
 // runs gets 409, the same key on another request gets 422, and a 5xx frees
 // the key for a retry. See [Middleware] for the whole contract.

@@ -67,8 +67,9 @@ type Config struct {
 	// MaxBody is the largest request body, in bytes, read for the
 	// fingerprint; a larger body is answered with 413. Defaults to 1 MiB.
 	MaxBody int64
-	// Logger receives the store failures that happen after the handler ran
-	// (the response is still sent). Defaults to slog.Default().
+	// Logger receives the store failures: a failed claim (answered with
+	// 503) and the failures after the handler ran (the response is still
+	// sent). Defaults to slog.Default().
 	Logger *slog.Logger
 }
 

@@ -56,8 +56,10 @@ var ErrLeaseLost = errors.New("idempotency key lease lost to another request")
 // Store keeps idempotency keys and their responses for [Middleware]. It is
 // small on purpose, so that a store on another database can follow
 // [PGStore]. Implementations must be safe for concurrent use, and Claim must
-// decide races with the database's uniqueness (an insert that does nothing
-// on conflict), never with a read before a write.
+// decide races with the database's uniqueness (an insert that, on conflict,
+// updates the existing row only when it expired: PostgreSQL's INSERT … ON
+// CONFLICT DO UPDATE … WHERE expires_at <= now()), never with a read before
+// a write.
 type Store interface {
 	// Claim gives c.Key in c.Scope to c.Token when the key is free: never
 	// claimed, released, or expired (a stored response past its TTL, an
