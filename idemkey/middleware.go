@@ -48,9 +48,13 @@ type Config struct {
 	// replayed as first negotiated.
 	Headers []string
 	// Release reports whether a response with this status frees the key
-	// instead of being stored, so the client may retry with the same key.
-	// Defaults to status >= 500. Return false for every status to store
-	// server errors too.
+	// instead of being stored, so that a retry with the same key runs the
+	// handler again. Defaults to status == 503 (Service Unavailable), the
+	// status that says the request was not processed; every other status,
+	// 5xx included, is stored and replayed, as Stripe does. Widen it with
+	// care: a handler that charged a card and then failed (a 500, or a 502
+	// or 504 from a call after the charge) is run, and charges, again on a
+	// retry when its status is released.
 	Release func(status int) bool
 	// TTL is how long a stored response is replayed; after it the key is
 	// free again. Defaults to 24 hours.
@@ -114,9 +118,12 @@ type middleware struct {
 //   - The same key with another fingerprint: 422 Unprocessable Content.
 //   - A repeat while the first request is in progress: 409 Conflict with
 //     Retry-After.
-//   - A response the Release policy rejects (5xx by default), a handler
-//     that panics, and a request whose key cannot be claimed leave the key
-//     free, so the client may retry.
+//   - A response the Release policy rejects (503 by default), a handler
+//     that panics before it writes anything, and a request whose key cannot
+//     be claimed leave the key free, so the client may retry. Other 5xx are
+//     stored and replayed like any response. A handler that panics after it
+//     began writing may have done its work: a 500 is stored for the key,
+//     then the panic goes on.
 //   - A store that cannot be reached: 503 with Retry-After; the request is
 //     not run unguarded.
 //
@@ -168,7 +175,7 @@ func newMiddleware(store Store, cfg *Config) (*middleware, error) {
 			"Location", "Cache-Control", "ETag", "Last-Modified"}
 	}
 	if m.release == nil {
-		m.release = func(status int) bool { return status >= 500 }
+		m.release = func(status int) bool { return status == http.StatusServiceUnavailable }
 	}
 	if m.ttl == 0 {
 		m.ttl = 24 * time.Hour
@@ -249,14 +256,26 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Request, c Claim) {
 	ctx := context.WithoutCancel(r.Context()) // the verdict must be stored even if the client left
 	settled := false
+	rec := &recorder{header: w.Header()}
 	defer func() {
-		if !settled { // the handler panicked: free the key, let the panic go on
+		if settled {
+			return
+		}
+		// The handler panicked; let the panic go on. A handler that wrote
+		// nothing is taken to have done nothing: free the key. One that
+		// began its response may have done its work: settle the key.
+		if rec.status == 0 {
 			if err := m.store.Release(ctx, c); err != nil {
 				m.log.ErrorContext(ctx, "idemkey: releasing key after panic", "key", c.Key, "err", err)
 			}
+			return
+		}
+		resp := problemResponse(http.StatusInternalServerError, "Internal Server Error",
+			"The request failed while its response was being written; it is not run again with this key.")
+		if err := m.store.Complete(ctx, c, resp); err != nil {
+			m.log.ErrorContext(ctx, "idemkey: storing 500 after panic", "key", c.Key, "err", err)
 		}
 	}()
-	rec := &recorder{header: w.Header()}
 	next.ServeHTTP(rec, r)
 	status := rec.statusCode()
 	if m.release(status) {
@@ -326,11 +345,17 @@ func newToken() string {
 
 // problem writes an RFC 9457 problem, the error format the draft suggests.
 func problem(w http.ResponseWriter, status int, title, detail string) {
-	body, _ := json.Marshal(map[string]any{"title": title, "status": status, "detail": detail})
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	resp := problemResponse(status, title, detail)
+	w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
+	w.Header().Set("Content-Length", strconv.Itoa(len(resp.Body)))
 	w.WriteHeader(status)
-	_, _ = w.Write(body)
+	_, _ = w.Write(resp.Body)
+}
+
+// problemResponse is an RFC 9457 problem as a Response to store.
+func problemResponse(status int, title, detail string) Response {
+	body, _ := json.Marshal(map[string]any{"title": title, "status": status, "detail": detail})
+	return Response{Status: status, Header: http.Header{"Content-Type": {"application/problem+json"}}, Body: body}
 }
 
 // recorder buffers a handler's response. Its header map is the real

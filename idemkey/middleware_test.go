@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -195,29 +196,44 @@ func TestMiddlewareRefusesAKeyReusedForAnotherRequest(t *testing.T) {
 	}
 }
 
-func TestMiddlewareServerErrorReleasesTheKey(t *testing.T) {
+func TestMiddlewareServerErrorsAreStoredExceptUnavailable(t *testing.T) {
 	t.Parallel()
 	store, _ := newStore(t)
-	h := &charges{status: http.StatusBadGateway}
+	// A 500 or a 502 may come after the charge went through: it is stored
+	// and replayed, never run again.
+	for i, status := range []int{http.StatusInternalServerError, http.StatusBadGateway, http.StatusGatewayTimeout} {
+		h := &charges{status: status}
+		srv := serve(t, store, nil, h)
+		key := fmt.Sprintf("k-%d", i)
+		post(t, srv.URL, key, "x")
+		h.status = 0
+		if a := post(t, srv.URL, key, "x"); a.status != status || a.header.Get(idemkey.ReplayedHeader) != "true" || h.runs.Load() != 1 {
+			t.Errorf("retry after %d: %d replayed=%q runs=%d; want the %d replayed, 1 run", status, a.status, a.header.Get(idemkey.ReplayedHeader), h.runs.Load(), status)
+		}
+	}
+
+	// 503 says the request was not processed: the key is free again.
+	h := &charges{status: http.StatusServiceUnavailable}
 	srv := serve(t, store, nil, h)
-	if a := post(t, srv.URL, "k-1", "x"); a.status != http.StatusBadGateway {
+	if a := post(t, srv.URL, "k-503", "x"); a.status != http.StatusServiceUnavailable {
 		t.Fatalf("first: %d", a.status)
 	}
 	h.status = 0
-	retry := post(t, srv.URL, "k-1", "x")
+	retry := post(t, srv.URL, "k-503", "x")
 	if retry.status != http.StatusCreated || retry.header.Get(idemkey.ReplayedHeader) != "" {
-		t.Fatalf("retry after 502: %d replayed=%q, want a fresh 201", retry.status, retry.header.Get(idemkey.ReplayedHeader))
+		t.Fatalf("retry after 503: %d replayed=%q, want a fresh 201", retry.status, retry.header.Get(idemkey.ReplayedHeader))
 	}
-	if again := post(t, srv.URL, "k-1", "x"); !bytes.Equal(again.body, retry.body) || h.runs.Load() != 2 {
+	if again := post(t, srv.URL, "k-503", "x"); !bytes.Equal(again.body, retry.body) || h.runs.Load() != 2 {
 		t.Fatalf("after success: runs %d, body %q want %q", h.runs.Load(), again.body, retry.body)
 	}
 
-	// Told to keep server errors, the middleware replays them.
-	keep := &charges{status: http.StatusInternalServerError}
-	srv = serve(t, store, &idemkey.Config{Release: func(int) bool { return false }}, keep)
-	post(t, srv.URL, "k-2", "x")
-	if a := post(t, srv.URL, "k-2", "x"); a.status != http.StatusInternalServerError || a.header.Get(idemkey.ReplayedHeader) != "true" || keep.runs.Load() != 1 {
-		t.Fatalf("kept 500: %d replayed=%q runs=%d", a.status, a.header.Get(idemkey.ReplayedHeader), keep.runs.Load())
+	// A custom policy still releases what it is told to.
+	release := &charges{status: http.StatusBadGateway}
+	srv = serve(t, store, &idemkey.Config{Release: func(status int) bool { return status >= 500 }}, release)
+	post(t, srv.URL, "k-custom", "x")
+	release.status = 0
+	if a := post(t, srv.URL, "k-custom", "x"); a.status != http.StatusCreated || release.runs.Load() != 2 {
+		t.Fatalf("custom Release after 502: %d runs=%d, want a fresh 201", a.status, release.runs.Load())
 	}
 }
 
@@ -248,6 +264,33 @@ func TestMiddlewarePanicReleasesTheKey(t *testing.T) {
 	}
 	if code, _ := call(); code != http.StatusCreated || runs.Load() != 2 {
 		t.Fatalf("retry after a panic: %d after %d runs, want 201 after 2", code, runs.Load())
+	}
+}
+
+// A handler that panics after it began its response may have done its work:
+// the key is settled with a 500, and the handler does not run again.
+func TestMiddlewarePanicAfterWritingStoresA500(t *testing.T) {
+	t.Parallel()
+	store, _ := newStore(t)
+	var runs atomic.Int64
+	srv := serve(t, store, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) == 1 {
+			w.WriteHeader(http.StatusCreated)
+			_, _ = io.WriteString(w, `{"id":"ch-1"`)
+			panic("crashed mid-response")
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the server logs the panic
+	req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("x"))
+	req.Header.Set(idemkey.Header, "k-1")
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("a panicking handler answered %d", resp.StatusCode)
+	}
+	a := post(t, srv.URL, "k-1", "x")
+	if a.status != http.StatusInternalServerError || a.header.Get(idemkey.ReplayedHeader) != "true" || runs.Load() != 1 {
+		t.Fatalf("retry after a panic mid-response: %d replayed=%q runs=%d; want a replayed 500, 1 run", a.status, a.header.Get(idemkey.ReplayedHeader), runs.Load())
 	}
 }
 
