@@ -71,6 +71,13 @@ type Config struct {
 	// MaxBody is the largest request body, in bytes, read for the
 	// fingerprint; a larger body is answered with 413. Defaults to 1 MiB.
 	MaxBody int64
+	// MaxResponse is the largest response body, in bytes, buffered and
+	// stored for replay. A handler that writes more is not cut short: the
+	// client gets its response, streamed past the limit, but the key stores
+	// a 500 problem saying the response was too large to keep, so that the
+	// handler is not run again for it; the event is logged. Defaults to
+	// 1 MiB.
+	MaxResponse int64
 	// Logger receives the store failures: a failed claim (answered with
 	// 503) and the failures after the handler ran (the response is still
 	// sent). Defaults to slog.Default().
@@ -102,6 +109,7 @@ type middleware struct {
 	ttl, lease time.Duration
 	retryAfter string
 	maxBody    int64
+	maxResp    int64
 	log        *slog.Logger
 }
 
@@ -129,10 +137,10 @@ type middleware struct {
 //
 // Keys are accepted bare (Stripe's form) or as the draft's quoted
 // structured-field string, and must pass [Validate] (400 otherwise). The
-// handler's response is buffered, so streaming handlers do not fit behind
-// it. Middleware panics on a nil store, a negative Config duration or size,
-// or a TTL or Lease under a millisecond, at construction, like http.Handle
-// does with bad patterns.
+// handler's response is buffered, up to Config.MaxResponse, so streaming
+// handlers do not fit behind it. Middleware panics on a nil store, a
+// negative Config duration or size, or a TTL or Lease under a millisecond,
+// at construction, like http.Handle does with bad patterns.
 func Middleware(store Store, cfg *Config) func(http.Handler) http.Handler {
 	m, err := newMiddleware(store, cfg)
 	if err != nil {
@@ -150,8 +158,9 @@ func newMiddleware(store Store, cfg *Config) (*middleware, error) {
 	if cfg == nil {
 		cfg = &Config{}
 	}
-	if cfg.TTL < 0 || cfg.Lease < 0 || cfg.RetryAfter < 0 || cfg.MaxBody < 0 {
-		return nil, fmt.Errorf("negative TTL %v, Lease %v, RetryAfter %v or MaxBody %d", cfg.TTL, cfg.Lease, cfg.RetryAfter, cfg.MaxBody)
+	if cfg.TTL < 0 || cfg.Lease < 0 || cfg.RetryAfter < 0 || cfg.MaxBody < 0 || cfg.MaxResponse < 0 {
+		return nil, fmt.Errorf("negative TTL %v, Lease %v, RetryAfter %v, MaxBody %d or MaxResponse %d",
+			cfg.TTL, cfg.Lease, cfg.RetryAfter, cfg.MaxBody, cfg.MaxResponse)
 	}
 	if (cfg.TTL > 0 && cfg.TTL < time.Millisecond) || (cfg.Lease > 0 && cfg.Lease < time.Millisecond) {
 		return nil, fmt.Errorf("TTL %v or Lease %v under the store's 1ms resolution", cfg.TTL, cfg.Lease)
@@ -159,7 +168,7 @@ func newMiddleware(store Store, cfg *Config) (*middleware, error) {
 	m := &middleware{
 		store: store, methods: cfg.Methods, required: cfg.Required, scope: cfg.Scope,
 		print: cfg.Fingerprint, headers: cfg.Headers, release: cfg.Release,
-		ttl: cfg.TTL, lease: cfg.Lease, maxBody: cfg.MaxBody, log: cfg.Logger,
+		ttl: cfg.TTL, lease: cfg.Lease, maxBody: cfg.MaxBody, maxResp: cfg.MaxResponse, log: cfg.Logger,
 	}
 	if m.methods == nil {
 		m.methods = []string{http.MethodPost, http.MethodPatch}
@@ -190,6 +199,9 @@ func newMiddleware(store Store, cfg *Config) (*middleware, error) {
 	m.retryAfter = strconv.Itoa(max(1, int((retryAfter+time.Second-1)/time.Second)))
 	if m.maxBody == 0 {
 		m.maxBody = 1 << 20
+	}
+	if m.maxResp == 0 {
+		m.maxResp = 1 << 20
 	}
 	if m.log == nil {
 		m.log = slog.Default()
@@ -256,7 +268,7 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Request, c Claim) {
 	ctx := context.WithoutCancel(r.Context()) // the verdict must be stored even if the client left
 	settled := false
-	rec := &recorder{header: w.Header()}
+	rec := &recorder{w: w, header: w.Header(), max: m.maxResp}
 	defer func() {
 		if settled {
 			return
@@ -278,11 +290,19 @@ func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Reque
 	}()
 	next.ServeHTTP(rec, r)
 	status := rec.statusCode()
-	if m.release(status) {
+	switch {
+	case m.release(status):
 		if err := m.store.Release(ctx, c); err != nil {
 			m.log.ErrorContext(ctx, "idemkey: releasing key", "key", c.Key, "status", status, "err", err)
 		}
-	} else {
+	case rec.streamed:
+		m.log.ErrorContext(ctx, "idemkey: response too large to keep; storing a 500 in its place", "key", c.Key, "status", status, "max", m.maxResp)
+		resp := problemResponse(http.StatusInternalServerError, "Response too large to keep",
+			fmt.Sprintf("The request was processed, but its response exceeded %d bytes and was not kept for replay; it is not run again with this key.", m.maxResp))
+		if err := m.store.Complete(ctx, c, resp); err != nil {
+			m.log.ErrorContext(ctx, "idemkey: storing response", "key", c.Key, "status", status, "err", err)
+		}
+	default:
 		resp := Response{Status: status, Header: http.Header{}, Body: rec.body.Bytes()}
 		for _, h := range m.headers {
 			if v := rec.header.Values(h); len(v) > 0 {
@@ -294,8 +314,10 @@ func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Reque
 		}
 	}
 	settled = true
-	w.WriteHeader(status)
-	_, _ = w.Write(rec.body.Bytes())
+	if !rec.streamed {
+		w.WriteHeader(status)
+		_, _ = w.Write(rec.body.Bytes())
+	}
 }
 
 func replay(w http.ResponseWriter, resp *Response) {
@@ -358,12 +380,16 @@ func problemResponse(status int, title, detail string) Response {
 	return Response{Status: status, Header: http.Header{"Content-Type": {"application/problem+json"}}, Body: body}
 }
 
-// recorder buffers a handler's response. Its header map is the real
-// response's, so headers the handler sets reach the client.
+// recorder buffers a handler's response, up to max bytes of body; past
+// that it sends what it holds and streams the rest to w. Its header map is
+// the real response's, so headers the handler sets reach the client.
 type recorder struct {
-	header http.Header
-	status int
-	body   bytes.Buffer
+	w        http.ResponseWriter
+	header   http.Header
+	status   int
+	body     bytes.Buffer
+	max      int64
+	streamed bool // the body outgrew max and went to w
 }
 
 func (r *recorder) Header() http.Header { return r.header }
@@ -378,7 +404,20 @@ func (r *recorder) Write(p []byte) (int, error) {
 	if r.status == 0 {
 		r.status = http.StatusOK
 	}
-	return r.body.Write(p)
+	if r.streamed {
+		return r.w.Write(p)
+	}
+	if int64(r.body.Len())+int64(len(p)) <= r.max {
+		return r.body.Write(p)
+	}
+	r.streamed = true
+	r.w.WriteHeader(r.status)
+	_, err := r.w.Write(r.body.Bytes())
+	r.body = bytes.Buffer{}
+	if err != nil {
+		return 0, err
+	}
+	return r.w.Write(p)
 }
 
 func (r *recorder) statusCode() int {

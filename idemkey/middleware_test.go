@@ -66,7 +66,9 @@ func serve(t *testing.T, store idemkey.Store, cfg *idemkey.Config, h http.Handle
 	if cfg == nil {
 		cfg = &idemkey.Config{}
 	}
-	cfg.Logger = slog.New(slog.DiscardHandler)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
 	srv := httptest.NewServer(idemkey.Middleware(store, cfg)(h))
 	t.Cleanup(srv.Close)
 	return srv
@@ -423,5 +425,55 @@ func TestMiddlewareReplaysContentEncodingAndDisposition(t *testing.T) {
 	}
 	if b, err := io.ReadAll(zr); err != nil || !strings.HasPrefix(string(b), "charge,amount") {
 		t.Fatalf("replayed body: %q, %v", b, err)
+	}
+}
+
+// logs collects what a test's middleware logs.
+type logs struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logs) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logs) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func (l *logs) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
+
+func TestMiddlewareResponseOverMaxResponse(t *testing.T) {
+	t.Parallel()
+	store, _ := newStore(t)
+	var runs atomic.Int64
+	big := strings.Repeat("0123456789abcdef", 256) // 4 KiB
+	var log logs
+	srv := serve(t, store, &idemkey.Config{MaxResponse: 1024, Logger: log.logger()}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, big[:512]) // buffered
+		_, _ = io.WriteString(w, big[512:]) // over the limit
+	}))
+	first := post(t, srv.URL, "k-1", "x")
+	if first.status != http.StatusCreated || string(first.body) != big {
+		t.Fatalf("first: %d with %d bytes, want 201 with the whole %d", first.status, len(first.body), len(big))
+	}
+	// The response could not be kept, but the key is settled: the handler
+	// never runs again for it.
+	again := post(t, srv.URL, "k-1", "x")
+	if again.status != http.StatusInternalServerError || again.header.Get(idemkey.ReplayedHeader) != "true" ||
+		!strings.Contains(string(again.body), "too large") || runs.Load() != 1 {
+		t.Fatalf("retry: %d replayed=%q %s, runs %d; want a replayed 500 saying the response was too large, 1 run",
+			again.status, again.header.Get(idemkey.ReplayedHeader), again.body, runs.Load())
+	}
+	if !strings.Contains(log.String(), "too large") {
+		t.Errorf("nothing logged about the response too large to keep: %q", log.String())
 	}
 }

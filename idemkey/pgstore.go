@@ -81,7 +81,10 @@ SET fingerprint = EXCLUDED.fingerprint, token = EXCLUDED.token, status = NULL, h
     body = NULL, created_at = now(), expires_at = EXCLUDED.expires_at
 WHERE k.expires_at <= now()
 RETURNING true`
-	s.sql.lookup = `SELECT fingerprint, status, header, body FROM ` + s.name + `
+	// The lookup skips the stored response of another request (a 422): it
+	// is never replayed.
+	s.sql.lookup = `SELECT fingerprint, status, CASE WHEN fingerprint = $3 THEN header END,
+    CASE WHEN fingerprint = $3 THEN body END FROM ` + s.name + `
 WHERE scope = $1 AND key = $2 AND expires_at > now()`
 	s.sql.complete = `UPDATE ` + s.name + `
 SET status = $4, header = $5::jsonb, body = $6, expires_at = now() + $7::bigint * interval '1 millisecond'
@@ -168,7 +171,7 @@ func (s *PGStore) Claim(ctx context.Context, c Claim) (*Record, error) {
 			header []byte
 			body   []byte
 		)
-		err = s.db.QueryRow(ctx, s.sql.lookup, c.Scope, c.Key).Scan(&rec.Fingerprint, &status, &header, &body)
+		err = s.db.QueryRow(ctx, s.sql.lookup, c.Scope, c.Key, c.Fingerprint).Scan(&rec.Fingerprint, &status, &header, &body)
 		if errors.Is(err, pgx.ErrNoRows) && attempt < 3 {
 			continue // released, or expired just now: the key is free again
 		}

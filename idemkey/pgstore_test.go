@@ -52,6 +52,13 @@ func TestPGStoreLeaseTakeover(t *testing.T) {
 	if r := rec.Response; r.Status != 201 || string(r.Body) != "ok" || r.Header.Get("Content-Type") != "text/plain" {
 		t.Fatalf("stored response %+v", r)
 	}
+	// Another request with the key is refused: its lookup skips the body.
+	other := claim("k-1", "t-4")
+	other.Fingerprint = []byte("another request")
+	rec, err = store.Claim(ctx, other)
+	if err != nil || rec == nil || rec.Response == nil || string(rec.Fingerprint) != "fp-k-1" || len(rec.Response.Body) != 0 {
+		t.Fatalf("claim with another fingerprint: %+v, %v; want the record without its body", rec, err)
+	}
 }
 
 func TestPGStorePrune(t *testing.T) {

@@ -32,7 +32,8 @@ type Record struct {
 	// Fingerprint is the fingerprint of the request that claimed the key.
 	Fingerprint []byte
 	// Response is the stored response, or nil while that request is still
-	// in progress.
+	// in progress. When Fingerprint differs from the claim's, the response
+	// is never replayed, and a store may leave its Header and Body empty.
 	Response *Response
 }
 
