@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -59,10 +60,12 @@ type Config struct {
 	// TTL is how long a stored response is replayed; after it the key is
 	// free again. Defaults to 24 hours.
 	TTL time.Duration
-	// Lease is how long a request in progress holds its key. A claim older
-	// than its lease (a server that died mid-request) is taken over by the
-	// next request with the key, so it must exceed the slowest handler.
-	// Defaults to 1 minute.
+	// Lease is how long a request in progress holds its key without news
+	// of it. While the handler runs, its lease is extended every Lease/3,
+	// so a slow handler keeps its key; a server that died mid-request stops
+	// extending it, and the next request with the key after the lease runs
+	// out takes it over. A handler that never returns keeps its key until
+	// its server stops. Defaults to 1 minute.
 	Lease time.Duration
 	// RetryAfter is sent, in whole seconds (at least 1), with the 409
 	// answered to a repeat of a request still in progress. Defaults to 1
@@ -269,10 +272,12 @@ func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Reque
 	ctx := context.WithoutCancel(r.Context()) // the verdict must be stored even if the client left
 	settled := false
 	rec := &recorder{w: w, header: w.Header(), max: m.maxResp}
+	stop := m.heartbeat(ctx, c) // the handler keeps its key while it runs
 	defer func() {
 		if settled {
 			return
 		}
+		stop()
 		// The handler panicked; let the panic go on. A handler that wrote
 		// nothing is taken to have done nothing: free the key. One that
 		// began its response may have done its work: settle the key.
@@ -289,6 +294,7 @@ func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Reque
 		}
 	}()
 	next.ServeHTTP(rec, r)
+	stop()
 	status := rec.statusCode()
 	switch {
 	case m.release(status):
@@ -317,6 +323,42 @@ func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Reque
 	if !rec.streamed {
 		w.WriteHeader(status)
 		_, _ = w.Write(rec.body.Bytes())
+	}
+}
+
+// heartbeat extends the lease of c every c.Lease/3 until the returned stop
+// is called; stop waits for an extension under way, so that none follows
+// the verdict.
+func (m *middleware) heartbeat(ctx context.Context, c Claim) (stop func()) {
+	done, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		tick := time.NewTicker(c.Lease / 3)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			ectx, cancel := context.WithTimeout(ctx, c.Lease)
+			err := m.store.Extend(ectx, c)
+			cancel()
+			if errors.Is(err, ErrLeaseLost) {
+				m.log.ErrorContext(ctx, "idemkey: lease lost while the handler runs", "key", c.Key, "err", err)
+				return
+			}
+			if err != nil {
+				m.log.WarnContext(ctx, "idemkey: extending lease", "key", c.Key, "err", err)
+			}
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			close(done)
+			<-exited
+		})
 	}
 }
 

@@ -477,3 +477,28 @@ func TestMiddlewareResponseOverMaxResponse(t *testing.T) {
 		t.Errorf("nothing logged about the response too large to keep: %q", log.String())
 	}
 }
+
+// A handler slower than its lease keeps the key: the lease is extended
+// while it runs, so a retry meanwhile is a 409, not a second run.
+func TestMiddlewareExtendsTheLeaseOfASlowHandler(t *testing.T) {
+	t.Parallel()
+	store, _ := newStore(t)
+	var runs atomic.Int64
+	srv := serve(t, store, &idemkey.Config{Lease: 300 * time.Millisecond}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		time.Sleep(time.Second)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	first := make(chan answer, 1)
+	go func() { first <- post(t, srv.URL, "k-1", "x") }()
+	time.Sleep(500 * time.Millisecond)
+	if a := post(t, srv.URL, "k-1", "x"); a.status != http.StatusConflict {
+		t.Errorf("retry past the lease of a running handler: %d, want 409", a.status)
+	}
+	if a := <-first; a.status != http.StatusCreated {
+		t.Fatalf("first: %d", a.status)
+	}
+	if a := post(t, srv.URL, "k-1", "x"); a.status != http.StatusCreated || a.header.Get(idemkey.ReplayedHeader) != "true" || runs.Load() != 1 {
+		t.Fatalf("after the handler: %d replayed=%q runs=%d; want a replayed 201, 1 run", a.status, a.header.Get(idemkey.ReplayedHeader), runs.Load())
+	}
+}

@@ -46,7 +46,7 @@ type PGStore struct {
 	db    DB
 	table pgx.Identifier
 	name  string // quoted
-	sql   struct{ claim, lookup, complete, release, prune string }
+	sql   struct{ claim, lookup, complete, extend, release, prune string }
 }
 
 var identPart = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
@@ -88,6 +88,8 @@ RETURNING true`
 WHERE scope = $1 AND key = $2 AND expires_at > now()`
 	s.sql.complete = `UPDATE ` + s.name + `
 SET status = $4, header = $5::jsonb, body = $6, expires_at = now() + $7::bigint * interval '1 millisecond'
+WHERE scope = $1 AND key = $2 AND token = $3 AND status IS NULL`
+	s.sql.extend = `UPDATE ` + s.name + ` SET expires_at = now() + $4::bigint * interval '1 millisecond'
 WHERE scope = $1 AND key = $2 AND token = $3 AND status IS NULL`
 	s.sql.release = `DELETE FROM ` + s.name + ` WHERE scope = $1 AND key = $2 AND token = $3 AND status IS NULL`
 	// Prune re-checks expires_at on the row it deletes, not only its ctid:
@@ -209,6 +211,18 @@ func (s *PGStore) Complete(ctx context.Context, c Claim, resp Response) error {
 	}
 	if tag.RowsAffected() == 0 {
 		return fmt.Errorf("storing response of key %q: %w", c.Key, ErrLeaseLost)
+	}
+	return nil
+}
+
+// Extend implements [Store].
+func (s *PGStore) Extend(ctx context.Context, c Claim) error {
+	tag, err := s.db.Exec(ctx, s.sql.extend, c.Scope, c.Key, c.Token, millis(c.Lease))
+	if err != nil {
+		return fmt.Errorf("extending lease of key %q: %w", c.Key, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("extending lease of key %q: %w", c.Key, ErrLeaseLost)
 	}
 	return nil
 }

@@ -35,6 +35,12 @@ func TestPGStoreLeaseTakeover(t *testing.T) {
 	if rec, err := store.Claim(ctx, second); err != nil || rec != nil {
 		t.Fatalf("claim after the lease ran out: %+v, %v; want a win", rec, err)
 	}
+	if err := store.Extend(ctx, first); !errors.Is(err, idemkey.ErrLeaseLost) {
+		t.Fatalf("extension of the lost claim: %v, want ErrLeaseLost", err)
+	}
+	if err := store.Extend(ctx, second); err != nil {
+		t.Fatalf("extension of the holding claim: %v", err)
+	}
 	if err := store.Complete(ctx, first, idemkey.Response{Status: 201}); !errors.Is(err, idemkey.ErrLeaseLost) {
 		t.Fatalf("late completion of the first claim: %v, want ErrLeaseLost", err)
 	}

@@ -20,8 +20,10 @@ type Claim struct {
 	// Token is unique to this attempt. Complete and Release act only while
 	// the token still holds the key.
 	Token string
-	// Lease is how long the claim holds the key before its response is
-	// stored; after that, another request may take the key over.
+	// Lease is how long the claim holds the key without news of it: the
+	// middleware extends it (Store.Extend) while the handler runs, so it
+	// lapses only when the server holding the key stops, and then another
+	// request may take the key over.
 	Lease time.Duration
 	// TTL is how long a stored response is replayed.
 	TTL time.Duration
@@ -48,10 +50,11 @@ type Response struct {
 	Body []byte
 }
 
-// ErrLeaseLost is returned by Store.Complete when the claim's lease expired
-// and another request took the key over: the response is sent but not
-// stored, and the handler may have run twice. Raise Config.Lease above the
-// longest handler.
+// ErrLeaseLost is returned by Store.Complete and Store.Extend when the
+// claim's lease expired and another request took the key over: the response
+// is sent but not stored, and the handler may have run twice. With the
+// lease extended while the handler runs, this takes a store unreachable, or
+// a server stalled, for a whole Config.Lease.
 var ErrLeaseLost = errors.New("idempotency key lease lost to another request")
 
 // Store keeps idempotency keys and their responses for [Middleware]. It is
@@ -71,6 +74,10 @@ type Store interface {
 	// Complete stores resp as the key's response, kept for c.TTL. It returns
 	// an error wrapping [ErrLeaseLost] when c.Token no longer holds the key.
 	Complete(ctx context.Context, c Claim, resp Response) error
+	// Extend renews the lease of the key held by c.Token, in progress, to
+	// c.Lease from now. It returns an error wrapping [ErrLeaseLost] when
+	// c.Token no longer holds the key, or the key has its response.
+	Extend(ctx context.Context, c Claim) error
 	// Release frees the key held by c.Token, so the next request with it
 	// runs afresh. It does nothing when the token no longer holds the key.
 	Release(ctx context.Context, c Claim) error
