@@ -83,7 +83,10 @@ type Config struct {
 	MaxResponse int64
 	// Logger receives the store failures: a failed claim (answered with
 	// 503) and the failures after the handler ran (the response is still
-	// sent). Defaults to slog.Default().
+	// sent). Storing the response is tried four times over about 600ms; when
+	// every attempt fails, the key stays in progress until its lease runs
+	// out, and a retry after that runs the handler again. Defaults to
+	// slog.Default().
 	Logger *slog.Logger
 }
 
@@ -137,6 +140,9 @@ type middleware struct {
 //     then the panic goes on.
 //   - A store that cannot be reached: 503 with Retry-After; the request is
 //     not run unguarded.
+//   - A response that cannot be stored (Store.Complete failing four times
+//     over about 600ms) is still sent, but the key stays in progress until
+//     its lease runs out: a retry after that runs the handler again.
 //
 // Keys are accepted bare (Stripe's form) or as the draft's quoted
 // structured-field string, and must pass [Validate] (400 otherwise). The
@@ -289,7 +295,7 @@ func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Reque
 		}
 		resp := problemResponse(http.StatusInternalServerError, "Internal Server Error",
 			"The request failed while its response was being written; it is not run again with this key.")
-		if err := m.store.Complete(ctx, c, resp); err != nil {
+		if err := m.complete(ctx, c, resp); err != nil {
 			m.log.ErrorContext(ctx, "idemkey: storing 500 after panic", "key", c.Key, "err", err)
 		}
 	}()
@@ -305,7 +311,7 @@ func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Reque
 		m.log.ErrorContext(ctx, "idemkey: response too large to keep; storing a 500 in its place", "key", c.Key, "status", status, "max", m.maxResp)
 		resp := problemResponse(http.StatusInternalServerError, "Response too large to keep",
 			fmt.Sprintf("The request was processed, but its response exceeded %d bytes and was not kept for replay; it is not run again with this key.", m.maxResp))
-		if err := m.store.Complete(ctx, c, resp); err != nil {
+		if err := m.complete(ctx, c, resp); err != nil {
 			m.log.ErrorContext(ctx, "idemkey: storing response", "key", c.Key, "status", status, "err", err)
 		}
 	default:
@@ -315,7 +321,7 @@ func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Reque
 				resp.Header[http.CanonicalHeaderKey(h)] = slices.Clone(v)
 			}
 		}
-		if err := m.store.Complete(ctx, c, resp); err != nil {
+		if err := m.complete(ctx, c, resp); err != nil {
 			m.log.ErrorContext(ctx, "idemkey: storing response", "key", c.Key, "status", status, "err", err)
 		}
 	}
@@ -323,6 +329,24 @@ func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Reque
 	if !rec.streamed {
 		w.WriteHeader(status)
 		_, _ = w.Write(rec.body.Bytes())
+	}
+}
+
+// completeBackoff is the pause before each retry of a failed Complete.
+var completeBackoff = []time.Duration{50 * time.Millisecond, 150 * time.Millisecond, 400 * time.Millisecond}
+
+// complete stores resp for c, retrying a failure other than [ErrLeaseLost]
+// after each pause of completeBackoff. ctx must not be canceled with the
+// request. When every attempt fails the key stays in progress until its
+// lease runs out, and a retry after that runs the handler again.
+func (m *middleware) complete(ctx context.Context, c Claim, resp Response) error {
+	for i := 0; ; i++ {
+		err := m.store.Complete(ctx, c, resp)
+		if err == nil || errors.Is(err, ErrLeaseLost) || i == len(completeBackoff) {
+			return err
+		}
+		m.log.WarnContext(ctx, "idemkey: storing response failed; retrying", "key", c.Key, "attempt", i+1, "err", err)
+		time.Sleep(completeBackoff[i])
 	}
 }
 

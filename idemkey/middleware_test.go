@@ -502,3 +502,36 @@ func TestMiddlewareExtendsTheLeaseOfASlowHandler(t *testing.T) {
 		t.Fatalf("after the handler: %d replayed=%q runs=%d; want a replayed 201, 1 run", a.status, a.header.Get(idemkey.ReplayedHeader), runs.Load())
 	}
 }
+
+// flakyStore fails the next completeFails calls of Complete, and counts them.
+type flakyStore struct {
+	idemkey.Store
+	completeFails atomic.Int64
+	completes     atomic.Int64
+}
+
+func (s *flakyStore) Complete(ctx context.Context, c idemkey.Claim, resp idemkey.Response) error {
+	s.completes.Add(1)
+	if s.completeFails.Add(-1) >= 0 {
+		return errors.New("connection reset by peer")
+	}
+	return s.Store.Complete(ctx, c, resp)
+}
+
+func TestMiddlewareRetriesATransientCompleteFailure(t *testing.T) {
+	t.Parallel()
+	pg, _ := newStore(t)
+	store := &flakyStore{Store: pg}
+	store.completeFails.Store(2)
+	h := &charges{}
+	srv := serve(t, store, nil, h)
+	first := post(t, srv.URL, "k-1", "x")
+	again := post(t, srv.URL, "k-1", "x")
+	if first.status != http.StatusCreated || again.status != http.StatusCreated || again.header.Get(idemkey.ReplayedHeader) != "true" || h.runs.Load() != 1 {
+		t.Fatalf("after two failed completions: %d then %d replayed=%q, runs %d; want a stored 201 replayed",
+			first.status, again.status, again.header.Get(idemkey.ReplayedHeader), h.runs.Load())
+	}
+	if n := store.completes.Load(); n != 3 {
+		t.Fatalf("Complete called %d times, want 3", n)
+	}
+}
