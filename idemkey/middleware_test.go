@@ -535,3 +535,104 @@ func TestMiddlewareRetriesATransientCompleteFailure(t *testing.T) {
 		t.Fatalf("Complete called %d times, want 3", n)
 	}
 }
+
+// A client that leaves mid-handler cancels the request's context; the
+// response is still stored, and its retry gets the replay.
+func TestMiddlewareStoresTheResponseOfAClientThatLeft(t *testing.T) {
+	t.Parallel()
+	store, _ := newStore(t)
+	started := make(chan struct{})
+	var runs atomic.Int64
+	srv := serve(t, store, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		close(started)
+		select {
+		case <-r.Context().Done():
+		case <-time.After(10 * time.Second):
+			t.Error("the request's context was not canceled when the client left")
+		}
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, "ch-1")
+	}))
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader("x"))
+	req.Header.Set(idemkey.Header, "k-1")
+	left := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		left <- err
+	}()
+	<-started
+	cancel()
+	if err := <-left; err == nil {
+		t.Fatal("the client got an answer after it left")
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		a := post(t, srv.URL, "k-1", "x")
+		if a.status == http.StatusConflict && time.Now().Before(deadline) {
+			continue // the handler is still finishing
+		}
+		if a.status != http.StatusCreated || a.header.Get(idemkey.ReplayedHeader) != "true" || string(a.body) != "ch-1" || runs.Load() != 1 {
+			t.Fatalf("retry after the client left: %d replayed=%q %q runs=%d; want the stored 201 replayed",
+				a.status, a.header.Get(idemkey.ReplayedHeader), a.body, runs.Load())
+		}
+		return
+	}
+}
+
+func TestMiddlewareRefusesTwoKeyHeaders(t *testing.T) {
+	t.Parallel()
+	store, _ := newStore(t)
+	h := &charges{}
+	srv := serve(t, store, nil, h)
+	req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("x"))
+	req.Header.Add(idemkey.Header, "k-1")
+	req.Header.Add(idemkey.Header, "k-2")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || h.runs.Load() != 0 {
+		t.Fatalf("two %s headers: %d after %d runs, want 400 and no run", idemkey.Header, resp.StatusCode, h.runs.Load())
+	}
+}
+
+// A claim whose key was taken over while its handler ran still answers its
+// client, logs the lost lease, and does not overwrite the new holder's key.
+func TestMiddlewareLeaseLostWhileRunning(t *testing.T) {
+	t.Parallel()
+	pg, pool := newStore(t)
+	store := &flakyStore{Store: pg}
+	var log logs
+	var runs atomic.Int64
+	srv := serve(t, store, &idemkey.Config{Logger: log.logger()}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		// Another request takes the key over, as after a stalled server.
+		ctx := r.Context()
+		if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET expires_at = now() - interval '1 second'`); err != nil {
+			t.Error(err)
+		}
+		fp := idemkey.Fingerprint(r, []byte("x"))
+		if rec, err := pg.Claim(ctx, idemkey.Claim{Key: "k-1", Fingerprint: fp, Token: "other", Lease: time.Minute, TTL: time.Hour}); err != nil || rec != nil {
+			t.Errorf("takeover: %+v, %v", rec, err)
+		}
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, "ch-1")
+	}))
+	if a := post(t, srv.URL, "k-1", "x"); a.status != http.StatusCreated || string(a.body) != "ch-1" {
+		t.Fatalf("request that lost its lease: %d %q, want its 201 all the same", a.status, a.body)
+	}
+	if !strings.Contains(log.String(), idemkey.ErrLeaseLost.Error()) {
+		t.Errorf("lost lease not logged: %q", log.String())
+	}
+	if n := store.completes.Load(); n != 1 {
+		t.Errorf("Complete called %d times after a lost lease, want 1 (no retry)", n)
+	}
+	if a := post(t, srv.URL, "k-1", "x"); a.status != http.StatusConflict || runs.Load() != 1 {
+		t.Fatalf("retry while the new holder runs: %d, runs %d; want 409, 1 run", a.status, runs.Load())
+	}
+}
