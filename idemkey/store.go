@@ -17,8 +17,8 @@ type Claim struct {
 	// Fingerprint identifies the request (see [Fingerprint]); a later request
 	// with the same key and another fingerprint is refused.
 	Fingerprint []byte
-	// Token is unique to this attempt. Complete and Release act only while
-	// the token still holds the key.
+	// Token is unique to this attempt. Complete, Extend and Release act
+	// only while the token still holds the key.
 	Token string
 	// Lease is how long the claim holds the key without news of it: the
 	// middleware extends it (Store.Extend) while the handler runs, so it
