@@ -40,7 +40,8 @@
 // The first request with a key claims it (an INSERT whose conflict with an
 // existing key updates the row only to take over an expired one), runs the
 // handler and stores its response; a repeat gets that response replayed
-// with Idempotent-Replayed: true, a repeat while the first runs gets 409, the same key on another request gets 422, and a 503 frees
-// the key for a retry (other 5xx are stored and replayed: the work may have
-// been done). See [Middleware] for the whole contract.
+// with Idempotent-Replayed: true, a repeat while the first runs gets 409,
+// the same key on another request gets 422, and a 503 frees the key for a
+// retry (other 5xx are stored and replayed: the work may have been done).
+// See [Middleware] for the whole contract.
 package idemkey
