@@ -48,8 +48,10 @@ type Result struct {
 	Key       string
 	// Err explains Retry, DeadLettered and Expired; nil otherwise.
 	Err error
-	// Attempts is how many transactions the processor ran with this message:
-	// a batch that failed and was retried message by message counts as one.
+	// Attempts is how many transactions the processor ran with this message
+	// in this call (a failed batch counts as one, and so does each try while
+	// waiting for an unreachable database). The retry budget counts only
+	// the tries that were the message's own; see RetryPolicy.
 	Attempts int
 	// First describes the marker that won, for a Duplicate when known.
 	First *Marker

@@ -103,7 +103,7 @@ func (p *Processor[TTx]) batch(ctx context.Context, msgs []Message, inOrder bool
 			valid = append(valid, items[i])
 		}
 	}
-	var stop *item // in order: the message left to Retry that ends the walk
+	var stop *item // the message whose Retry ends the walk
 	switch len(valid) {
 	case 0:
 	case 1:
@@ -112,40 +112,41 @@ func (p *Processor[TTx]) batch(ctx context.Context, msgs []Message, inOrder bool
 			stop = valid[0]
 		}
 	default:
-		// The batch is tried once; only an outage at BEGIN is waited out
-		// (for the whole batch at once, not once per message).
+		// The batch is tried once; only an outage at BEGIN or the claim is
+		// waited out (for the whole batch at once, not once per message).
 		policy := p.cfg.Retry
 		policy.MaxAttempts = 1
 		v, ok := p.attempt(ctx, valid, p.retrier(policy), 0)
 		if ok {
 			break
 		}
-		if v.blameless || stopAll(ctx, v.err) {
-			// The database is down, the commit may have happened, or the
-			// caller gave up: no message of the batch is known to be
-			// applied, and trying them one by one would not help.
+		if v.whole {
 			for _, it := range valid {
 				it.res.Outcome, it.res.Err, it.res.Blameless = Retry, fmt.Errorf("%w: %w", ErrBatchFailed, v.err), v.blameless
+			}
+			if inOrder {
+				stop = valid[0]
 			}
 			break
 		}
 		// Something in the batch failed, perhaps one poison message: apply
-		// each message alone so its neighbours still go through.
+		// each message alone so its neighbours still go through. A Retry
+		// that is no message's doing (the database went down meanwhile)
+		// ends the walk: the others would only wait for it in turn.
 		for _, it := range valid {
 			p.processOne(ctx, it, it.res.Attempts)
-			if inOrder && it.res.Outcome == Retry {
+			if it.res.Outcome == Retry && (inOrder || it.res.Blameless) {
 				stop = it
 				break
 			}
 		}
 	}
 	if stop != nil {
-		// Nothing after it may be applied ahead of it, nor reported: those
-		// messages (bad input included) were not processed at all, and will
-		// come again.
+		// The messages after it are not processed now, nor reported: they
+		// come again. In order, bad input after it waits its turn too.
 		after := false
 		for _, it := range items {
-			if after {
+			if after && (inOrder || it.res.Outcome != DeadLettered && it.res.Outcome != Expired) {
 				it.res = Result{Outcome: Retry, MessageID: it.msg.ID, Key: it.res.Key, Blameless: true,
 					Err: fmt.Errorf("%w: message %s before it must be retried first", ErrNotAttempted, stop.msg.ID)}
 			}
@@ -258,11 +259,15 @@ func (p *Processor[TTx]) retrier(policy RetryPolicy) *retrier {
 // items, for Result.Attempts.
 func (p *Processor[TTx]) attempt(ctx context.Context, items []*item, r *retrier, prior int) (verdict, bool) {
 	for runs := 1; ; runs++ {
-		if runs > 1 && len(items) == 1 {
+		if runs > 1 || prior > 0 {
 			// Time has passed: a message that fell behind the horizon
-			// meanwhile may have lost its marker to prune.
-			if err := p.cfg.Horizon.check(items[0].msg); err != nil && !p.cfg.Horizon.ApplyExpired {
-				return verdict{outcome: Expired, err: err}, false
+			// meanwhile may have lost its marker to prune. A batch leaves
+			// that to its messages, tried one by one.
+			if err := p.horizonPassed(items); err != nil {
+				if len(items) == 1 {
+					return verdict{outcome: Expired, err: err}, false
+				}
+				return verdict{outcome: Retry, err: err}, false
 			}
 		}
 		for _, it := range items {
@@ -280,10 +285,24 @@ func (p *Processor[TTx]) attempt(ctx context.Context, items []*item, r *retrier,
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return verdict{outcome: Retry, err: fmt.Errorf("%w (after: %w)", ctx.Err(), err), blameless: true}, false
+			return verdict{outcome: Retry, err: fmt.Errorf("%w (after: %w)", ctx.Err(), err), blameless: true, whole: true}, false
 		case <-t.C:
 		}
 	}
+}
+
+// horizonPassed returns the error of the first of items that has fallen
+// behind the horizon, unless expired messages are applied anyway.
+func (p *Processor[TTx]) horizonPassed(items []*item) error {
+	if p.cfg.Horizon.ApplyExpired {
+		return nil
+	}
+	for _, it := range items {
+		if err := p.cfg.Horizon.check(it.msg); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // runTx is one transaction over items: claim, handle, commit. On success
@@ -463,10 +482,3 @@ type afterCommitError struct{ err error }
 func (e *afterCommitError) Error() string { return "after commit: " + e.err.Error() }
 func (e *afterCommitError) Unwrap() error { return e.err }
 
-// stopAll reports whether err ends processing of a whole batch at once,
-// without trying its messages one by one: the commit may have happened, or
-// the caller gave up.
-func stopAll(ctx context.Context, err error) bool {
-	var ac *afterCommitError
-	return ctx.Err() != nil || commitUnknown(err) || errors.As(err, &ac)
-}

@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"time"
@@ -23,11 +24,10 @@ type RetryPolicy struct {
 	// failing with an error of class ClassUnavailable), without spending the
 	// message's attempts: those steps carry nothing of the message, so an
 	// outage is not its fault, and spending its budget would dead-letter
-	// healthy messages.
-	// Then the outcome is Retry wrapping [ErrUnavailable], with
-	// Result.Blameless set. Any other failure, a handler that cannot reach
-	// another service included, spends attempts as usual. After that the outcome is Retry wrapping
-	// [ErrUnavailable]. Defaults to 1 minute. -1 waits until the context ends.
+	// healthy messages. After that the outcome is Retry wrapping
+	// [ErrUnavailable], with Result.Blameless set. Any other failure, a
+	// handler that cannot reach another service included, spends attempts
+	// as usual. Defaults to 1 minute. -1 waits until the context ends.
 	WaitUnavailable time.Duration
 }
 
@@ -70,6 +70,10 @@ type verdict struct {
 	// blameless: the failure is not the message's doing (see
 	// Result.Blameless).
 	blameless bool
+	// whole: a batch ends here as a whole, without trying its messages one
+	// by one (the caller gave up, the database is down, or the batch
+	// committed and only its ack is lost).
+	whole bool
 }
 
 // retrier is the retry policy applied to one message or batch: the one
@@ -85,15 +89,22 @@ type retrier struct {
 
 func (r *retrier) next(ctx context.Context, err error) verdict {
 	r.attempt++
+	var ac *afterCommitError
 	switch {
 	case ctx.Err() != nil:
 		// The caller gave up (shutdown): not the message's doing.
-		return verdict{outcome: Retry, err: err, blameless: true}
-	case stopAll(ctx, err):
-		// The commit may have happened: leave the message to the broker,
-		// whose redelivery finds the marker or redoes the work. It counts
-		// against the message: a message whose commits always end this way
-		// (a handler slower than the server's idle timeout) must not loop.
+		return verdict{outcome: Retry, err: err, blameless: true, whole: true}
+	case errors.As(err, &ac):
+		// Committed, then the process "died" before the ack (a fault
+		// injected for drills): leave it to redelivery, as a crash would.
+		return verdict{outcome: Retry, err: err, whole: true}
+	case commitUnknown(err):
+		// The commit may have happened: never Applied, never retried in
+		// place. It counts against the message: a message whose commits
+		// always end this way (a handler slower than the server's idle
+		// timeout) must not loop. A batch then tries its messages one by
+		// one, where each finds its marker (Duplicate) or redoes its work,
+		// so the slow one is charged alone.
 		return verdict{outcome: Retry, err: err}
 	case r.class(err) == ClassPermanent:
 		return verdict{outcome: DeadLettered, err: err}
@@ -106,7 +117,7 @@ func (r *retrier) next(ctx context.Context, err error) verdict {
 		}
 		down := time.Since(r.downSince)
 		if w := r.policy.WaitUnavailable; w >= 0 && down >= w {
-			return verdict{outcome: Retry, err: fmt.Errorf("%w for %v: %w", ErrUnavailable, down.Round(time.Millisecond), err), blameless: true}
+			return verdict{outcome: Retry, err: fmt.Errorf("%w for %v: %w", ErrUnavailable, down.Round(time.Millisecond), err), blameless: true, whole: true}
 		}
 		r.attempt--
 		r.waits++

@@ -382,18 +382,19 @@ func (c *Consumer[TTx]) settle(ctx context.Context, recs []*kgo.Record, results 
 		case advance:
 			*head = inPlace{}
 		case deadLetter:
-			switch {
-			case res.Outcome == idem.Retry:
-				// The processor reported a Retry; the dead letter is this
-				// consumer's decision, so it reports that outcome itself.
+			// Outcomes the processor never reported: a dead letter this
+			// consumer decides after its own budget, and a record it refused
+			// itself. Reported once the dead letter is in its topic.
+			report := res.Outcome == idem.Retry || errors.Is(res.Err, ErrBadTime)
+			if res.Outcome == idem.Retry {
 				res.Outcome = idem.DeadLettered
 				res.Err = fmt.Errorf("%w: %d tries in place: %w", idem.ErrRetriesExhausted, head.tries, res.Err)
-				c.proc.Report(res)
-			case errors.Is(res.Err, ErrBadTime):
-				c.proc.Report(res) // refused here, never seen by the processor
 			}
 			if err := c.deadLetter(ctx, r, res, head.tries); err != nil {
 				return i, halt
+			}
+			if report {
+				c.proc.Report(res)
 			}
 			*head = inPlace{}
 		case retry:

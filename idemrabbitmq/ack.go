@@ -83,6 +83,10 @@ type decision struct {
 	// frame is then an Ack of the original.
 	verb Verb
 	res  idem.Result
+	// report: the consumer decided this outcome itself (a dead letter after
+	// MaxAttempts), so it logs and counts it through the processor once the
+	// frame reached the broker.
+	report bool
 }
 
 // decide is the decision for a result before any republishing: the frame

@@ -80,13 +80,14 @@ type Config struct {
 	// instead of requeueing it again. A classic queue has no delivery
 	// limit, so without this count such a message would loop forever; on a
 	// quorum queue the queue's x-delivery-limit applies too, whichever
-	// comes first. A Retry that is not the message's fault (the database
-	// unreachable, a batch whose commit outcome is unknown, a shutdown) is
-	// not counted. The counts are kept in memory, per message ID, for at
-	// most 10,000 messages (when full, an arbitrary one is forgotten); they
-	// survive reconnects but not a restart. The processor's observer has
-	// already counted such a message as a Retry; [Hooks].Settled reports it
-	// as a DeadLetter. Defaults to 10; -1 disables the count.
+	// comes first. A Retry the processor marks Blameless (the inbox
+	// database unreachable) or one during shutdown is not counted; a commit
+	// whose outcome is unknown is (a message whose commits always end that
+	// way must not loop). The counts are kept in memory, per message ID, for
+	// at most 10,000 messages (when full, an arbitrary one is forgotten);
+	// they survive reconnects but not a restart. The dead letter is reported
+	// through the processor (logged, and counted as dead_lettered) once its
+	// frame reached the broker. Defaults to 10; -1 disables the count.
 	MaxAttempts int
 	// ReconnectBackoff is the first wait before reconnecting after the
 	// connection or channel was lost; it doubles up to MaxReconnectBackoff,

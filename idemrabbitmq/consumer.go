@@ -289,8 +289,8 @@ type loop[TTx any] struct {
 	reruns      int // of them, batches of held deliveries
 	retryStreak int
 	stopping    bool
-	// held gathers the deliveries whose Retry was not their fault (the
-	// database down, a commit outcome unknown). They stay unacked and are
+	// held gathers the deliveries whose Retry was not their fault (marked
+	// Blameless: the database down, a shutdown). They stay unacked and are
 	// processed again at heldAt; until they are settled no new batch starts.
 	held   pending
 	heldAt time.Time
@@ -529,6 +529,9 @@ func (s *loop[TTx]) send(ops []op) error {
 				st.applied.Add(1)
 			}
 			cfg.Hooks.Settled(cfg.Queue, d.verb, d.res)
+			if d.report && d.verb == DeadLetter {
+				s.c.proc.Report(d.res)
+			}
 		}
 	}
 	return nil

@@ -47,8 +47,8 @@
 // its own making is dead-lettered after [Config.MaxAttempts] (default 10)
 // with a reason wrapping [idem.ErrRetriesExhausted], even on a classic
 // queue, which has no delivery limit. A Retry that is not the message's
-// fault (the database unreachable, a batch whose commit outcome is
-// unknown) neither counts nor requeues: the delivery is held unacked and
+// fault (marked Blameless: the inbox database unreachable) neither counts
+// nor requeues: the delivery is held unacked and
 // processed again after a backoff while intake pauses, so an outage does
 // not spend a quorum queue's delivery limit. See [Consumer.Run].
 //

@@ -96,7 +96,6 @@ func (c *Consumer[TTx]) decide(ctx context.Context, res idem.Result) decision {
 	res.Outcome = idem.DeadLettered
 	res.Err = fmt.Errorf("%w: %d deliveries ended in retry (MaxAttempts %d); last: %w", idem.ErrRetriesExhausted, n, c.cfg.MaxAttempts, cause)
 	// The processor counted a Retry; the dead letter is this consumer's
-	// decision, so it is logged and counted here.
-	c.proc.Report(res)
-	return decision{frame: DeadLetter, verb: DeadLetter, res: res}
+	// decision, reported once it is sent.
+	return decision{frame: DeadLetter, verb: DeadLetter, res: res, report: true}
 }

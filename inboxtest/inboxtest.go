@@ -74,6 +74,7 @@ func Run[TTx any](t *testing.T, h Harness[TTx]) {
 		{"CrashAfterCommitBatch", s.crashAfterCommitBatch},
 		{"UnavailableKeepsBudget", s.unavailableKeepsBudget},
 		{"DefaultHorizon", s.defaultHorizon},
+		{"OutageDuringFallback", s.outageDuringFallback},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -702,17 +703,18 @@ func (s suite[TTx]) commitUnknown(t *testing.T) {
 	}
 }
 
-// commitUnknownBatch: the same for a batch: every message is Retry, none is
-// retried alone (that could report Applied for a message whose first commit
-// did land, or worse, race it).
+// commitUnknownBatch: when a batch's commit outcome is unknown, its
+// messages are tried one by one: each finds its marker (Duplicate, never
+// Applied) or redoes its work, so a slow message is charged alone instead of
+// its neighbours with it.
 func (s suite[TTx]) commitUnknownBatch(t *testing.T) {
 	ctx := context.Background()
 	env, f, p := s.faulty(t, nil)
 	f.loseCommitAnswer.Store(true)
 	batch := []idem.Message{msg("a"), msg("b"), msg("c")}
 	for _, r := range p.ProcessBatch(ctx, batch) {
-		if r.Outcome != idem.Retry || !errors.Is(r.Err, idem.ErrBatchFailed) || !errors.Is(r.Err, idem.ErrCommitUnknown) || r.Attempts != 1 {
-			t.Fatalf("%s: %v after %d attempts (%v), want Retry after 1 with ErrBatchFailed", r.MessageID, r.Outcome, r.Attempts, r.Err)
+		if r.Outcome != idem.Duplicate || r.Attempts != 2 {
+			t.Fatalf("%s: %v after %d transactions (%v), want Duplicate after 2: the batch committed, its answer was lost", r.MessageID, r.Outcome, r.Attempts, r.Err)
 		}
 	}
 	f.loseCommitAnswer.Store(false)
@@ -812,5 +814,64 @@ func (s suite[TTx]) defaultHorizon(t *testing.T) {
 	want(t, p.Process(ctx, recent), idem.Applied)
 	if c := count(t, env.Effects, "ledger", ""); c != 1 {
 		t.Fatalf("effects = %d, want 1", c)
+	}
+}
+
+// countObserver counts the results a processor reports, by outcome.
+type countObserver struct {
+	mu sync.Mutex
+	n  map[idem.Outcome]int
+}
+
+func (o *countObserver) Observe(_ string, r idem.Result, _ time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.n == nil {
+		o.n = map[idem.Outcome]int{}
+	}
+	o.n[r.Outcome]++
+}
+
+// outageDuringFallback: a batch falls back to one message at a time (a
+// poison message) and the database goes down meanwhile. The first message
+// that meets the outage waits for it; the ones after it are not tried (they
+// would only wait in turn) nor reported, and are blameless, so no budget is
+// spent on them.
+func (s suite[TTx]) outageDuringFallback(t *testing.T) {
+	ctx := context.Background()
+	obs := &countObserver{}
+	var poisoned atomic.Int32
+	env := s.h.Open(t)
+	f := &faultyStore[TTx]{Store: env.Store}
+	fenv := env
+	fenv.Store = f
+	p := s.proc(t, fenv, "ledger", func(m idem.Message) error {
+		if m.ID == "poison" {
+			if poisoned.Add(1) == 2 { // its own try, after the batch's
+				f.beginDown.Store(1 << 30)
+			}
+			return idem.Permanent(errors.New("cannot parse amount"))
+		}
+		return nil
+	}, func(c *idem.Config[TTx]) {
+		c.Retry.WaitUnavailable = 30 * time.Millisecond
+		c.Observer = obs
+	})
+	rs := p.ProcessBatch(ctx, []idem.Message{msg("poison"), msg("a"), msg("b"), msg("c")})
+	if rs[0].Outcome != idem.DeadLettered {
+		t.Fatalf("poison: %v (%v)", rs[0].Outcome, rs[0].Err)
+	}
+	if rs[1].Outcome != idem.Retry || !errors.Is(rs[1].Err, idem.ErrUnavailable) || !rs[1].Blameless {
+		t.Fatalf("first message after the outage began: %v (%v, blameless %v), want a blameless Retry with ErrUnavailable", rs[1].Outcome, rs[1].Err, rs[1].Blameless)
+	}
+	for _, r := range rs[2:] {
+		if r.Outcome != idem.Retry || !errors.Is(r.Err, idem.ErrNotAttempted) || !r.Blameless {
+			t.Fatalf("%s: %v (%v, blameless %v), want a blameless Retry, not attempted", r.MessageID, r.Outcome, r.Err, r.Blameless)
+		}
+	}
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	if obs.n[idem.DeadLettered] != 1 || obs.n[idem.Retry] != 1 || len(obs.n) != 2 {
+		t.Fatalf("observed %v, want one dead letter and one retry: messages not attempted are not reported", obs.n)
 	}
 }
