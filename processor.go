@@ -481,4 +481,3 @@ type afterCommitError struct{ err error }
 
 func (e *afterCommitError) Error() string { return "after commit: " + e.err.Error() }
 func (e *afterCommitError) Unwrap() error { return e.err }
-
