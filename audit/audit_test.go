@@ -81,8 +81,6 @@ func newAuditor(t *testing.T, pool *pgxpool.Pool, s audit.Spec) *audit.Auditor {
 	return a
 }
 
-func str(s string) *string { return &s }
-
 func deref(p *string) string {
 	if p == nil {
 		return "<nil>"

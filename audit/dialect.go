@@ -19,7 +19,6 @@ import (
 // that its own subquery reads (wrap the CTE in a derived table), and casts to
 // CHAR instead of text.
 type dialect interface {
-	name() string
 	quote(Ident) string
 	// groups lists duplicate groups, newest first; $3 limits them (NULL: all).
 	groups(p *plan) string
@@ -51,8 +50,6 @@ type dialect interface {
 }
 
 type postgres struct{}
-
-func (postgres) name() string { return "postgres" }
 
 func (postgres) quote(id Ident) string { return quoteIdentANSI(id) }
 

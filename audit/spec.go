@@ -185,8 +185,3 @@ func (p *plan) keyNames() []string {
 	}
 	return out
 }
-
-// describe is the one-line identification used in reports.
-func (p *plan) describe() string {
-	return fmt.Sprintf("table %s, key (%s)", p.table, strings.Join(p.keyNames(), ", "))
-}
