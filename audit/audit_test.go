@@ -509,7 +509,6 @@ func TestSchemaQualifiedTableAndEnumStatus(t *testing.T) {
 	if err != nil || chk.Groups != 0 || chk.GuardIndex == "" {
 		t.Fatalf("check: %+v %v", chk, err)
 	}
-	_ = str
 }
 
 func TestVoidWritesNothingWhenARowChangesUnderIt(t *testing.T) {
