@@ -46,6 +46,14 @@ const (
 	// They are transient, and they are not the message's fault, so retrying
 	// them does not spend the message's attempts (RetryPolicy.WaitUnavailable).
 	ClassUnavailable
+	// ClassConfig errors say the inbox (or the handler's own schema) is not
+	// set up for this consumer: an undefined table (42P01), a missing
+	// permission (42501), an unknown database (3D000), failed
+	// authentication (class 28). A deploy that runs before its migration
+	// gives them on every message. They are outages, not the message's
+	// fault: held and retried, never dead-lettered, and reported with the
+	// fix.
+	ClassConfig
 )
 
 // Errors the processor reports in Result.Err.

@@ -31,14 +31,63 @@ type Message struct {
 	Headers map[string]string
 	// Body is the payload.
 	Body []byte
-	// Time is the producer's event time, when known (zero otherwise).
+	// Time is the message's event time, when known (zero otherwise), from
+	// the most stable source there is; see [EventTime].
 	Time time.Time
+	// TimeSource says where Time came from.
+	TimeSource TimeSource
 	// Redelivered is the broker's hint that this delivery was seen before. It is
 	// informative only and never replaces the inbox.
 	Redelivered bool
 	// Attempt counts deliveries of this message as the broker reports them,
 	// starting at 1 (0 when the broker does not say).
 	Attempt int
+}
+
+// TimeSource is where a message's event time came from, most stable first.
+type TimeSource int8
+
+const (
+	// TimeNone: the message carries no usable time. Its marker is kept a
+	// window after it was written, and a replay after that cannot be told
+	// from a new message (see Config.Untimed).
+	TimeNone TimeSource = iota
+	// TimeFromID: the time inside a UUIDv7 message ID. The same on every
+	// redelivery, republish and replay of the message.
+	TimeFromID
+	// TimeFromHeader: a producer's event-time header. The same on
+	// redelivery and replay; a producer that republishes may stamp a new one.
+	TimeFromHeader
+	// TimeFromBroker: the broker's timestamp (AMQP timestamp property, Kafka
+	// record timestamp). A republish gets a fresh one.
+	TimeFromBroker
+)
+
+var timeSourceNames = [...]string{"none", "id", "header", "broker"}
+
+// String returns the lower-case name used in logs and metric labels.
+func (s TimeSource) String() string {
+	if s < 0 || int(s) >= len(timeSourceNames) {
+		return "unknown"
+	}
+	return timeSourceNames[s]
+}
+
+// EventTime picks a message's event time from the most stable source it
+// has: the time inside a UUIDv7 ID, then a producer's event-time header,
+// then the broker's timestamp. Zero times are absent. Adapters fill
+// Message.Time and Message.TimeSource with it.
+func EventTime(id string, header, broker time.Time) (time.Time, TimeSource) {
+	if t, ok := TimeFromUUIDv7(id); ok {
+		return t, TimeFromID
+	}
+	if !header.IsZero() {
+		return header, TimeFromHeader
+	}
+	if !broker.IsZero() {
+		return broker, TimeFromBroker
+	}
+	return time.Time{}, TimeNone
 }
 
 // KeyFunc returns the inbox key of the effect a message causes. Two messages

@@ -74,4 +74,8 @@ type Marker struct {
 	MessageID   string
 	BodySHA256  []byte
 	ProcessedAt time.Time
+	// KeepUntil is the time the marker's retention is counted from: the
+	// latest of its write time and the event times of the messages that
+	// met it. Zero when the store does not record it.
+	KeepUntil time.Time
 }

@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
@@ -28,7 +29,8 @@ type Store[TTx any] interface {
 	// other transaction ends; lockTimeout bounds that wait where the database
 	// supports it (0 means the database default).
 	Claim(ctx context.Context, tx TTx, consumer string, claims []Claim, lockTimeout time.Duration) (inserted []bool, err error)
-	// Lookup returns the markers that exist for keys, for logging duplicates.
+	// Lookup returns the markers that exist for keys, for logging duplicates
+	// and for extending their life ([Extender]).
 	Lookup(ctx context.Context, tx TTx, consumer string, keys []string) (map[string]Marker, error)
 	// Classify tells a transient error from a permanent one, by error type
 	// and SQLSTATE, never by message text. Errors that are not the
@@ -41,7 +43,73 @@ type Claim struct {
 	Key        string
 	MessageID  string
 	BodySHA256 []byte
-	// EventTime is the message's event time (zero when unknown); stores that
-	// partition the inbox by it require it.
+	// EventTime is the message's event time (zero when unknown). A marker
+	// is kept at least a window past the later of it and the claim.
 	EventTime time.Time
+	// PartitionTime places the marker in a partitioned inbox (zero on the
+	// plain layout). It is a function of Key alone ([PartitionTimeFunc]), so
+	// every copy of a message, whatever its timestamps, meets its marker.
+	PartitionTime time.Time
+}
+
+// Layout is how an inbox table is laid out.
+type Layout int
+
+const (
+	// LayoutPlain is one table with a unique (consumer, key); old markers
+	// are pruned by batched DELETE.
+	LayoutPlain Layout = iota
+	// LayoutPartitioned is a table partitioned by day of the partition time,
+	// a function of the key; old days are dropped whole.
+	LayoutPartitioned
+)
+
+// String names the layout as the CLI spells it.
+func (l Layout) String() string {
+	switch l {
+	case LayoutPlain:
+		return "plain"
+	case LayoutPartitioned:
+		return "partitioned"
+	}
+	return fmt.Sprintf("Layout(%d)", int(l))
+}
+
+// Settings is what an inbox's migration records beside its table
+// (DESIGN.md 10): every processor, prune and CLI reads it, so none can
+// guard with a longer horizon or prune with a shorter window than the
+// table keeps.
+type Settings struct {
+	Layout Layout
+	// Window is how long markers are kept.
+	Window time.Duration
+}
+
+// SettingsStore is a store whose retention settings live in the database.
+// A [Processor] over one reads them before its first message (and again
+// from time to time) and refuses to guard with a horizon longer than the
+// stored window.
+type SettingsStore interface {
+	Settings(ctx context.Context) (Settings, error)
+}
+
+// LayoutStore is a store that knows its layout without asking the
+// database, so [NewProcessor] can refuse, at construction, a consumer of a
+// partitioned inbox that cannot derive a partition time from its key.
+type LayoutStore interface {
+	Layout() Layout
+}
+
+// Extension raises a marker's keep-until time: a later message for the
+// same key proved the marker still needed until then.
+type Extension struct {
+	Key       string
+	KeepUntil time.Time
+}
+
+// Extender is a store that can extend markers' lives (DESIGN.md 8). In tx,
+// it sets each key's keep-until to the given time where that is later than
+// the stored one, and writes nothing otherwise.
+type Extender[TTx any] interface {
+	Extend(ctx context.Context, tx TTx, consumer string, ext []Extension) error
 }

@@ -1,0 +1,71 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ErrInboxNotReady is wrapped by [Processor.Check] when the inbox cannot be
+// used: its table is missing, not writable, or its stored settings
+// contradict the consumer's.
+var ErrInboxNotReady = errors.New("inbox not ready")
+
+// checkKey is the key of the probe claim Check makes and rolls back.
+const checkKey = "idem.check"
+
+// Check proves, before a consumer takes its first message, that the inbox
+// can be used: it reads the stored settings (when the store keeps them) and
+// makes one claim in a transaction it rolls back, which fails when the table
+// is missing, not writable, or (partitioned) has no partition for today.
+// Broker adapters call it at the start of Run and refuse to start on an
+// error, which wraps [ErrInboxNotReady] and says how to fix it. It writes
+// nothing.
+func (p *Processor[TTx]) Check(ctx context.Context) error {
+	if err := p.ready(ctx, true); err != nil {
+		return err
+	}
+	if p.cfg.Natural {
+		return nil
+	}
+	tx, err := p.store.Begin(ctx)
+	if err != nil {
+		return p.notReady(wrapStep(stepBegin, err))
+	}
+	defer func() { _ = p.store.Rollback(context.WithoutCancel(ctx), tx) }()
+	now := time.Now().UTC()
+	c := Claim{Key: checkKey, MessageID: checkKey, BodySHA256: BodyHash(nil), EventTime: now}
+	if p.partitioned() {
+		c.PartitionTime = now
+	}
+	if _, err := p.store.Claim(ctx, tx, p.cfg.Consumer, []Claim{c}, p.lockTimeout()); err != nil {
+		return p.notReady(wrapStep(stepClaim, err))
+	}
+	if _, err := p.store.Lookup(ctx, tx, p.cfg.Consumer, []string{checkKey}); err != nil {
+		return p.notReady(wrapStep(stepLookup, err))
+	}
+	return nil
+}
+
+// notReady wraps a failed check with what to do about it.
+func (p *Processor[TTx]) notReady(err error) error {
+	hint := ""
+	switch classify(p.store, err) {
+	case ClassConfig:
+		hint = " (is the inbox migrated? run: idem inbox migrate)"
+	case ClassUnavailable:
+		hint = " (the inbox database is unreachable)"
+	}
+	return fmt.Errorf("%w: consumer %s: %w%s", ErrInboxNotReady, p.cfg.Consumer, err, hint)
+}
+
+// ready makes sure the processor knows the inbox's stored settings; see
+// settings.go.
+func (p *Processor[TTx]) ready(ctx context.Context, force bool) error { return nil }
+
+// partitioned reports whether the inbox is partitioned by partition time.
+func (p *Processor[TTx]) partitioned() bool {
+	ls, ok := p.store.(LayoutStore)
+	return ok && ls.Layout() == LayoutPartitioned
+}
