@@ -113,3 +113,10 @@ type Extension struct {
 type Extender[TTx any] interface {
 	Extend(ctx context.Context, tx TTx, consumer string, ext []Extension) error
 }
+
+// HorizonRecorder is a store that records, beside its settings, the horizon
+// each consumer guards with, so that shortening the stored window below a
+// horizon in use can be refused. [Processor.Check] records the consumer's.
+type HorizonRecorder interface {
+	RecordHorizon(ctx context.Context, consumer string, horizon time.Duration) error
+}
