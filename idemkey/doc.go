@@ -43,5 +43,14 @@
 // with Idempotent-Replayed: true, a repeat while the first runs gets 409,
 // the same key on another request gets 422, and a 503 frees the key for a
 // retry (other 5xx are stored and replayed: the work may have been done).
+// The key's lease is extended while the handler runs; when it cannot be,
+// the handler's context is canceled with [ErrLeaseLost] before another
+// request can take the key, and nothing it answers is stored. A retry may
+// then run the handler again, so what it sent downstream before the
+// cancellation must carry a key of its own:
+//
+//	scope, key, _ := idemkey.RequestKey(r.Context())
+//	ctx := idemkey.WithKey(r.Context(), idemkey.Derive("charge", scope, key))
+//
 // See [Middleware] for the whole contract.
 package idemkey

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -65,7 +66,15 @@ type Config struct {
 	// so a slow handler keeps its key; a server that died mid-request stops
 	// extending it, and the next request with the key after the lease runs
 	// out takes it over. A handler that never returns keeps its key until
-	// its server stops. Defaults to 1 minute.
+	// its server stops.
+	//
+	// When the lease cannot be extended (the store unreachable or too slow
+	// for nine tenths of Lease, or the key already taken over after a
+	// stall), the handler's context is canceled, its context.Cause wrapping
+	// [ErrLeaseLost], a tenth of the lease before the store lets another
+	// request take the key; what the handler answers then is not stored,
+	// and its client gets 409 with Retry-After. See [Middleware] for what a
+	// canceled handler may already have done. Defaults to 1 minute.
 	Lease time.Duration
 	// RetryAfter is sent, in whole seconds (at least 1), with the 409
 	// answered to a repeat of a request still in progress. Defaults to 1
@@ -143,6 +152,22 @@ type middleware struct {
 //   - A response that cannot be stored (Store.Complete failing four times
 //     over about 600ms) is still sent, but the key stays in progress until
 //     its lease runs out: a retry after that runs the handler again.
+//   - A lease that cannot be extended while the handler runs (see
+//     Config.Lease) cancels the handler's context, with a cause wrapping
+//     [ErrLeaseLost], before another request can take the key over. The
+//     canceled request stores nothing and releases nothing; its client gets
+//     409 with Retry-After, and its retry gets the response of the request
+//     that took the key, or runs the handler afresh. A Complete refused with
+//     ErrLeaseLost (the key taken over) is answered the same way. The client thus sees one
+//     response per key, but the handler may have run twice: cancellation
+//     cannot take back what it did before it saw its context done (a call
+//     already sent, a transaction already committed), nor what a handler
+//     that ignores its context goes on to do. Make those effects idempotent
+//     themselves: give each downstream call a key derived from the request's
+//     ([RequestKey], then [Derive]) or from the business action ([Derive],
+//     [ForMessage]), so that the second run sends the same key and the API
+//     answers with the first call's result; guard writes to your own
+//     database with a unique key.
 //
 // Keys are accepted bare (Stripe's form) or as the draft's quoted
 // structured-field string, and must pass [Validate] (400 otherwise). The
@@ -254,6 +279,7 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		fp = []byte{} // a custom Fingerprint may return nil; the store keeps bytes
 	}
 	c := Claim{Scope: m.scope(r), Key: key, Fingerprint: fp, Token: newToken(), Lease: m.lease, TTL: m.ttl}
+	claimed := time.Now() // the store starts the lease later than this
 	rec, err := m.store.Claim(r.Context(), c)
 	switch {
 	case err != nil:
@@ -262,7 +288,7 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		problem(w, http.StatusServiceUnavailable, "Idempotency-Key store unavailable", "The request was not processed; retry it with the same key.")
 		return
 	case rec == nil:
-		m.run(next, w, r, c)
+		m.run(next, w, r, c, claimed)
 	case !bytes.Equal(rec.Fingerprint, c.Fingerprint):
 		problem(w, http.StatusUnprocessableEntity, "Idempotency-Key reused", "This key was used for a different request.")
 	case rec.Response == nil:
@@ -273,20 +299,29 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	}
 }
 
-// run serves the request that claimed the key and stores or releases it.
-func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Request, c Claim) {
+// run serves the request that claimed the key at claimed (the moment the
+// claim was sent) and stores or releases it.
+func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Request, c Claim, claimed time.Time) {
 	ctx := context.WithoutCancel(r.Context()) // the verdict must be stored even if the client left
+	hctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
+	r = r.WithContext(context.WithValue(hctx, requestKey{}, [2]string{c.Scope, c.Key}))
 	settled := false
+	before := w.Header().Clone() // what the client gets instead, should the lease be lost
 	rec := &recorder{w: w, header: w.Header(), max: m.maxResp}
-	stop := m.heartbeat(ctx, c) // the handler keeps its key while it runs
+	stop := m.heartbeat(ctx, c, claimed, cancel) // the handler keeps its key while it runs
 	defer func() {
 		if settled {
 			return
 		}
-		stop()
-		// The handler panicked; let the panic go on. A handler that wrote
+		// The handler panicked; let the panic go on. After a lost lease the
+		// key is another request's: leave it alone. A handler that wrote
 		// nothing is taken to have done nothing: free the key. One that
 		// began its response may have done its work: settle the key.
+		if lost := stop(); lost != nil {
+			m.log.ErrorContext(ctx, "idemkey: handler panicked after its lease was lost; nothing stored", "key", c.Key, "err", lost)
+			return
+		}
 		if rec.status == 0 {
 			if err := m.store.Release(ctx, c); err != nil {
 				m.log.ErrorContext(ctx, "idemkey: releasing key after panic", "key", c.Key, "err", err)
@@ -300,9 +335,15 @@ func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Reque
 		}
 	}()
 	next.ServeHTTP(rec, r)
-	stop()
+	lost := stop()
+	settled = true
 	status := rec.statusCode()
 	switch {
+	case lost != nil:
+		// The handler was canceled; whatever it answered is not the key's
+		// response. Nothing is stored or released: the key lapsed, and may
+		// be held by the request that took it over.
+		m.log.ErrorContext(ctx, "idemkey: lease lost while the handler ran; response not stored", "key", c.Key, "status", status, "err", lost)
 	case m.release(status):
 		if err := m.store.Release(ctx, c); err != nil {
 			m.log.ErrorContext(ctx, "idemkey: releasing key", "key", c.Key, "status", status, "err", err)
@@ -323,13 +364,40 @@ func (m *middleware) run(next http.Handler, w http.ResponseWriter, r *http.Reque
 		}
 		if err := m.complete(ctx, c, resp); err != nil {
 			m.log.ErrorContext(ctx, "idemkey: storing response", "key", c.Key, "status", status, "err", err)
+			if errors.Is(err, ErrLeaseLost) {
+				lost = err
+			}
 		}
 	}
-	settled = true
-	if !rec.streamed {
-		w.WriteHeader(status)
-		_, _ = w.Write(rec.body.Bytes())
+	if rec.streamed {
+		return // the response is on its way already
 	}
+	if lost != nil {
+		// Another request holds the key, or may: the client retries and
+		// gets the one response kept for it.
+		clear(w.Header())
+		maps.Copy(w.Header(), before)
+		w.Header().Set("Retry-After", m.retryAfter)
+		problem(w, http.StatusConflict, "Idempotency-Key lease lost",
+			"The lease of this request on its key ran out while it ran; its response was not kept, and another request with this key may have run. Retry with the same key to get the response kept for it.")
+		return
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(rec.body.Bytes())
+}
+
+// requestKey is the context key of the claimed scope and key ([RequestKey]).
+type requestKey struct{}
+
+// RequestKey returns the scope and the idempotency key of the request
+// [Middleware] runs a handler for, from the request's context, and whether
+// there is one. A handler derives the keys of its own downstream calls from
+// them, Derive("charge", scope, key) for instance, so that a run repeated
+// after a lost lease sends the same keys and the APIs it calls answer with
+// their first result instead of acting twice.
+func RequestKey(ctx context.Context) (scope, key string, ok bool) {
+	v, ok := ctx.Value(requestKey{}).([2]string)
+	return v[0], v[1], ok
 }
 
 // completeBackoff is the pause before each retry of a failed Complete.
@@ -350,39 +418,72 @@ func (m *middleware) complete(ctx context.Context, c Claim, resp Response) error
 	}
 }
 
-// heartbeat extends the lease of c every c.Lease/3 until the returned stop
-// is called; stop waits for an extension under way, so that none follows
-// the verdict.
-func (m *middleware) heartbeat(ctx context.Context, c Claim) (stop func()) {
+// heartbeat extends the lease of c, claimed at the moment sent, every
+// c.Lease/3 until the returned stop is called; stop waits for an extension
+// under way, so that none follows the verdict, and returns why the lease was
+// lost, or nil.
+//
+// The lease is lost when the store answers [ErrLeaseLost] (the key was taken
+// over), or when it has not been extended for nine tenths of c.Lease, counted
+// from the moment the last successful extension (or the claim) was sent: the
+// store measures the lease from a later moment, so this gives up a tenth of
+// the lease before the store lets another request take the key. Either way
+// lose is called with the cause, which cancels the handler's context, and
+// the heartbeat ends.
+func (m *middleware) heartbeat(ctx context.Context, c Claim, sent time.Time, lose context.CancelCauseFunc) (stop func() error) {
+	hold := c.Lease - c.Lease/10
 	done, exited := make(chan struct{}), make(chan struct{})
+	var lost error
 	go func() {
 		defer close(exited)
+		deadline := sent.Add(hold)
+		expire := time.NewTimer(time.Until(deadline))
+		defer expire.Stop()
 		tick := time.NewTicker(c.Lease / 3)
 		defer tick.Stop()
+		var last error // the last failed extension
 		for {
 			select {
 			case <-done:
 				return
+			case <-expire.C:
 			case <-tick.C:
 			}
-			ectx, cancel := context.WithTimeout(ctx, c.Lease)
+			select {
+			case <-done:
+				return // the handler returned first: its verdict goes to the store
+			default:
+			}
+			if !time.Now().Before(deadline) {
+				lost = fmt.Errorf("%w: lease of %v not extended in time (last attempt: %v)", ErrLeaseLost, c.Lease, last)
+				break
+			}
+			at := time.Now()
+			ectx, cancel := context.WithDeadline(ctx, deadline)
 			err := m.store.Extend(ectx, c)
 			cancel()
 			if errors.Is(err, ErrLeaseLost) {
-				m.log.ErrorContext(ctx, "idemkey: lease lost while the handler runs", "key", c.Key, "err", err)
-				return
+				lost = err
+				break
 			}
 			if err != nil {
+				last = err
 				m.log.WarnContext(ctx, "idemkey: extending lease", "key", c.Key, "err", err)
+				continue
 			}
+			deadline = at.Add(hold)
+			expire.Reset(time.Until(deadline))
 		}
+		m.log.ErrorContext(ctx, "idemkey: lease lost while the handler runs; canceling it", "key", c.Key, "err", lost)
+		lose(lost)
 	}()
 	var once sync.Once
-	return func() {
+	return func() error {
 		once.Do(func() {
 			close(done)
 			<-exited
 		})
+		return lost
 	}
 }
 

@@ -601,8 +601,10 @@ func TestMiddlewareRefusesTwoKeyHeaders(t *testing.T) {
 	}
 }
 
-// A claim whose key was taken over while its handler ran still answers its
-// client, logs the lost lease, and does not overwrite the new holder's key.
+// A claim whose key was taken over while its handler ran (too fast for the
+// heartbeat to notice) logs the lost lease, does not overwrite the new
+// holder's key, and tells its client to retry, so that it gets the new
+// holder's response rather than one the key will never replay.
 func TestMiddlewareLeaseLostWhileRunning(t *testing.T) {
 	t.Parallel()
 	pg, pool := newStore(t)
@@ -620,11 +622,12 @@ func TestMiddlewareLeaseLostWhileRunning(t *testing.T) {
 		if rec, err := pg.Claim(ctx, idemkey.Claim{Key: "k-1", Fingerprint: fp, Token: "other", Lease: time.Minute, TTL: time.Hour}); err != nil || rec != nil {
 			t.Errorf("takeover: %+v, %v", rec, err)
 		}
+		w.Header().Set("Location", "/charges/ch-1")
 		w.WriteHeader(http.StatusCreated)
 		_, _ = io.WriteString(w, "ch-1")
 	}))
-	if a := post(t, srv.URL, "k-1", "x"); a.status != http.StatusCreated || string(a.body) != "ch-1" {
-		t.Fatalf("request that lost its lease: %d %q, want its 201 all the same", a.status, a.body)
+	if a := post(t, srv.URL, "k-1", "x"); a.status != http.StatusConflict || a.header.Get("Retry-After") == "" || a.header.Get("Location") != "" {
+		t.Fatalf("request that lost its lease: %d %q Location=%q, want 409 with Retry-After and none of the handler's headers", a.status, a.body, a.header.Get("Location"))
 	}
 	if !strings.Contains(log.String(), idemkey.ErrLeaseLost.Error()) {
 		t.Errorf("lost lease not logged: %q", log.String())
@@ -634,5 +637,162 @@ func TestMiddlewareLeaseLostWhileRunning(t *testing.T) {
 	}
 	if a := post(t, srv.URL, "k-1", "x"); a.status != http.StatusConflict || runs.Load() != 1 {
 		t.Fatalf("retry while the new holder runs: %d, runs %d; want 409, 1 run", a.status, runs.Load())
+	}
+}
+
+// A key taken over while its handler runs (its lease lapsed: here another
+// transaction expires it, as a stalled server would let it lapse) cancels
+// the handler's context with ErrLeaseLost at the next extension. The loser's
+// late response is not stored: the request that took the key over owns it,
+// and the loser's client is told to retry (409), which replays that response.
+func TestMiddlewareCancelsTheHandlerOfAKeyTakenOver(t *testing.T) {
+	t.Parallel()
+	store, pool := newStore(t)
+	started, finish := make(chan struct{}), make(chan struct{})
+	cause := make(chan error, 1)
+	var runs atomic.Int64
+	srv := serve(t, store, &idemkey.Config{Lease: 300 * time.Millisecond}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) > 1 {
+			w.WriteHeader(http.StatusCreated)
+			_, _ = io.WriteString(w, "ch-2")
+			return
+		}
+		close(started)
+		select {
+		case <-r.Context().Done():
+			cause <- context.Cause(r.Context())
+		case <-time.After(3 * time.Second):
+			cause <- errors.New("the handler's context was never canceled")
+		}
+		<-finish // a response the handler sends all the same, too late
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, "ch-1")
+	}))
+	first := make(chan answer, 1)
+	go func() { first <- post(t, srv.URL, "k-1", "x") }()
+	<-started
+	defer close(finish)
+	if _, err := pool.Exec(context.Background(), `UPDATE idempotency_keys SET expires_at = now() - interval '1 millisecond'`); err != nil {
+		t.Fatal(err)
+	}
+	if a := post(t, srv.URL, "k-1", "x"); a.status != http.StatusCreated || string(a.body) != "ch-2" || a.header.Get(idemkey.ReplayedHeader) != "" {
+		t.Fatalf("retry after the lease lapsed: %d %q replayed=%q; want the takeover's own 201 ch-2", a.status, a.body, a.header.Get(idemkey.ReplayedHeader))
+	}
+	if err := <-cause; !errors.Is(err, idemkey.ErrLeaseLost) {
+		t.Fatalf("cause of the taken-over handler's cancellation: %v, want ErrLeaseLost", err)
+	}
+	finish <- struct{}{}
+	if a := <-first; a.status != http.StatusConflict || a.header.Get("Retry-After") == "" || strings.Contains(string(a.body), "ch-1") {
+		t.Errorf("client of the taken-over request: %d %q Retry-After=%q; want 409 with Retry-After", a.status, a.body, a.header.Get("Retry-After"))
+	}
+	if a := post(t, srv.URL, "k-1", "x"); a.status != http.StatusCreated || string(a.body) != "ch-2" || a.header.Get(idemkey.ReplayedHeader) != "true" || runs.Load() != 2 {
+		t.Fatalf("after both: %d %q replayed=%q runs=%d; want ch-2 replayed, 2 runs", a.status, a.body, a.header.Get(idemkey.ReplayedHeader), runs.Load())
+	}
+}
+
+// Two servers share the keys table; the first cannot reach the store (its
+// pool's only connection is taken), so its heartbeat cannot extend the
+// lease, which lapses for real. A client retry reaches the second server and
+// takes the key over. The first handler's context must be canceled, with
+// ErrLeaseLost, before the second run starts, and nothing of the first run
+// is stored.
+func TestMiddlewareCancelsTheHandlerBeforeAnUnextendedLeaseLapses(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.Schema(t)
+	cfgA, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgA.MaxConns = 1
+	poolA, err := pgxpool.NewWithConfig(ctx, cfgA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(poolA.Close)
+	poolB, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(poolB.Close)
+	storeA, err := idemkey.NewPGStore(poolA, &idemkey.PGConfig{Table: "idempotency_keys"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := storeA.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	storeB, err := idemkey.NewPGStore(poolB, &idemkey.PGConfig{Table: "idempotency_keys"})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	started := make(chan struct{})
+	var runs atomic.Int64
+	var firstCtx atomic.Value // context.Context of the first run
+	secondSaw := make(chan error, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) > 1 {
+			secondSaw <- context.Cause(firstCtx.Load().(context.Context))
+			w.WriteHeader(http.StatusCreated)
+			_, _ = io.WriteString(w, "ch-2")
+			return
+		}
+		firstCtx.Store(r.Context())
+		close(started)
+		select {
+		case <-r.Context().Done():
+		case <-time.After(3 * time.Second):
+		}
+		http.Error(w, "canceled", http.StatusInternalServerError) // what a handler told to stop answers
+	})
+	const lease = 300 * time.Millisecond
+	srvA := serve(t, storeA, &idemkey.Config{Lease: lease}, h)
+	srvB := serve(t, storeB, &idemkey.Config{Lease: lease}, h)
+
+	first := make(chan answer, 1)
+	go func() { first <- post(t, srvA.URL, "k-1", "x") }()
+	<-started
+	conn, err := poolA.Acquire(ctx) // server A can no longer reach the store
+	if err != nil {
+		t.Fatal(err)
+	}
+	var retry answer
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		retry = post(t, srvB.URL, "k-1", "x")
+		if retry.status != http.StatusConflict || time.Now().After(deadline) {
+			break
+		}
+	}
+	conn.Release()
+	if retry.status != http.StatusCreated || string(retry.body) != "ch-2" {
+		t.Fatalf("retry on server B after the lease lapsed: %d %q; want the takeover's 201 ch-2", retry.status, retry.body)
+	}
+	if err := <-secondSaw; !errors.Is(err, idemkey.ErrLeaseLost) {
+		t.Errorf("when the second run started, the first run's context had cause %v; want it canceled with ErrLeaseLost", err)
+	}
+	if a := <-first; a.status != http.StatusConflict {
+		t.Errorf("client of the request that lost its lease: %d %q; want 409", a.status, a.body)
+	}
+	if a := post(t, srvA.URL, "k-1", "x"); a.status != http.StatusCreated || string(a.body) != "ch-2" || a.header.Get(idemkey.ReplayedHeader) != "true" || runs.Load() != 2 {
+		t.Fatalf("after both: %d %q replayed=%q runs=%d; want ch-2 replayed, 2 runs", a.status, a.body, a.header.Get(idemkey.ReplayedHeader), runs.Load())
+	}
+}
+
+func TestMiddlewareRequestKey(t *testing.T) {
+	t.Parallel()
+	store, _ := newStore(t)
+	got := make(chan string, 1)
+	srv := serve(t, store, &idemkey.Config{Scope: func(r *http.Request) string { return r.Header.Get("X-Client") }},
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			scope, key, ok := idemkey.RequestKey(r.Context())
+			got <- fmt.Sprint(scope, " ", key, " ", ok, " ", idemkey.Derive("charge", scope, key))
+		}))
+	post(t, srv.URL, `"k:1"`, "x", "X-Client", "merchant-a")
+	if want, got := "merchant-a k:1 true charge:merchant-a:k%3A1", <-got; got != want {
+		t.Fatalf("RequestKey in the handler: %q, want %q", got, want)
+	}
+	if _, _, ok := idemkey.RequestKey(context.Background()); ok {
+		t.Fatal("RequestKey outside the middleware reported a key")
 	}
 }

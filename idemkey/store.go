@@ -22,8 +22,9 @@ type Claim struct {
 	Token string
 	// Lease is how long the claim holds the key without news of it: the
 	// middleware extends it (Store.Extend) while the handler runs, so it
-	// lapses only when the server holding the key stops, and then another
-	// request may take the key over.
+	// lapses only when the server holding the key stops or cannot reach the
+	// store, and then another request may take the key over (the middleware
+	// cancels its own handler first).
 	Lease time.Duration
 	// TTL is how long a stored response is replayed.
 	TTL time.Duration
@@ -51,10 +52,12 @@ type Response struct {
 }
 
 // ErrLeaseLost is returned by Store.Complete and Store.Extend when the
-// claim's lease expired and another request took the key over: the response
-// is sent but not stored, and the handler may have run twice. With the
-// lease extended while the handler runs, this takes a store unreachable, or
-// a server stalled, for a whole Config.Lease.
+// claim's lease expired and another request took the key over. It is also
+// the cause (context.Cause) of a handler's context that [Middleware]
+// canceled because its lease could not be extended: the store unreachable or
+// too slow for nine tenths of Config.Lease, or a server stalled that long.
+// Either way the response is not stored and its client gets 409; the
+// handler may have run twice (see [Middleware]).
 var ErrLeaseLost = errors.New("idempotency key lease lost to another request")
 
 // Store keeps idempotency keys and their responses for [Middleware]. It is
