@@ -455,7 +455,10 @@ func (m *middleware) heartbeat(ctx context.Context, c Claim, sent time.Time, los
 			default:
 			}
 			if !time.Now().Before(deadline) {
-				lost = fmt.Errorf("%w: lease of %v not extended in time (last attempt: %v)", ErrLeaseLost, c.Lease, last)
+				lost = fmt.Errorf("%w: lease of %v not extended in time", ErrLeaseLost, c.Lease)
+				if last != nil {
+					lost = fmt.Errorf("%w (last attempt: %v)", lost, last)
+				}
 				break
 			}
 			at := time.Now()

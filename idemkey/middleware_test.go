@@ -796,3 +796,60 @@ func TestMiddlewareRequestKey(t *testing.T) {
 		t.Fatal("RequestKey outside the middleware reported a key")
 	}
 }
+
+// A handler that panics after its lease was lost leaves the key to the
+// request that took it over: no 500 is stored in place of its response.
+func TestMiddlewarePanicAfterALostLeaseStoresNothing(t *testing.T) {
+	t.Parallel()
+	store, pool := newStore(t)
+	started, canceled := make(chan struct{}), make(chan struct{})
+	var runs atomic.Int64
+	srv := serve(t, store, &idemkey.Config{Lease: 300 * time.Millisecond}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) > 1 {
+			w.WriteHeader(http.StatusCreated)
+			_, _ = io.WriteString(w, "ch-2")
+			return
+		}
+		close(started)
+		select {
+		case <-r.Context().Done():
+			close(canceled)
+		case <-time.After(3 * time.Second):
+		}
+		w.WriteHeader(http.StatusCreated) // it began its response, then failed
+		panic("charge failed")
+	}))
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the server logs the panic
+	first := make(chan answer, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("x"))
+		req.Header.Set(idemkey.Header, "k-1")
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			first <- answer{status: resp.StatusCode}
+			return
+		}
+		first <- answer{}
+	}()
+	<-started
+	if _, err := pool.Exec(context.Background(), `UPDATE idempotency_keys SET expires_at = now() - interval '1 millisecond'`); err != nil {
+		t.Fatal(err)
+	}
+	// The retry runs while the first is still running (the lease was made
+	// to lapse behind the heartbeat's back): it takes the key and stores.
+	if a := post(t, srv.URL, "k-1", "x"); a.status != http.StatusCreated || string(a.body) != "ch-2" {
+		t.Fatalf("takeover: %d %q", a.status, a.body)
+	}
+	select {
+	case <-canceled:
+	case <-time.After(3 * time.Second):
+		t.Fatal("the taken-over handler was not canceled")
+	}
+	if a := <-first; a.status != 0 {
+		t.Errorf("a panicking handler answered %d", a.status)
+	}
+	if a := post(t, srv.URL, "k-1", "x"); a.status != http.StatusCreated || string(a.body) != "ch-2" || a.header.Get(idemkey.ReplayedHeader) != "true" || runs.Load() != 2 {
+		t.Fatalf("after the panic: %d %q replayed=%q runs=%d; want ch-2 replayed", a.status, a.body, a.header.Get(idemkey.ReplayedHeader), runs.Load())
+	}
+}
