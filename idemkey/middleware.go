@@ -71,10 +71,11 @@ type Config struct {
 	// When the lease cannot be extended (the store unreachable or too slow
 	// for nine tenths of Lease, or the key already taken over after a
 	// stall), the handler's context is canceled, its context.Cause wrapping
-	// [ErrLeaseLost], a tenth of the lease before the store lets another
-	// request take the key; what the handler answers then is not stored,
-	// and its client gets 409 with Retry-After. See [Middleware] for what a
-	// canceled handler may already have done. Defaults to 1 minute.
+	// [ErrLeaseLost], a tenth of the lease (by this server's clock) before
+	// the store lets another request take the key; what the handler answers
+	// then is not stored, and its client gets 409 with Retry-After. See
+	// [Middleware] for what a canceled handler may already have done.
+	// Defaults to 1 minute.
 	Lease time.Duration
 	// RetryAfter is sent, in whole seconds (at least 1), with the 409
 	// answered to a repeat of a request still in progress. Defaults to 1

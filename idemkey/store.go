@@ -58,7 +58,7 @@ type Response struct {
 // too slow for nine tenths of Config.Lease, or a server stalled that long.
 // Either way the response is not stored and its client gets 409; the
 // handler may have run twice (see [Middleware]).
-var ErrLeaseLost = errors.New("idempotency key lease lost to another request")
+var ErrLeaseLost = errors.New("idempotency key lease lost")
 
 // Store keeps idempotency keys and their responses for [Middleware]. It is
 // small on purpose, so that a store on another database can follow

@@ -28,8 +28,8 @@
 // The k indexes come from one hash by enhanced double hashing (Dillinger and
 // Manolios): x = h1, y = h2; index i is the high 64 bits of x·m, then
 // x += y, y += i. Anyone can recompute the indexes from this paragraph; the
-// version byte of the encoding names this scheme, and a future scheme gets
-// another.
+// hash-scheme byte of the encoding names this scheme, and a future scheme
+// gets another number.
 //
 // # Encoding
 //
