@@ -126,8 +126,8 @@ func TestRebalanceStorm(t *testing.T) {
 	obs := newCommits(t, ends(n, parts))
 	out := newOutcomes()
 	proc := d.processor(t, out, nil)
-	member := func(h idemkafka.Hooks) *idemkafka.Consumer[pgx.Tx] {
-		c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), proc, &idemkafka.Config{MaxBatch: 200, Hooks: h})
+	member := func(h idemkafka.Hooks, opts ...kgo.Opt) *idemkafka.Consumer[pgx.Tx] {
+		c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}, opts...), proc, &idemkafka.Config{MaxBatch: 200, Hooks: h})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -169,28 +169,22 @@ func TestRebalanceStorm(t *testing.T) {
 	produceChunks(n / 4)
 	stop1 := run(t, member(obs))
 	wait(t, out.reached(idem.Applied, n/8), 60*time.Second, "the first member to make progress")
-	// 3 members: each must own partitions and commit before the storm goes on.
-	h2, h3 := &memberHooks{commits: obs, first: make(chan struct{})}, &memberHooks{commits: obs, first: make(chan struct{})}
-	m2, m3 := member(h2), member(h3)
+	// 3 members: each must own partitions and commit before the storm goes
+	// on. Records keep flowing while the group rebalances; the test waits
+	// for the signals of the group (both new members own partitions), never
+	// for a time or a number of records: how long a rebalance takes depends
+	// on the machine's load and on the order the members join in.
+	h2, h3 := newMemberHooks(obs), newMemberHooks(obs)
+	m2, m3 := member(h2, h2.opts()...), member(h3, h3.opts()...)
 	stop2, stop3 := run(t, m2), run(t, m3)
-	// Keep records flowing until both new members own partitions and have
-	// committed: a member whose partitions hold no new record has nothing to
-	// commit. The last chunks are kept for the shrinking phase.
-	joined := func() bool { return isClosed(h2.first) && isClosed(h3.first) }
-	for !joined() {
-		if next >= n-2*chunk {
-			t.Fatalf("members 2 and 3 did not both commit while %d of %d records flowed (second: %v, third: %v)",
-				next, n, isClosed(h2.first), isClosed(h3.first))
-		}
-		produceChunks(next + chunk)
-		// Give the group a moment to rebalance before the next chunk.
-		wait := time.NewTimer(250 * time.Millisecond)
-		select {
-		case <-h3.first:
-		case <-wait.C:
-		}
-		wait.Stop()
-	}
+	produceChunks(next + chunk)
+	wait(t, h2.assigned, 60*time.Second, "the second member to own partitions")
+	wait(t, h3.assigned, 60*time.Second, "the third member to own partitions")
+	// Every partition now has an owner that keeps it while the group stays
+	// as it is; a chunk gives each of them records, and so a commit.
+	produceChunks(next + chunk)
+	wait(t, h2.first, 60*time.Second, "the second member's first commit")
+	wait(t, h3.first, 60*time.Second, "the third member's first commit")
 	// Back to 1: one member dies without committing, one leaves gracefully,
 	// while the rest of the records arrive.
 	m3.Crash()
@@ -471,11 +465,29 @@ func (h *poisonHooks) OnCommit(topic string, p int32, offset int64, err error) {
 	}
 }
 
-// memberHooks tells when one member committed for the first time.
+// memberHooks tells when one member first owned partitions and when it
+// committed for the first time.
 type memberHooks struct {
 	*commits
-	first chan struct{}
-	once  sync.Once
+	first    chan struct{}
+	once     sync.Once
+	assigned chan struct{}
+	owns     sync.Once
+}
+
+func newMemberHooks(c *commits) *memberHooks {
+	return &memberHooks{commits: c, first: make(chan struct{}), assigned: make(chan struct{})}
+}
+
+// opts are the member's client options that report its assignments.
+func (h *memberHooks) opts() []kgo.Opt {
+	return []kgo.Opt{kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+		for _, ps := range m {
+			if len(ps) > 0 {
+				h.owns.Do(func() { close(h.assigned) })
+			}
+		}
+	})}
 }
 
 func (h *memberHooks) OnCommit(topic string, p int32, offset int64, err error) {
