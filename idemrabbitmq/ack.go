@@ -6,28 +6,35 @@ import (
 	"github.com/idemkit/idem"
 )
 
-// Verb is what the consumer tells the broker about one delivery.
+// Verb is what the consumer does with one delivery at the broker.
 type Verb int
 
 const (
 	// Ack: basic.ack. The effect committed (Applied) or had committed before
-	// (Duplicate); the broker may forget the message.
+	// (Duplicate); the broker may forget the message. Several finished
+	// deliveries share one multiple ack when that covers nothing unfinished.
 	Ack Verb = iota + 1
-	// Requeue: basic.nack with requeue, after a backoff. The message was not
-	// applied and will be delivered again.
+	// Requeue: basic.nack with requeue, after the disposition's delay. The
+	// message was not applied and its try counted (a commit whose outcome
+	// is unknown); the broker delivers it again, and a quorum queue counts
+	// the delivery towards its x-delivery-limit.
 	Requeue
-	// DeadLetter: basic.reject without requeue, so the queue's dead-letter
-	// exchange receives it; or, with [Config.DeadLetterExchange], a confirmed
-	// republish carrying x-idem-reason followed by basic.ack.
+	// DeadLetter: the message is republished, persistent and with
+	// publisher confirms, to the dead-letter destination on the consumer's
+	// dead-letter connection ([Config.DeadLetterQueue]), carrying
+	// x-idem-reason and the other x-idem-* headers; the original is acked
+	// only once the broker confirmed the copy. A copy that cannot be
+	// published (unroutable, nacked, the connection blocked or lost) is
+	// kept unacked and published again: a dead letter is never dropped.
 	DeadLetter
+	// Hold: nothing is sent. The message was not applied and it was not
+	// its fault (the inbox database unreachable or not set up, a
+	// shutdown); the delivery stays unacked and is processed again in this
+	// session after the disposition's delay, so no delivery count of the
+	// broker's is spent. Hold never reaches [Hooks].Settled: nothing was
+	// settled.
+	Hold
 )
-
-// hold is the consumer's own verb for a Retry that is not the message's
-// fault (see notItsFault): no frame is sent, the delivery stays unacked and
-// is processed again in this session after a backoff. Quorum queues count
-// every requeue towards their delivery limit, so holding is the only way an
-// outage does not spend the messages' budget. It never reaches [Hooks].
-const hold Verb = -1
 
 // String returns the lower-case name used in logs and metric labels.
 func (v Verb) String() string {
@@ -38,25 +45,31 @@ func (v Verb) String() string {
 		return "requeue"
 	case DeadLetter:
 		return "dead_letter"
+	case Hold:
+		return "hold"
 	}
 	return "unknown"
 }
 
-// VerbFor maps a processor outcome to the broker verb. It is the only place
-// in the package that makes this decision.
+// VerbFor is the consumer's one table from the processor's decision
+// ([idem.Processor.Dispose]) to broker verbs. The consumer decides nothing
+// else about a message: how often it is tried, how long it waits and
+// whether it is dead-lettered are all the processor's.
 //
-//   - Applied, Duplicate → Ack (only after the commit: the processor returns
-//     them only then)
-//   - Retry → Requeue after a backoff; never acked, so a commit whose outcome
-//     is unknown is redelivered and settled by the inbox
-//   - DeadLettered, Expired → DeadLetter, never acked as applied and never
-//     requeued, so a poison message cannot loop
+//   - ActionAck → Ack, only after the commit
+//   - ActionRedeliver → Requeue after Delay
+//   - ActionHold → Hold, processed again after Delay
+//   - ActionDeadLetter → DeadLetter: confirmed republish, then ack
 //   - anything else → Requeue: when in doubt, let the broker keep it
-func VerbFor(o idem.Outcome) Verb {
-	switch {
-	case o.Acked():
+func VerbFor(a idem.Action) Verb {
+	switch a {
+	case idem.ActionAck:
 		return Ack
-	case o == idem.DeadLettered, o == idem.Expired:
+	case idem.ActionRedeliver:
+		return Requeue
+	case idem.ActionHold:
+		return Hold
+	case idem.ActionDeadLetter:
 		return DeadLetter
 	}
 	return Requeue
@@ -66,34 +79,26 @@ func VerbFor(o idem.Outcome) Verb {
 type tagState int8
 
 const (
-	processing tagState = iota // in a batch, in the database
+	processing tagState = iota // gathered into a batch, or in the database
 	ackable                    // finished; may be acked
-	waiting                    // Retry; to be nacked with requeue when due
-	held                       // Retry not the message's fault; to be processed again
+	waiting                    // to be nacked with requeue when due
+	held                       // not its fault; to be processed again
+	lettering                  // its dead letter is not confirmed yet
 )
 
-// decision is what the consumer decided about one delivery. It is made
-// once per result, from [VerbFor] and the consumer's own rules, and carried
-// to the frame and to the hooks unchanged.
+// decision is what became of one delivery: the processor's result, its
+// disposition and the verb the table maps it to. It is made once, in the
+// worker, and carried unchanged to the frame, the stats and the hooks.
 type decision struct {
-	// frame is what to send the broker.
-	frame Verb
-	// verb is what happened to the message, for stats and hooks. It differs
-	// from frame for a dead letter the consumer republished itself: the
-	// frame is then an Ack of the original.
 	verb Verb
+	disp idem.Disposition
 	res  idem.Result
-	// report: the consumer decided this outcome itself (a dead letter after
-	// MaxAttempts), so it logs and counts it through the processor once the
-	// frame reached the broker.
-	report bool
 }
 
-// decide is the decision for a result before any republishing: the frame
-// and the verb are both [VerbFor] of its outcome.
-func decide(res idem.Result) decision {
-	v := VerbFor(res.Outcome)
-	return decision{frame: v, verb: v, res: res}
+// decide is the decision for one result: the disposition the processor
+// gives it, through [VerbFor].
+func decide(d idem.Disposition, res idem.Result) decision {
+	return decision{verb: VerbFor(d.Action), disp: d, res: res}
 }
 
 type tagEntry struct {
@@ -116,7 +121,7 @@ type tracker struct {
 
 // op is one frame to send to the broker.
 type op struct {
-	verb     Verb
+	verb     Verb // Ack or Requeue: the frame, not the message's fate
 	tag      uint64
 	multiple bool       // ack only
 	settled  []decision // of the deliveries this frame settles, for stats and hooks
@@ -145,32 +150,42 @@ func (t *tracker) find(tag uint64) int {
 	return -1
 }
 
-// finish records a batch's decisions, one per tag. It returns the frames to
-// send now: the dead letters (rejected one by one: a rejected delivery must
-// not wait behind others) and the acks that became possible. Requeues wait
-// until due; see [tracker.due].
-func (t *tracker) finish(tags []uint64, ds []decision, requeueAt time.Time) []op {
-	var ops []op
+// finish records a batch's decisions, one per tag, at now. It returns the
+// acks that became possible; requeues wait until due ([tracker.due]), held
+// deliveries until they are processed again ([tracker.process]), dead
+// letters until their copy is confirmed ([tracker.lettered]).
+func (t *tracker) finish(tags []uint64, ds []decision, now time.Time) []op {
 	for i, tag := range tags {
 		j := t.find(tag)
 		if j < 0 {
 			continue
 		}
-		t.entries[j].d = ds[i]
-		switch ds[i].frame {
+		e := &t.entries[j]
+		e.d = ds[i]
+		switch ds[i].verb {
 		case Ack:
-			t.entries[j].state = ackable
-		case Requeue:
-			t.entries[j].state, t.entries[j].due = waiting, requeueAt
-			t.nWaiting++
-		case hold:
-			t.entries[j].state = held
+			e.state = ackable
+		case Hold:
+			e.state = held
+		case DeadLetter:
+			e.state = lettering
 		default:
-			ops = append(ops, op{verb: DeadLetter, tag: tag, settled: []decision{ds[i]}})
-			t.remove(j)
+			e.state, e.due = waiting, now.Add(ds[i].disp.Delay)
+			t.nWaiting++
 		}
 	}
-	return append(ops, t.acks()...)
+	return t.acks()
+}
+
+// lettered marks the tags whose dead letters the broker confirmed as
+// finished, and returns the acks that became possible.
+func (t *tracker) lettered(tags []uint64) []op {
+	for _, tag := range tags {
+		if j := t.find(tag); j >= 0 && t.entries[j].state == lettering {
+			t.entries[j].state = ackable
+		}
+	}
+	return t.acks()
 }
 
 // due returns the nacks whose wait is over at now, and the acks they
@@ -194,9 +209,27 @@ func (t *tracker) due(now time.Time) []op {
 func (t *tracker) process(tags []uint64) {
 	for _, tag := range tags {
 		if j := t.find(tag); j >= 0 {
+			if t.entries[j].state == waiting {
+				t.nWaiting--
+			}
 			t.entries[j].state = processing
 		}
 	}
+}
+
+// forget drops tags the consumer will never settle on this channel
+// (gathered but not processed when a shutdown began): closing the channel
+// returns them to the queue. It returns the acks that became possible.
+func (t *tracker) forget(tags []uint64) []op {
+	for _, tag := range tags {
+		if j := t.find(tag); j >= 0 {
+			if t.entries[j].state == waiting {
+				t.nWaiting--
+			}
+			t.remove(j)
+		}
+	}
+	return t.acks()
 }
 
 // nextDue returns the earliest time a waiting requeue falls due.
@@ -216,11 +249,12 @@ func (t *tracker) nextDue() (time.Time, bool) {
 // acks returns the acks possible now. The finished prefix of the tags goes
 // in one multiple ack: every tag up to its last one is finished, so the
 // multiple flag covers nothing in flight. Finished tags behind a waiting
-// requeue or a held delivery are acked one by one, because a multiple ack
-// would swallow it and it may wait for seconds (a held one, for as long as
-// the database is down). Finished tags behind a batch
-// still in the database wait for it: it ends soon, and then one frame acks
-// them all.
+// requeue, a held delivery or an unconfirmed dead letter are acked one by
+// one, because a multiple ack would swallow it and it may wait for
+// seconds (a held one, for as long as the database is down; a dead letter,
+// for as long as the broker blocks its connection). Finished tags behind a
+// batch still in the database wait for it: it ends soon, and then one
+// frame acks them all.
 func (t *tracker) acks() []op {
 	var ops []op
 	n := 0
@@ -235,7 +269,7 @@ func (t *tracker) acks() []op {
 		ops = append(ops, op{verb: Ack, tag: t.entries[n-1].tag, multiple: n > 1, settled: settled})
 		t.entries = t.entries[n:]
 	}
-	if len(t.entries) == 0 || (t.entries[0].state != waiting && t.entries[0].state != held) {
+	if len(t.entries) == 0 || t.entries[0].state == processing {
 		return ops
 	}
 	kept := t.entries[:0]

@@ -8,20 +8,21 @@ import (
 	"github.com/idemkit/idem"
 )
 
+// The table from the processor's actions to verbs is total: anything it
+// does not know is left to the broker.
 func TestVerbFor(t *testing.T) {
 	t.Parallel()
-	want := map[idem.Outcome]Verb{
-		idem.Applied:      Ack,
-		idem.Duplicate:    Ack,
-		idem.Retry:        Requeue,
-		idem.DeadLettered: DeadLetter,
-		idem.Expired:      DeadLetter,
-		0:                 Requeue, // unknown: the broker keeps it
-		99:                Requeue,
+	want := map[idem.Action]Verb{
+		idem.ActionAck:        Ack,
+		idem.ActionRedeliver:  Requeue,
+		idem.ActionHold:       Hold,
+		idem.ActionDeadLetter: DeadLetter,
+		0:                     Requeue,
+		99:                    Requeue,
 	}
-	for o, v := range want {
-		if got := VerbFor(o); got != v {
-			t.Errorf("VerbFor(%v) = %v, want %v", o, got, v)
+	for a, v := range want {
+		if got := VerbFor(a); got != v {
+			t.Errorf("VerbFor(%v) = %v, want %v", a, got, v)
 		}
 	}
 }
@@ -39,14 +40,19 @@ func frames(ops []op) string {
 	return s
 }
 
-// decided is one decision per verb, frame and report alike.
+// decided is one decision per verb; requeues wait requeueDelay.
 func decided(verbs ...Verb) []decision {
 	ds := make([]decision, len(verbs))
 	for i, v := range verbs {
-		ds[i] = decision{frame: v, verb: v}
+		ds[i] = decision{verb: v}
+		if v == Requeue {
+			ds[i].disp.Delay = requeueDelay
+		}
 	}
 	return ds
 }
+
+const requeueDelay = time.Second
 
 func TestTrackerMultipleAckOnlyOverFinishedTags(t *testing.T) {
 	t.Parallel()
@@ -76,10 +82,16 @@ func TestTrackerDeadLetterSplitsTheRun(t *testing.T) {
 		tr.add(tag)
 	}
 	got := frames(tr.finish([]uint64{1, 2, 3, 4, 5}, decided(Ack, Ack, DeadLetter, Ack, Ack), time.Now()))
-	// The reject goes first and alone; the multiple ack then covers only
-	// the acked tags (3 is already settled, so ack 5* does not touch it).
-	if got != "dead_letter3 ack5* " {
+	// 3 waits for its copy's confirm: 1 and 2 go in one multiple ack, 4
+	// and 5 one by one, so that no multiple ack covers 3.
+	if got != "ack2* ack4 ack5 " {
 		t.Fatalf("got %q", got)
+	}
+	if got := frames(tr.lettered([]uint64{3})); got != "ack3 " {
+		t.Fatalf("after the confirm: got %q", got)
+	}
+	if tr.len() != 0 {
+		t.Fatalf("%d tags left", tr.len())
 	}
 }
 
@@ -90,8 +102,8 @@ func TestTrackerRequeueWaitsAndIsNeverSwallowed(t *testing.T) {
 		tr.add(tag)
 	}
 	now := time.Now()
-	due := now.Add(time.Second)
-	got := frames(tr.finish([]uint64{1, 2, 3}, decided(Ack, Requeue, Ack), due))
+	due := now.Add(requeueDelay)
+	got := frames(tr.finish([]uint64{1, 2, 3}, decided(Ack, Requeue, Ack), now))
 	// 1 is acked; 3 sits behind a waiting requeue, so it is acked alone: a
 	// multiple ack on 3 would ack 2, which must be requeued.
 	if got != "ack1 ack3 " {
@@ -103,7 +115,7 @@ func TestTrackerRequeueWaitsAndIsNeverSwallowed(t *testing.T) {
 	if got := frames(tr.due(now)); got != "" {
 		t.Fatalf("requeued before due: %q", got)
 	}
-	got = frames(tr.finish([]uint64{4, 5, 6}, decided(Ack, Ack, Ack), due))
+	got = frames(tr.finish([]uint64{4, 5, 6}, decided(Ack, Ack, Ack), now))
 	if got != "ack4 ack5 ack6 " {
 		t.Fatalf("behind a waiting requeue: got %q", got)
 	}
@@ -125,22 +137,31 @@ func TestTrackerIgnoresUnknownTags(t *testing.T) {
 	}
 }
 
-// A dead letter the consumer republished is acked, and its frame carries
-// the decision made once in the worker: reported as a dead letter, not
-// re-derived from the outcome.
+// A dead letter is acked once its copy is confirmed, and its frame
+// carries the decision made once in the worker: reported as a dead letter,
+// not re-derived from the outcome.
 func TestTrackerCarriesTheDecisionToTheFrame(t *testing.T) {
 	t.Parallel()
 	var tr tracker
 	tr.add(1)
 	tr.add(2)
-	republished := decision{frame: Ack, verb: DeadLetter, res: idem.Result{MessageID: "m1", Outcome: idem.DeadLettered}}
-	applied := decide(idem.Result{MessageID: "m2", Outcome: idem.Applied})
-	ops := tr.finish([]uint64{1, 2}, []decision{republished, applied}, time.Now())
-	if got := frames(ops); got != "ack2* " {
-		t.Fatalf("got %q, want one multiple ack", got)
+	republished := decide(idem.Disposition{Action: idem.ActionDeadLetter, Reason: "permanent: no such customer"},
+		idem.Result{MessageID: "m1", Outcome: idem.DeadLettered})
+	applied := decide(idem.Disposition{Action: idem.ActionAck}, idem.Result{MessageID: "m2", Outcome: idem.Applied})
+	now := time.Now()
+	if got := frames(tr.finish([]uint64{1}, []decision{republished}, now)); got != "" {
+		t.Fatalf("got %q, want nothing before the dead letter is confirmed", got)
 	}
-	if s := ops[0].settled; len(s) != 2 || s[0] != republished || s[1].verb != Ack || s[1].res.MessageID != "m2" {
+	ops := tr.lettered([]uint64{1})
+	if got := frames(ops); got != "ack1 " {
+		t.Fatalf("got %q, want the original acked after its confirm", got)
+	}
+	if s := ops[0].settled; len(s) != 1 || s[0] != republished {
 		t.Fatalf("settled %+v", s)
+	}
+	ops = tr.finish([]uint64{2}, []decision{applied}, now)
+	if s := ops[0].settled; frames(ops) != "ack2 " || s[0].verb != Ack || s[0].res.MessageID != "m2" {
+		t.Fatalf("got %q, settled %+v", frames(ops), s)
 	}
 }
 
@@ -153,7 +174,7 @@ func TestTrackerHeldDeliveryIsNeverSwallowed(t *testing.T) {
 		tr.add(tag)
 	}
 	now := time.Now()
-	if got := frames(tr.finish([]uint64{1, 2}, decided(hold, Ack), now)); got != "ack2 " {
+	if got := frames(tr.finish([]uint64{1, 2}, decided(Hold, Ack), now)); got != "ack2 " {
 		t.Fatalf("got %q, want 2 acked alone behind the held 1", got)
 	}
 	if got := frames(tr.due(now.Add(time.Hour))); got != "" {

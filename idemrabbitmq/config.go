@@ -52,47 +52,42 @@ type Config struct {
 	// (the default) uses the AMQP message_id property. When set, only the
 	// header is read; a delivery without it is dead-lettered.
 	IDHeader string
-	// DeadLetterExchange, when set, makes the consumer republish each
-	// dead-lettered or expired message to this exchange itself (with
-	// publisher confirms, persistent, the original properties and headers plus
-	// x-idem-reason, x-idem-outcome, x-idem-consumer, x-idem-queue), and ack
-	// the original only once the broker confirmed the copy. Empty (the
-	// default) rejects the message without requeue, so that the queue's own
-	// x-dead-letter-exchange receives it; the reason is then only logged.
-	// [Topology.DeadLetterExchange] is the usual value.
+	// DeadLetterQueue is where dead letters go: the queue the consumer
+	// republishes each dead-lettered or expired message to, persistent and
+	// with publisher confirms, with the original properties and headers
+	// plus x-idem-reason, x-idem-outcome, x-idem-consumer, x-idem-attempts
+	// and x-idem-origin; the original is acked only once the broker
+	// confirmed the copy. At start, the consumer declares the queue
+	// (durable, quorum) when it does not exist yet, and refuses to start
+	// when the broker refuses that. Defaults to "<Queue>.dlq", the
+	// dead-letter queue [DeclareQuorumWithDLQ] declares.
+	DeadLetterQueue string
+	// DeadLetterExchange, when set, routes dead letters through this
+	// exchange with DeadLetterRoutingKey instead of straight to
+	// DeadLetterQueue. At start, the consumer checks that the exchange
+	// exists and binds DeadLetterQueue to it with DeadLetterRoutingKey, so
+	// that the route exists; it refuses to start when either fails. Empty
+	// (the default) publishes through the default exchange.
+	// [Topology.DeadLetterExchange] is a usual value.
 	DeadLetterExchange string
-	// DeadLetterRoutingKey is the routing key of republished dead letters.
-	// Defaults to Queue, which is what [DeclareQuorumWithDLQ] binds.
+	// DeadLetterRoutingKey is the routing key of dead letters published
+	// through DeadLetterExchange. Defaults to Queue, which is what
+	// [DeclareQuorumWithDLQ] binds.
 	DeadLetterRoutingKey string
-	// RequeueBackoff is the first wait before a delivery whose outcome is
-	// Retry is nacked back to the queue; consecutive Retry outcomes double
-	// it up to MaxRequeueBackoff, with jitter ([idem.RetryPolicy.Backoff]).
-	// The same backoff spaces the local re-runs of held deliveries (see
-	// [Consumer.Run]). While a requeue waits or a held delivery is not
-	// settled, no new batch starts. Defaults to 500ms.
-	RequeueBackoff time.Duration
-	// MaxRequeueBackoff caps RequeueBackoff. Defaults to 10s.
-	MaxRequeueBackoff time.Duration
-	// MaxAttempts is how many deliveries of one message may end in Retry
-	// of the message's own making (a handler error not marked permanent, a
-	// deadlock, the processor's retries exhausted) before the consumer
-	// dead-letters it, with a reason wrapping [idem.ErrRetriesExhausted],
-	// instead of requeueing it again. A classic queue has no delivery
-	// limit, so without this count such a message would loop forever; on a
-	// quorum queue the queue's x-delivery-limit applies too, whichever
-	// comes first. A Retry the processor marks Blameless (the inbox
-	// database unreachable) or one during shutdown is not counted; a commit
-	// whose outcome is unknown is (a message whose commits always end that
-	// way must not loop). The counts are kept in memory, per message ID, for
-	// at most 10,000 messages (when full, an arbitrary one is forgotten);
-	// they survive reconnects but not a restart. The dead letter is reported
-	// through the processor (logged, and counted as dead_lettered) once its
-	// frame reached the broker. Defaults to 10; -1 disables the count.
-	MaxAttempts int
+	// DeadLetterURL is the broker URI of the connection dead letters are
+	// published on; defaults to URL. Dead letters always go out on a
+	// connection of their own: under a memory or disk alarm the broker
+	// blocks every connection that publishes, and the consuming connection,
+	// which never publishes, keeps delivering and acking while dead letters
+	// wait, unacked, for the alarm to clear.
+	DeadLetterURL string
 	// ReconnectBackoff is the first wait before reconnecting after the
 	// connection or channel was lost; it doubles up to MaxReconnectBackoff,
 	// with jitter ([idem.RetryPolicy.Backoff]), and resets once a session
-	// consumed successfully. Defaults to 100ms.
+	// consumed successfully. The same range spaces the publishes of dead
+	// letters the broker did not take (unroutable, nacked). How often and
+	// how long a message is retried is the processor's RetryPolicy, not
+	// this. Defaults to 100ms.
 	ReconnectBackoff time.Duration
 	// MaxReconnectBackoff caps ReconnectBackoff. Defaults to 10s.
 	MaxReconnectBackoff time.Duration
@@ -185,17 +180,14 @@ func (c *Config) setDefaults(consumer string) {
 	if c.Workers == 0 {
 		c.Workers = 1
 	}
+	if c.DeadLetterQueue == "" {
+		c.DeadLetterQueue = c.Queue + ".dlq"
+	}
 	if c.DeadLetterRoutingKey == "" {
 		c.DeadLetterRoutingKey = c.Queue
 	}
-	if c.RequeueBackoff == 0 {
-		c.RequeueBackoff = 500 * time.Millisecond
-	}
-	if c.MaxRequeueBackoff == 0 {
-		c.MaxRequeueBackoff = 10 * time.Second
-	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = 10
+	if c.DeadLetterURL == "" {
+		c.DeadLetterURL = c.URL
 	}
 	if c.ReconnectBackoff == 0 {
 		c.ReconnectBackoff = 100 * time.Millisecond
@@ -239,11 +231,11 @@ func (c *Config) validate() error {
 	if c.Workers < 1 {
 		errs = append(errs, fmt.Errorf("workers %d must be at least 1", c.Workers))
 	}
-	if c.RequeueBackoff < 0 || c.MaxRequeueBackoff < c.RequeueBackoff {
-		errs = append(errs, fmt.Errorf("requeue backoff %v..%v is not a valid range", c.RequeueBackoff, c.MaxRequeueBackoff))
+	if _, err := amqp.ParseURI(c.DeadLetterURL); c.DeadLetterURL != "" && err != nil {
+		errs = append(errs, fmt.Errorf("parsing dead-letter URL: %w", err))
 	}
-	if c.MaxAttempts < -1 {
-		errs = append(errs, fmt.Errorf("max attempts %d must be at least 1, or -1 to disable", c.MaxAttempts))
+	if c.Queue != "" && c.DeadLetterQueue == c.Queue {
+		errs = append(errs, fmt.Errorf("dead-letter queue %q must not be the consumed queue", c.DeadLetterQueue))
 	}
 	if c.ReconnectBackoff < 0 || c.MaxReconnectBackoff < c.ReconnectBackoff {
 		errs = append(errs, fmt.Errorf("reconnect backoff %v..%v is not a valid range", c.ReconnectBackoff, c.MaxReconnectBackoff))

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,24 +19,22 @@ import (
 
 // Consumer consumes one RabbitMQ queue into a [idem.Processor]: it acks a
 // delivery only after the transaction that applied it committed, reconnects
-// by itself, and sends poison messages to the dead-letter path instead of
-// requeueing them forever. Create it with [NewConsumer] and start it with
-// [Consumer.Run].
+// by itself, and publishes dead letters to a destination it checked at
+// start. Create it with [NewConsumer] and start it with [Consumer.Run].
 type Consumer[TTx any] struct {
 	proc *idem.Processor[TTx]
 	cfg  Config
-	// requeueBackoff and reconnectBackoff are Config's ranges as idem's
-	// retry policy: capped exponential backoff with jitter, so consumers
-	// that failed together do not come back together.
-	requeueBackoff, reconnectBackoff idem.RetryPolicy
-	retries                          *retryCounts
+	// reconnectBackoff is Config's range as idem's retry policy: capped
+	// exponential backoff with jitter, so consumers that failed together
+	// do not come back together.
+	reconnectBackoff idem.RetryPolicy
 
 	running atomic.Bool
 	mu      sync.Mutex
-	sock    net.Conn // the current session's socket, for DropConnection
+	sock    net.Conn // the current session's consuming socket, for DropConnection
 
 	stats struct {
-		delivered, redelivered, applied, duplicates, requeued, deadLettered, reconnects atomic.Uint64
+		delivered, redelivered, applied, duplicates, requeued, held, deadLettered, reconnects atomic.Uint64
 	}
 }
 
@@ -51,8 +48,11 @@ type Stats struct {
 	// Applied and Duplicates count acked deliveries by outcome.
 	Applied, Duplicates uint64
 	// Requeued counts nacks with requeue; DeadLettered counts dead letters
-	// (rejected, or republished and acked).
+	// confirmed at the dead-letter destination (and their originals acked).
 	Requeued, DeadLettered uint64
+	// Held counts deliveries kept unacked to be processed again, once per
+	// time they were held.
+	Held uint64
 	// Reconnects counts sessions that ended while Run went on.
 	Reconnects uint64
 }
@@ -77,9 +77,7 @@ func NewConsumer[TTx any](proc *idem.Processor[TTx], cfg *Config) (*Consumer[TTx
 	}
 	return &Consumer[TTx]{
 		proc: proc, cfg: c,
-		requeueBackoff:   idem.RetryPolicy{InitialBackoff: c.RequeueBackoff, MaxBackoff: c.MaxRequeueBackoff},
 		reconnectBackoff: idem.RetryPolicy{InitialBackoff: c.ReconnectBackoff, MaxBackoff: c.MaxReconnectBackoff},
-		retries:          newRetryCounts(maxCountedMessages),
 	}, nil
 }
 
@@ -90,11 +88,11 @@ func (c *Consumer[TTx]) Stats() Stats {
 		Delivered: s.delivered.Load(), Redelivered: s.redelivered.Load(),
 		Applied: s.applied.Load(), Duplicates: s.duplicates.Load(),
 		Requeued: s.requeued.Load(), DeadLettered: s.deadLettered.Load(),
-		Reconnects: s.reconnects.Load(),
+		Held: s.held.Load(), Reconnects: s.reconnects.Load(),
 	}
 }
 
-// DropConnection cuts the current broker connection at the socket, as a
+// DropConnection cuts the current consuming connection at the socket, as a
 // network failure or a broker crash would: nothing more is acked on it, the
 // broker requeues every delivery not acked yet, and Run reconnects after its
 // backoff. It is meant for tests and drills (watch a consumer survive the
@@ -113,24 +111,33 @@ func (c *Consumer[TTx]) DropConnection() bool {
 
 // Run consumes until ctx is cancelled, then shuts down gracefully: no new
 // batch starts, batches in flight finish (or, after [Config.ShutdownGrace],
-// roll back), what committed is acked, and the connection closes; Run then
-// returns nil. A lost connection or channel is re-established with backoff;
-// tags of the lost channel are forgotten, never acked on the new one. Run
-// returns an error only when the broker refuses the queue (404 not found,
-// 403 access refused) before the first successful consume.
+// roll back), what committed is acked, and the connections close; Run then
+// returns nil.
 //
-// A Retry that is not the message's fault — one the processor marks
-// Blameless: the inbox database unreachable for longer than the processor's
-// RetryPolicy.WaitUnavailable ([idem.ErrUnavailable]), or processing
-// cancelled — is not nacked: a quorum queue counts every requeue towards its delivery limit,
-// and an outage would dead-letter healthy messages. The delivery is held
-// unacked and processed again in this session after the requeue backoff,
-// while no new batch starts, until it settles; a redelivery finds its
-// marker if it had committed. A shutdown or a lost connection leaves held
-// deliveries to the broker, which requeues them. RabbitMQ's
-// consumer_timeout (30 minutes by default) closes a channel whose delivery
-// stays unacked longer; the consumer then reconnects and the broker
-// redelivers, so a long outage costs at most one delivery per
+// Before it takes a message, Run checks the inbox ([idem.Processor.Check])
+// and the dead-letter destination, and returns an error when either is not
+// ready: one wrapping [idem.ErrInboxNotReady] for an inbox table that is
+// missing or not writable, one wrapping [ErrNoDeadLetterDestination] for
+// dead letters that would have nowhere to go. An inbox database that is
+// only unreachable (the check's error wraps [idem.ErrUnavailable]) is
+// waited for, with the reconnect backoff. It also returns an error when
+// the broker refuses the queue (404 not found, 403 access refused) before
+// the first successful consume. Any other lost connection or channel is
+// re-established with backoff; tags of the lost channel are forgotten,
+// never acked on the new one.
+//
+// What becomes of each message is the processor's decision
+// ([idem.Processor.Dispose]), mapped to broker verbs by [VerbFor]. A
+// delivery held because its Retry was not its fault (the inbox database
+// unreachable or not set up, for longer than the processor's
+// RetryPolicy.WaitUnavailable) is processed again in this session after
+// the disposition's delay, while no new batch starts, until it settles: a
+// quorum queue counts every requeue towards its delivery limit, and an
+// outage must not dead-letter healthy messages. A shutdown or a lost
+// connection leaves held deliveries to the broker, which requeues them.
+// RabbitMQ's consumer_timeout (30 minutes by default) closes a channel
+// whose delivery stays unacked longer; the consumer then reconnects and
+// the broker redelivers, so a long outage costs at most one delivery per
 // consumer_timeout.
 func (c *Consumer[TTx]) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
@@ -138,6 +145,9 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 	}
 	defer c.running.Store(false)
 	log := c.cfg.Logger.With(slog.String("consumer", c.proc.Consumer()), slog.String("queue", c.cfg.Queue))
+	if err := c.check(ctx, log); err != nil {
+		return err
+	}
 	failures := 0 // sessions ended since the last one that consumed
 	everConsumed := false
 	for {
@@ -170,14 +180,39 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 	}
 }
 
+// check runs the processor's inbox check until it passes, ctx ends (nil),
+// or it fails for a reason waiting cannot fix (the error). A database
+// that is only unreachable ([idem.ErrUnavailable]) is waited for.
+func (c *Consumer[TTx]) check(ctx context.Context, log *slog.Logger) error {
+	for tries := 1; ; tries++ {
+		err := c.proc.Check(ctx)
+		switch {
+		case err == nil || ctx.Err() != nil:
+			return nil
+		case !errors.Is(err, idem.ErrUnavailable):
+			return fmt.Errorf("consuming queue %s: %w", c.cfg.Queue, err)
+		}
+		wait := c.reconnectBackoff.Backoff(tries)
+		log.Warn("inbox database unreachable at start; checking again", slog.Any("error", err), slog.Duration("backoff", wait))
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
 // refused reports a broker refusal that reconnecting cannot fix.
 func refused(err error) bool {
 	var ae *amqp.Error
 	return errors.As(err, &ae) && (ae.Code == amqp.NotFound || ae.Code == amqp.AccessRefused)
 }
 
-// dial connects with the socket kept aside for DropConnection.
-func (c *Consumer[TTx]) dial() (*amqp.Connection, error) {
+// dial connects to url as the named connection, and returns the socket
+// too, so that it can be cut even when the connection is blocked.
+func (c *Consumer[TTx]) dial(url, name string) (*amqp.Connection, net.Conn, error) {
 	var ac amqp.Config
 	if c.cfg.AMQP != nil {
 		ac = *c.cfg.AMQP
@@ -186,7 +221,7 @@ func (c *Consumer[TTx]) dial() (*amqp.Connection, error) {
 	for k, v := range ac.Properties {
 		props[k] = v
 	}
-	props.SetClientConnectionName(c.cfg.ConnectionName)
+	props.SetClientConnectionName(name)
 	ac.Properties = props
 	dial := ac.Dial
 	if dial == nil {
@@ -198,21 +233,11 @@ func (c *Consumer[TTx]) dial() (*amqp.Connection, error) {
 		sock = s
 		return s, err
 	}
-	conn, err := amqp.DialConfig(c.cfg.URL, ac)
+	conn, err := amqp.DialConfig(url, ac)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	c.mu.Lock()
-	c.sock = sock
-	c.mu.Unlock()
-	return conn, nil
-}
-
-// pending is a batch being gathered or processed.
-type pending struct {
-	deliveries []amqp.Delivery
-	msgs       []idem.Message
-	rerun      bool // deliveries held after a Retry that was not their fault
+	return conn, sock, nil
 }
 
 // completion is a processed batch on its way back to the session loop.
@@ -222,25 +247,51 @@ type completion struct {
 	err       error      // ends the session without settling the batch
 }
 
-// session is one connection and channel. It returns whether it consumed,
-// and why it ended (nil after a graceful shutdown).
+// publication is a dead-letter publish on its way back to the loop.
+type publication struct {
+	letters []letter
+	err     error
+}
+
+// session is one consuming connection and channel, and one dead-letter
+// connection. It returns whether it consumed, and why it ended (nil after
+// a graceful shutdown).
 func (c *Consumer[TTx]) session(ctx context.Context, log *slog.Logger) (consumed bool, err error) {
-	conn, err := c.dial()
+	// Batches run on a context of their own so that a shutdown or a lost
+	// connection lets them reach their commit; ShutdownGrace later they
+	// are cancelled.
+	bctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	stopGrace := context.AfterFunc(ctx, func() { time.AfterFunc(c.cfg.ShutdownGrace, cancel) })
+	defer stopGrace()
+
+	dl, err := c.openDeadLetters(log)
 	if err != nil {
+		return false, err
+	}
+	conn, sock, err := c.dial(c.cfg.URL, c.cfg.ConnectionName)
+	if err != nil {
+		dl.close()
 		return false, fmt.Errorf("connecting: %w", err)
 	}
-	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	c.mu.Lock()
+	c.sock = sock
+	c.mu.Unlock()
 	var wg sync.WaitGroup
 	defer func() {
 		// Nothing is acked after this point: the tags die with the
-		// connection, and workers still in the database finish with their
-		// results discarded (redelivery finds their markers).
+		// connection. Workers still in the database go on to their commit
+		// (redelivery finds their markers), for at most ShutdownGrace.
 		c.mu.Lock()
 		c.sock = nil
 		c.mu.Unlock()
 		_ = conn.Close()
+		t := time.AfterFunc(c.cfg.ShutdownGrace, cancel)
 		wg.Wait()
+		t.Stop()
+		dl.close()
 	}()
+	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	ch, err := conn.Channel()
 	if err != nil {
 		return false, fmt.Errorf("opening channel: %w", err)
@@ -249,146 +300,106 @@ func (c *Consumer[TTx]) session(ctx context.Context, log *slog.Logger) (consumed
 	if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
 		return false, fmt.Errorf("setting prefetch: %w", err)
 	}
-	var dl *deadLetterer
-	if c.cfg.DeadLetterExchange != "" {
-		if dl, err = newDeadLetterer(conn, c.cfg.DeadLetterExchange, c.cfg.DeadLetterRoutingKey, c.proc.Consumer(), c.cfg.Queue); err != nil {
-			return false, err
-		}
-	}
 	tag := c.cfg.ConnectionName + "-" + randomHex(6)
 	deliveries, err := ch.Consume(c.cfg.Queue, tag, false, false, false, false, nil)
 	if err != nil {
 		return false, fmt.Errorf("starting consumer: %w", err)
 	}
-	log.Info("consuming", slog.String("consumer_tag", tag), slog.Int("prefetch", c.cfg.Prefetch))
+	log.Info("consuming", slog.String("consumer_tag", tag), slog.Int("prefetch", c.cfg.Prefetch),
+		slog.String("dead_letter_queue", c.cfg.DeadLetterQueue))
 
-	s := &loop[TTx]{c: c, ch: ch, dl: dl, log: log, wg: &wg, completions: make(chan completion, c.cfg.Workers)}
-	// Batches run on a context of their own so that a shutdown lets them
-	// reach their commit; ShutdownGrace later they are cancelled.
-	bctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancel()
-	s.bctx = bctx
-	stopGrace := context.AfterFunc(ctx, func() { time.AfterFunc(c.cfg.ShutdownGrace, cancel) })
-	defer stopGrace()
-	return true, s.run(ctx, tag, deliveries, connClosed, chClosed)
+	l := &loop[TTx]{
+		c: c, ch: ch, dl: dl, log: log, wg: &wg, bctx: bctx, s: newSession(&c.cfg),
+		completions:  make(chan completion, c.cfg.Workers),
+		publications: make(chan publication, 1),
+	}
+	return true, l.run(ctx, tag, deliveries, connClosed, chClosed)
 }
 
-// loop is the single goroutine that owns a session's channel and tracker:
-// every frame to the broker about a delivery is sent from here.
+// loop is the single goroutine that owns a session's channel and state:
+// every frame to the broker about a delivery is sent from here. It turns
+// broker and worker events into calls on the [session] and carries out
+// what the session returns.
 type loop[TTx any] struct {
-	c           *Consumer[TTx]
-	ch          *amqp.Channel
-	dl          *deadLetterer
-	log         *slog.Logger
-	wg          *sync.WaitGroup
-	bctx        context.Context
-	completions chan completion
-
-	tr          tracker
-	inflight    int // batches in workers
-	reruns      int // of them, batches of held deliveries
-	retryStreak int
-	stopping    bool
-	// held gathers the deliveries whose Retry was not their fault (marked
-	// Blameless: the database down, a shutdown). They stay unacked and are
-	// processed again at heldAt; until they are settled no new batch starts.
-	held   pending
-	heldAt time.Time
+	c            *Consumer[TTx]
+	ch           *amqp.Channel
+	dl           *deadLetters
+	log          *slog.Logger
+	wg           *sync.WaitGroup
+	bctx         context.Context
+	s            *session
+	completions  chan completion
+	publications chan publication
 }
 
-func (s *loop[TTx]) run(ctx context.Context, tag string, deliveries <-chan amqp.Delivery, connClosed, chClosed <-chan *amqp.Error) error {
-	cfg := &s.c.cfg
-	var (
-		batch      pending
-		batchTimer = time.NewTimer(time.Hour)
-		timerOn    bool
-		timedOut   bool
-		requeue    = time.NewTimer(time.Hour)
-		done       = ctx.Done()
-	)
-	batchTimer.Stop()
-	requeue.Stop()
-	defer batchTimer.Stop()
-	defer requeue.Stop()
+func (l *loop[TTx]) run(ctx context.Context, tag string, deliveries <-chan amqp.Delivery, connClosed, chClosed <-chan *amqp.Error) error {
+	cfg := &l.c.cfg
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	done := ctx.Done()
 	for {
+		w, wake := l.s.next(time.Now())
+		for _, b := range w.batches {
+			l.process(b)
+		}
+		if len(w.letters) > 0 {
+			l.publish(w.letters)
+		}
+		if l.s.done() {
+			return nil
+		}
+		if wake.IsZero() {
+			timer.Stop()
+		} else {
+			timer.Reset(time.Until(wake))
+		}
 		in := deliveries
-		if len(batch.msgs) >= cfg.BatchSize || s.stopping {
+		if !l.s.intake() {
 			in = nil
 		}
+		var ops []op
 		select {
 		case d, ok := <-in:
 			if !ok {
 				return errors.New("delivery channel closed (consumer cancelled by the broker?)")
 			}
-			s.tr.add(d.DeliveryTag)
-			s.c.stats.delivered.Add(1)
+			l.c.stats.delivered.Add(1)
 			if d.Redelivered {
-				s.c.stats.redelivered.Add(1)
+				l.c.stats.redelivered.Add(1)
 				cfg.Hooks.Redelivered(cfg.Queue)
 			}
-			batch.deliveries = append(batch.deliveries, d)
-			batch.msgs = append(batch.msgs, Message(&d, cfg.Queue, cfg.IDHeader))
-			if !timerOn {
-				batchTimer.Reset(cfg.BatchWait)
-				timerOn, timedOut = true, false
-			}
-		case <-batchTimer.C:
-			timedOut = true
-		case r := <-s.completions:
-			s.inflight--
-			if r.batch.rerun {
-				s.reruns--
-			}
+			l.s.deliver(d, Message(&d, cfg.Queue, cfg.IDHeader), time.Now())
+		case <-timer.C:
+			ops = l.s.tick(time.Now())
+		case r := <-l.completions:
 			if r.err != nil {
 				return r.err
 			}
-			if err := s.settle(r); err != nil {
-				return err
+			ops = l.s.finished(r.batch, r.decisions, time.Now())
+			l.logHeld(r.decisions)
+		case p := <-l.publications:
+			if p.err != nil {
+				l.log.Error("publishing dead letters failed; they stay unacked and are published again",
+					slog.Int("dead_letters", len(p.letters)), slog.Any("error", p.err))
 			}
-		case <-requeue.C:
-			if err := s.send(s.tr.due(time.Now())); err != nil {
-				return err
-			}
+			ops = l.s.published(p.letters, p.err, time.Now())
+		case e, ok := <-l.dl.closed:
+			return closedError("dead-letter channel", e, ok)
 		case e, ok := <-connClosed:
 			return closedError("connection", e, ok)
 		case e, ok := <-chClosed:
 			return closedError("channel", e, ok)
 		case <-done:
 			done = nil
-			s.stopping = true
 			// Stop the flow first; deliveries not yet in a batch are never
 			// processed and return to the queue when the channel closes.
-			if err := s.ch.Cancel(tag, false); err != nil {
+			if err := l.ch.Cancel(tag, false); err != nil {
 				return fmt.Errorf("cancelling consumer: %w", err)
 			}
-			if err := s.send(s.tr.due(time.Now().Add(24 * time.Hour))); err != nil {
-				return err
-			}
+			ops = l.s.stop(time.Now())
 		}
-		if s.stopping {
-			if s.inflight == 0 {
-				return nil
-			}
-			continue
-		}
-		if len(s.held.msgs) > 0 && s.inflight < cfg.Workers && !time.Now().Before(s.heldAt) {
-			s.rerun()
-		}
-		// Intake pauses while a requeue waits or a held delivery is not
-		// settled yet: the database is probably down.
-		paused := s.tr.nWaiting > 0 || len(s.held.msgs) > 0 || s.reruns > 0
-		if n := len(batch.msgs); n > 0 && (n >= cfg.BatchSize || timedOut) && s.inflight < cfg.Workers && !paused {
-			s.dispatch(batch)
-			batch = pending{}
-			batchTimer.Stop()
-			timerOn, timedOut = false, false
-		}
-		next, ok := s.tr.nextDue()
-		if len(s.held.msgs) > 0 && (!ok || s.heldAt.Before(next)) {
-			next, ok = s.heldAt, true
-		}
-		if ok {
-			requeue.Reset(time.Until(next))
+		if err := l.send(ops); err != nil {
+			return err
 		}
 	}
 }
@@ -400,119 +411,74 @@ func closedError(what string, e *amqp.Error, ok bool) error {
 	return fmt.Errorf("%s closed: %w", what, e)
 }
 
-// rerun dispatches the held deliveries again.
-func (s *loop[TTx]) rerun() {
-	b := s.held
-	s.held = pending{}
-	b.rerun = true
-	tags := make([]uint64, len(b.deliveries))
-	for i := range b.deliveries {
-		tags[i] = b.deliveries[i].DeliveryTag
-	}
-	s.tr.process(tags)
-	s.reruns++
-	s.dispatch(b)
-}
-
-// dispatch hands a batch to a worker goroutine.
-func (s *loop[TTx]) dispatch(b pending) {
-	s.inflight++
-	s.wg.Add(1)
+// process hands a batch to a worker goroutine.
+func (l *loop[TTx]) process(b pending) {
+	l.wg.Add(1)
 	go func() {
-		defer s.wg.Done()
-		s.completions <- s.work(b)
+		defer l.wg.Done()
+		l.completions <- l.work(b)
 	}()
 }
 
-// work processes a batch and prepares its settlement. It runs off the loop,
-// so it must not touch the tracker or send frames on the consuming channel.
-func (s *loop[TTx]) work(b pending) completion {
-	cfg := &s.c.cfg
-	results := s.c.proc.ProcessBatch(s.bctx, b.msgs)
+// work processes a batch and decides each message's fate through the
+// processor's Dispose. It runs off the loop, so it must not touch the
+// session or send frames on the consuming channel.
+func (l *loop[TTx]) work(b pending) completion {
+	results := l.c.proc.ProcessBatch(l.bctx, b.msgs)
 	r := completion{batch: b, decisions: make([]decision, len(results))}
 	for i, res := range results {
-		r.decisions[i] = s.c.decide(s.bctx, res)
-		if d := r.decisions[i]; d.res.Outcome != res.Outcome {
-			s.log.Warn("dead-lettering a message that keeps ending in retry",
-				slog.String("message_id", res.MessageID), slog.Any("error", d.res.Err))
-		}
+		r.decisions[i] = decide(l.c.proc.Dispose(res), res)
 	}
-	if cfg.Faults != nil {
-		if err := cfg.Faults(s.bctx, BeforeSettle, b.msgs); err != nil {
+	if f := l.c.cfg.Faults; f != nil {
+		if err := f(l.bctx, BeforeSettle, b.msgs); err != nil {
 			r.err = fmt.Errorf("withholding settlement (fault at %s): %w", BeforeSettle, err)
-			return r
-		}
-	}
-	if s.dl != nil {
-		if err := s.dl.republish(s.bctx, b.deliveries, r.decisions); err != nil {
-			s.log.Error("republishing dead letters failed; they will be requeued", slog.Any("error", err))
-			if s.dl.ch.IsClosed() {
-				// The broker closed the publishing channel (a missing
-				// exchange answers 404 that way); a new session reopens it.
-				r.err = fmt.Errorf("republishing dead letters: %w", err)
-			}
 		}
 	}
 	return r
 }
 
-// settle turns a completion into frames.
-func (s *loop[TTx]) settle(r completion) error {
-	retry, applied, holding := false, false, 0
-	for _, d := range r.decisions {
-		retry = retry || d.frame == Requeue || d.frame == hold
-		applied = applied || d.res.Outcome == idem.Applied
-		if d.frame == hold {
-			holding++
-		}
-	}
-	at := time.Now()
-	switch {
-	case s.stopping:
-		// Shutting down: nothing waits; requeue at once.
-	case retry:
-		s.retryStreak++
-		at = at.Add(s.c.requeueBackoff.Backoff(s.retryStreak))
-	case applied:
-		s.retryStreak = 0
-	}
-	tags := make([]uint64, len(r.batch.deliveries))
-	for i := range r.batch.deliveries {
-		tags[i] = r.batch.deliveries[i].DeliveryTag
-	}
-	ops := s.tr.finish(tags, r.decisions, at)
-	if s.stopping {
-		// Held deliveries are left unacked: closing the channel returns
-		// them to the queue.
-		ops = append(ops, s.tr.due(at)...)
-	} else if holding > 0 {
-		for i, d := range r.decisions {
-			if d.frame == hold {
-				s.held.deliveries = append(s.held.deliveries, r.batch.deliveries[i])
-				s.held.msgs = append(s.held.msgs, r.batch.msgs[i])
+// publish hands dead letters to the dead-letter connection, off the loop.
+func (l *loop[TTx]) publish(ls []letter) {
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		l.publications <- publication{letters: ls, err: l.dl.publish(l.bctx, ls)}
+	}()
+}
+
+// logHeld logs, once per batch, deliveries held for an outage.
+func (l *loop[TTx]) logHeld(ds []decision) {
+	n, first := 0, -1
+	for i := range ds {
+		if ds[i].verb == Hold {
+			n++
+			if first < 0 {
+				first = i
 			}
 		}
-		s.heldAt = at
-		first := r.decisions[slices.IndexFunc(r.decisions, func(d decision) bool { return d.frame == hold })]
-		s.log.Warn("holding deliveries whose retry is not their fault; processing them again after a backoff",
-			slog.Int("held", len(s.held.msgs)), slog.Duration("backoff", time.Until(at).Round(time.Millisecond)), slog.Any("error", first.res.Err))
 	}
-	return s.send(ops)
+	if n == 0 {
+		return
+	}
+	l.c.stats.held.Add(uint64(n))
+	if l.s.stopping {
+		return
+	}
+	l.log.Warn("holding deliveries whose retry is not their fault; processing them again after a delay",
+		slog.Int("held", n), slog.Duration("delay", ds[first].disp.Delay.Round(time.Millisecond)), slog.String("reason", ds[first].disp.Reason))
 }
 
 // send writes frames to the broker, then counts and reports them.
-func (s *loop[TTx]) send(ops []op) error {
-	cfg := &s.c.cfg
-	st := &s.c.stats
+func (l *loop[TTx]) send(ops []op) error {
+	cfg := &l.c.cfg
+	st := &l.c.stats
 	for _, o := range ops {
 		var err error
 		switch o.verb {
 		case Ack:
-			err = s.ch.Ack(o.tag, o.multiple)
-		case Requeue:
-			err = s.ch.Nack(o.tag, false, true)
-		case DeadLetter:
-			err = s.ch.Reject(o.tag, false)
+			err = l.ch.Ack(o.tag, o.multiple)
+		default:
+			err = l.ch.Nack(o.tag, false, true)
 		}
 		if err != nil {
 			return fmt.Errorf("sending %s for tag %d: %w", o.verb, o.tag, err)
@@ -529,9 +495,6 @@ func (s *loop[TTx]) send(ops []op) error {
 				st.applied.Add(1)
 			}
 			cfg.Hooks.Settled(cfg.Queue, d.verb, d.res)
-			if d.report && d.verb == DeadLetter {
-				s.c.proc.Report(d.res)
-			}
 		}
 	}
 	return nil

@@ -4,16 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"sync"
+	"log/slog"
+	"net"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-
-	"github.com/idemkit/idem"
 )
 
-// Headers the consumer adds to a message it republishes to the dead-letter
-// exchange ([Config.DeadLetterExchange]).
+// Headers the consumer adds to every dead letter it publishes. The Kafka
+// adapter uses the same names.
 const (
 	// HeaderReason is the error that dead-lettered the message.
 	HeaderReason = "x-idem-reason"
@@ -21,113 +19,185 @@ const (
 	HeaderOutcome = "x-idem-outcome"
 	// HeaderConsumer is the consumer (processor) name.
 	HeaderConsumer = "x-idem-consumer"
-	// HeaderQueue is the queue the message was consumed from.
-	HeaderQueue = "x-idem-queue"
-	// HeaderAttempts is how many transactions the processor ran for it.
+	// HeaderAttempts is how many times the processor ran the message
+	// (idem.Result.Attempts), an int64.
 	HeaderAttempts = "x-idem-attempts"
+	// HeaderOrigin is the queue the message was consumed from.
+	HeaderOrigin = "x-idem-origin"
 )
 
-// deadLetterer republishes dead letters on a confirm-mode channel of the
-// session's connection, so the original is acked only once the copy is safe.
-type deadLetterer struct {
-	mu       sync.Mutex // one batch at a time, so returns belong to it
+// ErrNoDeadLetterDestination is wrapped by the error [Consumer.Run]
+// returns when the dead-letter destination cannot be made sure of at
+// start (a missing exchange, a queue the broker refuses to declare or
+// bind): a consumer whose dead letters would be discarded does not start.
+var ErrNoDeadLetterDestination = errors.New("dead letters would have nowhere to go")
+
+// errUnroutable: the broker returned a dead letter it could route nowhere.
+var errUnroutable = errors.New("dead letter unroutable")
+
+// maxLetters bounds the dead letters of one publish, and so the returns
+// the broker can send for it (the return channel must never fill up: the
+// library would block the connection's reader on it).
+const maxLetters = 256
+
+// deadLetters publishes dead letters on a connection of its own. Under a
+// memory or disk alarm the broker blocks every connection that publishes;
+// had the dead letters gone out on the consuming connection, its acks and
+// deliveries would stop with them. Here only the dead letters wait.
+type deadLetters struct {
+	conn     *amqp.Connection
+	sock     net.Conn
 	ch       *amqp.Channel
 	returns  chan amqp.Return
+	closed   <-chan *amqp.Error // the channel or its connection closed
 	exchange string
 	key      string
 	consumer string
 	queue    string
 }
 
-func newDeadLetterer(conn *amqp.Connection, exchange, key, consumer, queue string) (*deadLetterer, error) {
+// openDeadLetters connects the dead-letter connection and makes sure of the
+// destination: it declares the dead-letter queue when it does not exist
+// and, with a dead-letter exchange, checks the exchange exists and binds
+// the queue to it, so that the route exists before the first message is
+// taken. It returns an error wrapping [ErrNoDeadLetterDestination] when the
+// broker refuses any of it.
+func (c *Consumer[TTx]) openDeadLetters(log *slog.Logger) (*deadLetters, error) {
+	cfg := &c.cfg
+	conn, sock, err := c.dial(cfg.DeadLetterURL, cfg.ConnectionName+"-dead-letters")
+	if err != nil {
+		return nil, fmt.Errorf("connecting the dead-letter connection: %w", err)
+	}
+	dl := &deadLetters{conn: conn, sock: sock, exchange: cfg.DeadLetterExchange, key: cfg.DeadLetterRoutingKey,
+		consumer: c.proc.Consumer(), queue: cfg.Queue}
+	fail := func(err error) (*deadLetters, error) {
+		dl.close()
+		return nil, err
+	}
+	blocked := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
+	go func() {
+		for b := range blocked {
+			if b.Active {
+				log.Warn("the broker blocked the dead-letter connection (resource alarm); dead letters wait, consumption goes on", slog.String("reason", b.Reason))
+			} else {
+				log.Info("the broker unblocked the dead-letter connection")
+			}
+		}
+	}()
+	q := cfg.DeadLetterQueue
 	ch, err := conn.Channel()
 	if err != nil {
-		return nil, fmt.Errorf("opening dead-letter channel: %w", err)
+		return fail(fmt.Errorf("opening dead-letter channel: %w", err))
+	}
+	if _, err := ch.QueueDeclarePassive(q, true, false, false, false, nil); err != nil {
+		var ae *amqp.Error
+		if !errors.As(err, &ae) || ae.Code != amqp.NotFound {
+			return fail(fmt.Errorf("%w: checking dead-letter queue %s: %w", ErrNoDeadLetterDestination, q, err))
+		}
+		// The 404 closed the channel.
+		if ch, err = conn.Channel(); err != nil {
+			return fail(fmt.Errorf("opening dead-letter channel: %w", err))
+		}
+		if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum}); err != nil {
+			return fail(fmt.Errorf("%w: declaring dead-letter queue %s: %w", ErrNoDeadLetterDestination, q, err))
+		}
+		log.Info("declared the dead-letter queue", slog.String("dead_letter_queue", q))
+	}
+	if dl.exchange == "" {
+		dl.key = q
+	} else {
+		if err := ch.ExchangeDeclarePassive(dl.exchange, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
+			return fail(fmt.Errorf("%w: dead-letter exchange %s: %w", ErrNoDeadLetterDestination, dl.exchange, err))
+		}
+		if err := ch.QueueBind(q, dl.key, dl.exchange, false, nil); err != nil {
+			return fail(fmt.Errorf("%w: binding dead-letter queue %s to %s with key %s: %w", ErrNoDeadLetterDestination, q, dl.exchange, dl.key, err))
+		}
 	}
 	if err := ch.Confirm(false); err != nil {
-		return nil, fmt.Errorf("enabling publisher confirms on dead-letter channel: %w", err)
+		return fail(fmt.Errorf("enabling publisher confirms on the dead-letter channel: %w", err))
 	}
-	// Buffered beyond any batch: the library must never block handing us a
-	// return.
-	returns := ch.NotifyReturn(make(chan amqp.Return, 1024))
-	return &deadLetterer{ch: ch, returns: returns, exchange: exchange, key: key, consumer: consumer, queue: queue}, nil
+	dl.ch = ch
+	dl.closed = ch.NotifyClose(make(chan *amqp.Error, 1))
+	dl.returns = ch.NotifyReturn(make(chan amqp.Return, 2*maxLetters))
+	return dl, nil
 }
 
-// errUnroutable: the dead-letter exchange routed the copy nowhere.
-var errUnroutable = errors.New("dead letter unroutable: no queue is bound to the dead-letter exchange")
-
-// republish publishes the batch's dead letters and waits for the broker's
-// confirms. Once they are confirmed, their frames become Acks (the copy is
-// safe, the original may go) while they are still reported as dead letters;
-// on any failure they all become Requeue, frame and report, because a dead
-// letter must never be dropped.
-func (d *deadLetterer) republish(ctx context.Context, deliveries []amqp.Delivery, ds []decision) error {
-	var idx []int
-	for i := range ds {
-		if ds[i].frame == DeadLetter {
-			idx = append(idx, i)
-		}
-	}
-	if len(idx) == 0 {
-		return nil
-	}
-	err := d.publish(ctx, deliveries, ds, idx)
-	for _, i := range idx {
+// publish publishes ls, mandatory and persistent, and waits for the
+// broker's confirms. It returns nil only when every copy was confirmed and
+// none was returned; then, and only then, may the originals be acked. It
+// drains every return the broker sent, so none is left to fail the next
+// publish.
+func (d *deadLetters) publish(ctx context.Context, ls []letter) error {
+	d.drain() // left over from a publish that failed early
+	confirms := make([]*amqp.DeferredConfirmation, 0, len(ls))
+	for i := range ls {
+		c, err := d.ch.PublishWithDeferredConfirmWithContext(ctx, d.exchange, d.key, true, false, d.copyOf(&ls[i]))
 		if err != nil {
-			ds[i].frame, ds[i].verb = Requeue, Requeue
-		} else {
-			ds[i].frame = Ack
-		}
-	}
-	return err
-}
-
-func (d *deadLetterer) publish(ctx context.Context, deliveries []amqp.Delivery, ds []decision, idx []int) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	confirms := make([]*amqp.DeferredConfirmation, 0, len(idx))
-	for _, i := range idx {
-		c, err := d.ch.PublishWithDeferredConfirmWithContext(ctx, d.exchange, d.key, true, false, d.copyOf(&deliveries[i], ds[i].res))
-		if err != nil {
-			return fmt.Errorf("publishing dead letter %q: %w", ds[i].res.MessageID, err)
+			return fmt.Errorf("publishing dead letter %q: %w", ls[i].d.res.MessageID, err)
 		}
 		confirms = append(confirms, c)
 	}
+	nacked := 0
 	for _, c := range confirms {
 		ok, err := c.WaitContext(ctx)
 		if err != nil {
-			return fmt.Errorf("waiting for dead-letter confirm: %w", err)
+			return fmt.Errorf("waiting for dead-letter confirms: %w", err)
 		}
 		if !ok {
-			return errors.New("broker nacked a dead letter")
+			nacked++
 		}
 	}
 	// The broker sends a return before the confirm of the same message, and
 	// the library hands both over in order: every return is here by now.
-	select {
-	case r := <-d.returns:
-		return fmt.Errorf("%w (exchange %q, routing key %q, reply %d %s)", errUnroutable, d.exchange, d.key, r.ReplyCode, r.ReplyText)
-	default:
+	if n, r := d.drain(); n > 0 {
+		return fmt.Errorf("%w: the broker returned %d of %d (exchange %q, routing key %q: %d %s)", errUnroutable, n, len(ls), d.exchange, d.key, r.ReplyCode, r.ReplyText)
+	}
+	if nacked > 0 {
+		return fmt.Errorf("the broker nacked %d of %d dead letters", nacked, len(ls))
 	}
 	return nil
 }
 
-// copyOf is the dead letter for one delivery: the original properties and
-// headers, persistent, plus the reason.
-func (d *deadLetterer) copyOf(m *amqp.Delivery, r idem.Result) amqp.Publishing {
+// drain empties the return channel and says how many returns it held, and
+// the last.
+func (d *deadLetters) drain() (n int, last amqp.Return) {
+	for {
+		select {
+		case r := <-d.returns:
+			n, last = n+1, r
+		default:
+			return n, last
+		}
+	}
+}
+
+// close cuts the connection at the socket: a connection the broker blocks
+// could not even send its close frame.
+func (d *deadLetters) close() {
+	if d.sock != nil {
+		_ = d.sock.Close()
+	}
+	_ = d.conn.Close()
+}
+
+// copyOf is the dead letter for one delivery: the original properties
+// (but not its expiration) and headers, persistent, plus the x-idem-*
+// headers.
+func (d *deadLetters) copyOf(l *letter) amqp.Publishing {
+	m, r := &l.delivery, l.d.res
 	h := make(amqp.Table, len(m.Headers)+5)
 	for k, v := range m.Headers {
 		h[k] = v
 	}
 	reason := r.Outcome.String()
-	if r.Err != nil {
-		reason = r.Err.Error()
+	if l.d.disp.Reason != "" {
+		reason = l.d.disp.Reason
 	}
 	h[HeaderReason] = reason
 	h[HeaderOutcome] = r.Outcome.String()
 	h[HeaderConsumer] = d.consumer
-	h[HeaderQueue] = d.queue
-	h[HeaderAttempts] = strconv.Itoa(r.Attempts)
+	h[HeaderAttempts] = int64(r.Attempts)
+	h[HeaderOrigin] = d.queue
 	return amqp.Publishing{
 		Headers:         h,
 		ContentType:     m.ContentType,

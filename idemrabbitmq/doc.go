@@ -13,7 +13,8 @@
 //
 // Declare a durable quorum queue with a dead-letter exchange, a dead-letter
 // queue and a delivery limit, so that a message that keeps crashing the
-// consumer ends in the DLQ instead of looping or being lost:
+// consumer (the process dies before it can decide anything) ends in the
+// DLQ instead of looping:
 //
 //	topo, err := idemrabbitmq.DeclareQuorumWithDLQ(ch, "billing.invoice", nil)
 //
@@ -27,30 +28,43 @@
 //		Handler:  createInvoice, // func(ctx, tx pgx.Tx, m idem.Message) error
 //	})
 //	c, err := idemrabbitmq.NewConsumer(proc, &idemrabbitmq.Config{
-//		URL:                "amqp://guest:guest@127.0.0.1:5672/",
-//		Queue:              topo.Queue,
-//		DeadLetterExchange: topo.DeadLetterExchange, // reasons in x-idem-reason
+//		URL:   "amqp://guest:guest@127.0.0.1:5672/",
+//		Queue: topo.Queue, // dead letters go to billing.invoice.dlq
 //	})
 //	err = c.Run(ctx) // blocks; nil after a graceful shutdown on ctx cancel
 //
+// Run refuses to start when the inbox table is missing or not writable
+// ([idem.Processor.Check]), or when the dead-letter destination cannot be
+// made sure of.
+//
 // # What the broker is told
 //
-// [VerbFor] is the one place that maps outcomes to broker verbs: Applied
-// and Duplicate are acked (after the commit); Retry is nacked with requeue
-// after a backoff (unless it is not the message's fault, below);
-// DeadLettered and Expired are rejected without requeue, so the queue's
-// dead-letter exchange receives them, or, with [Config.DeadLetterExchange],
-// republished there with their reason (publisher confirms) and then acked. A multiple ack is sent only over deliveries that
-// are all finished; a delivery still in the database is never covered.
+// The processor decides what becomes of each message
+// ([idem.Processor.Dispose]): how many times the handler runs, how long a
+// retry waits, what is dead-lettered. [VerbFor] is the consumer's one
+// table from that decision to broker verbs: ack (after the commit), requeue
+// after a delay (a commit whose outcome is unknown), hold (not the
+// message's fault: the delivery stays unacked and is processed again after
+// a delay, while intake pauses, so an outage spends no quorum delivery
+// count), and dead letter. A multiple ack is sent only over deliveries
+// that are all finished; a delivery still in the database, held, or whose
+// dead letter is not confirmed yet is never covered.
 //
-// Nothing loops forever: a message whose deliveries keep ending in Retry of
-// its own making is dead-lettered after [Config.MaxAttempts] (default 10)
-// with a reason wrapping [idem.ErrRetriesExhausted], even on a classic
-// queue, which has no delivery limit. A Retry that is not the message's
-// fault (marked Blameless: the inbox database unreachable) neither counts
-// nor requeues: the delivery is held unacked and
-// processed again after a backoff while intake pauses, so an outage does
-// not spend a quorum queue's delivery limit. See [Consumer.Run].
+// # Dead letters
+//
+// Dead letters are never dropped. Each is republished, persistent and with
+// publisher confirms, to [Config.DeadLetterQueue] ("<queue>.dlq" by
+// default; the consumer declares it at start when it is missing), or
+// through [Config.DeadLetterExchange], whose route to the queue the
+// consumer binds at start. The copy carries the original properties and
+// headers plus x-idem-reason, x-idem-outcome, x-idem-consumer,
+// x-idem-attempts and x-idem-origin, and the original is acked only once
+// the broker confirmed the copy. A copy the broker returns (unroutable) or
+// nacks stays unacked and is published again after a backoff. Dead letters
+// go out on a connection of their own: a memory or disk alarm blocks
+// publishing connections, and the consuming one keeps delivering and
+// acking while the dead letters wait. The processor logs each dead letter
+// once; the consumer adds no line of its own.
 //
 // # Workers and hot rows
 //
@@ -93,12 +107,16 @@
 // A message without one is dead-lettered, never applied unguarded. The
 // redelivered flag is copied to [idem.Message].Redelivered and counted
 // ([Hooks].Redelivered), never used to decide; a quorum queue's
-// x-delivery-count becomes [idem.Message].Attempt. See [Message].
+// x-delivery-count becomes [idem.Message].Attempt. The event time is the
+// time inside a UUIDv7 ID, else the producer's [HeaderEventTime] header,
+// else the AMQP timestamp ([idem.EventTime]). See [Message].
 //
 // # Connection loss
 //
-// When the connection or channel dies (broker restart, network), the
-// consumer forgets every delivery tag it held: a tag means nothing on a new
+// When the connection or channel dies (broker restart, network), batches
+// in the database go on to their commit (for at most
+// [Config.ShutdownGrace]) and the consumer forgets every delivery tag it
+// held: a tag means nothing on a new
 // channel, and acking it there would close that channel with 406
 // PRECONDITION_FAILED. It reconnects with backoff and consumes again; the
 // broker redelivers what was not acked and the inbox sorts it out. Tests and

@@ -16,17 +16,17 @@ import (
 	"github.com/idemkit/idem/pgxinbox"
 )
 
-// Outcomes map to broker verbs in one place.
+// The processor decides what becomes of a message ([idem.Processor.Dispose]);
+// the consumer only maps its action to broker verbs, in one table.
 func ExampleVerbFor() {
-	for _, o := range []idem.Outcome{idem.Applied, idem.Duplicate, idem.Retry, idem.DeadLettered, idem.Expired} {
-		fmt.Printf("%s → %s\n", o, idemrabbitmq.VerbFor(o))
+	for _, a := range []idem.Action{idem.ActionAck, idem.ActionRedeliver, idem.ActionHold, idem.ActionDeadLetter} {
+		fmt.Printf("%s → %s\n", a, idemrabbitmq.VerbFor(a))
 	}
 	// Output:
-	// applied → ack
-	// duplicate → ack
-	// retry → requeue
-	// dead_lettered → dead_letter
-	// expired → dead_letter
+	// ack → ack
+	// redeliver → requeue
+	// hold → hold
+	// dead_letter → dead_letter
 }
 
 // A billing consumer that creates one invoice per message, however often
@@ -67,9 +67,8 @@ func ExampleNewConsumer() {
 	}
 
 	c, err := idemrabbitmq.NewConsumer(proc, &idemrabbitmq.Config{
-		URL:                "amqp://guest:guest@127.0.0.1:5672/",
-		Queue:              topo.Queue,
-		DeadLetterExchange: topo.DeadLetterExchange,
+		URL:   "amqp://guest:guest@127.0.0.1:5672/",
+		Queue: topo.Queue, // dead letters go to topo.DeadLetterQueue, billing.invoice.dlq
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -201,6 +201,24 @@ func depth(t testing.TB, conn *amqp.Connection, queue string) int {
 	return q.Messages
 }
 
+// waitConsuming waits until a consumer is attached to queue: the consumer
+// under test passed its start checks.
+func waitConsuming(t testing.TB, conn *amqp.Connection, queue string) {
+	t.Helper()
+	poll(t, 10*time.Second, "a consumer on "+queue, func() bool {
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ch.Close()
+		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		if err != nil {
+			t.Fatalf("inspecting %s: %v", queue, err)
+		}
+		return q.Consumers > 0
+	})
+}
+
 // drain takes every message of queue (a dead-letter queue) with basic.get.
 func drain(t testing.TB, conn *amqp.Connection, queue string) []amqp.Delivery {
 	t.Helper()
@@ -303,13 +321,12 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 // config is the consumer configuration tests start from.
 func config(t testing.TB, queue string) *idemrabbitmq.Config {
 	return &idemrabbitmq.Config{
-		URL:               amqpURL(),
-		Queue:             queue,
-		ConnectionName:    uniqueName(t),
-		ReconnectBackoff:  20 * time.Millisecond,
-		RequeueBackoff:    20 * time.Millisecond,
-		MaxRequeueBackoff: 200 * time.Millisecond,
-		Logger:            quiet,
+		URL:                 amqpURL(),
+		Queue:               queue,
+		ConnectionName:      uniqueName(t),
+		ReconnectBackoff:    20 * time.Millisecond,
+		MaxReconnectBackoff: 200 * time.Millisecond,
+		Logger:              quiet,
 	}
 }
 

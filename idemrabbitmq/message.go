@@ -14,12 +14,25 @@ import (
 // the message was delivered and returned before.
 const deliveryCountHeader = "x-delivery-count"
 
+// HeaderEventTime is the producer's event-time header: when the event
+// happened, as an RFC 3339 string ("2026-09-01T02:14:11Z", fractions
+// allowed) or as Unix milliseconds (an integer, or a string of digits).
+// [Message] reads it when the message ID is not a UUIDv7, ahead of the AMQP
+// timestamp property, which a republish refreshes. A value it cannot read
+// is ignored.
+const HeaderEventTime = "x-event-time"
+
 // Message converts a delivery from queue into the processor's message.
 // idHeader names the header carrying the identity; empty means the AMQP
 // message_id property. The identity is never taken from the delivery tag or
 // the redelivered flag, which change between deliveries of one message; an
 // absent identity stays empty, and the processor dead-letters the message
 // rather than apply it unguarded.
+//
+// Time is the event time, from the most stable source the message has
+// ([idem.EventTime]): the time inside a UUIDv7 ID, then the
+// [HeaderEventTime] header, then the AMQP timestamp property; TimeSource
+// says which.
 //
 // Attempt is x-delivery-count + 1 when the broker sets that header (quorum
 // queues), 1 for a first delivery (redelivered=false), and 0 (unknown)
@@ -30,7 +43,6 @@ func Message(d *amqp.Delivery, queue, idHeader string) idem.Message {
 		Source:      queue,
 		Key:         d.RoutingKey,
 		Body:        d.Body,
-		Time:        d.Timestamp,
 		Redelivered: d.Redelivered,
 	}
 	if idHeader != "" {
@@ -45,12 +57,36 @@ func Message(d *amqp.Delivery, queue, idHeader string) idem.Message {
 			m.Headers[k] = headerString(v)
 		}
 	}
+	m.Time, m.TimeSource = idem.EventTime(m.ID, headerTime(d.Headers[HeaderEventTime]), d.Timestamp)
 	if n, ok := deliveryCount(d.Headers[deliveryCountHeader]); ok {
 		m.Attempt = n + 1
 	} else if !d.Redelivered {
 		m.Attempt = 1
 	}
 	return m
+}
+
+// headerTime reads an event-time header value; zero when it is absent or
+// unreadable.
+func headerTime(v any) time.Time {
+	switch x := v.(type) {
+	case time.Time:
+		return x
+	case string:
+		if t, err := time.Parse(time.RFC3339Nano, x); err == nil {
+			return t
+		}
+		if ms, err := strconv.ParseInt(x, 10, 64); err == nil && ms > 0 {
+			return time.UnixMilli(ms)
+		}
+	case []byte:
+		return headerTime(string(x))
+	default:
+		if ms, ok := deliveryCount(v); ok && ms > 0 {
+			return time.UnixMilli(int64(ms))
+		}
+	}
+	return time.Time{}
 }
 
 func deliveryCount(v any) (int, bool) {
