@@ -591,7 +591,7 @@ func (o *outageCounter) Observe(_ string, r idem.Result, _ time.Duration) {
 // outageProcessor is the billing processor on a pool that reaches the
 // database through a proxy the test can cut, waiting waitUnavailable for
 // the database before each Retry.
-func outageProcessor(t *testing.T, d *db, waitUnavailable time.Duration, obs idem.Observer) (*idem.Processor[pgx.Tx], *pgProxy) {
+func outageProcessor(t *testing.T, d *db, waitUnavailable time.Duration, obs idem.Observer) (*idem.Processor[pgx.Tx], *tcpProxy) {
 	t.Helper()
 	pool, proxy := d.poolVia(t)
 	return d.processorOn(t, pool, nil, func(c *idem.Config[pgx.Tx]) {
@@ -752,7 +752,7 @@ type holdingSetup struct {
 	topo  idemrabbitmq.Topology
 	d     *db
 	proc  *idem.Processor[pgx.Tx]
-	proxy *pgProxy
+	proxy *tcpProxy
 	held  *heldWatch
 	rec   *settlements
 	cfg   *idemrabbitmq.Config

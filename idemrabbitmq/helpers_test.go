@@ -439,34 +439,42 @@ func closeByName(t testing.TB, name string) bool {
 	return closed
 }
 
-// pgProxy forwards TCP connections to PostgreSQL and can cut them: an
-// outage of the real database as the consumer's pool sees it (connections
-// lost mid-transaction, then refused), while the test's own pool stays up.
-type pgProxy struct {
+// tcpProxy forwards TCP connections (to PostgreSQL, or to the broker) and
+// can fail them the ways a network does: cut (connections lost, new ones
+// refused: setDown) or silent (connections accepted, nothing forwarded
+// either way, as a half-open connection or a peer that stopped reading:
+// setSilent), while the test's own connections stay up.
+type tcpProxy struct {
 	ln      net.Listener
 	target  string
 	mu      sync.Mutex
 	down    bool
+	gate    chan struct{} // closed while bytes may pass
 	conns   map[net.Conn]struct{}
 	refused atomic.Int64 // connections turned away while down
 }
 
-func newPGProxy(t testing.TB, target string) *pgProxy {
+func newTCPProxy(t testing.TB, target string) *tcpProxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &pgProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p := &tcpProxy{ln: ln, target: target, gate: make(chan struct{}), conns: map[net.Conn]struct{}{}}
+	close(p.gate)
 	t.Cleanup(func() {
 		_ = ln.Close()
 		p.setDown(true)
+		p.setSilent(false)
 	})
 	go p.accept()
 	return p
 }
 
-func (p *pgProxy) accept() {
+// addr is the proxy's address, host:port.
+func (p *tcpProxy) addr() string { return p.ln.Addr().String() }
+
+func (p *tcpProxy) accept() {
 	for {
 		c, err := p.ln.Accept()
 		if err != nil {
@@ -476,7 +484,7 @@ func (p *pgProxy) accept() {
 	}
 }
 
-func (p *pgProxy) serve(c net.Conn) {
+func (p *tcpProxy) serve(c net.Conn) {
 	p.mu.Lock()
 	down := p.down
 	p.mu.Unlock()
@@ -493,14 +501,35 @@ func (p *pgProxy) serve(c net.Conn) {
 	if !p.track(c, s) {
 		return
 	}
-	go func() { _, _ = io.Copy(s, c); _ = s.Close() }()
-	_, _ = io.Copy(c, s)
-	_ = c.Close()
+	go p.pipe(s, c)
+	p.pipe(c, s)
+}
+
+// pipe copies src to dst, holding every chunk while the proxy is silent.
+func (p *tcpProxy) pipe(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			gate := p.gate
+			p.mu.Unlock()
+			<-gate
+			if _, err := dst.Write(buf[:n]); err != nil {
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	_ = dst.Close()
+	_ = src.Close()
 }
 
 // track registers a proxied pair, or closes it when the proxy went down
 // meanwhile.
-func (p *pgProxy) track(conns ...net.Conn) bool {
+func (p *tcpProxy) track(conns ...net.Conn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.down {
@@ -517,7 +546,7 @@ func (p *pgProxy) track(conns ...net.Conn) bool {
 
 // setDown cuts every open connection and turns new ones away (true), or
 // lets them through again (false).
-func (p *pgProxy) setDown(down bool) {
+func (p *tcpProxy) setDown(down bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.down = down
@@ -529,19 +558,66 @@ func (p *pgProxy) setDown(down bool) {
 	}
 }
 
-// poolVia is a pool on d's schema whose connections go through a new proxy.
-func (d *db) poolVia(t testing.TB) (*pgxpool.Pool, *pgProxy) {
+// setSilent stops forwarding anything on every connection, open or new,
+// while still accepting them (true), or forwards again (false).
+func (p *tcpProxy) setSilent(silent bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	open := true
+	select {
+	case <-p.gate:
+	default:
+		open = false
+	}
+	switch {
+	case silent && open:
+		p.gate = make(chan struct{})
+	case !silent && !open:
+		close(p.gate)
+	}
+}
+
+// poolVia is a pool on d's schema whose connections go through a new
+// proxy; params are added to its URL (connect_timeout=1).
+func (d *db) poolVia(t testing.TB, params ...string) (*pgxpool.Pool, *tcpProxy) {
 	t.Helper()
 	u, err := url.Parse(d.url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := newPGProxy(t, u.Host)
-	u.Host = p.ln.Addr().String()
+	p := newTCPProxy(t, u.Host)
+	u.Host = p.addr()
+	q := u.Query()
+	for _, kv := range params {
+		k, v, _ := strings.Cut(kv, "=")
+		q.Set(k, v)
+	}
+	u.RawQuery = q.Encode()
 	pool, err := pgxpool.New(context.Background(), u.String())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
 	return pool, p
+}
+
+// brokerHost is the test broker's host:port.
+func brokerHost(t testing.TB) string {
+	t.Helper()
+	u, err := amqp.ParseURI(amqpURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return net.JoinHostPort(u.Host, fmt.Sprint(u.Port))
+}
+
+// viaProxy is rawURL with its host replaced by the proxy's.
+func viaProxy(t testing.TB, rawURL string, p *tcpProxy) string {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Host = p.addr()
+	return u.String()
 }
