@@ -955,3 +955,69 @@ func TestConnectionLossWhileDeliveriesAreHeld(t *testing.T) {
 		t.Fatalf("queue holds %d", q)
 	}
 }
+
+// A producer republishes a message with the same message_id and a fresh
+// AMQP timestamp, or one weeks old: its event time is the time inside its
+// UUIDv7 ID, so the copy is a Duplicate, never Expired or applied again.
+// A message whose ID carries no time is timed by its x-event-time header
+// ahead of its timestamp.
+func TestRepublishWithAnotherTimestampIsADuplicate(t *testing.T) {
+	t.Parallel()
+	conn := broker(t)
+	topo := topology(t, conn, nil)
+	d := newDB(t, uniqueName(t))
+	obs := newOutcomes()
+	cfg := config(t, topo.Queue)
+	rec := newSettlements()
+	cfg.Hooks = rec
+	c, err := idemrabbitmq.NewConsumer(d.processor(t, nil, func(c *idem.Config[pgx.Tx]) { c.Observer = obs }), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	pub, err := idemrabbitmq.NewPublisher(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	now := time.Now()
+	stale := now.Add(-30 * 24 * time.Hour) // older than the inbox's 14-day window
+	id := uuidV7(now)
+	ctx := context.Background()
+	for _, ts := range []time.Time{now, stale, now.Add(time.Minute)} {
+		if err := pub.Publish(ctx, "", topo.Queue, amqp.Publishing{MessageId: id, Timestamp: ts, Body: []byte(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := pub.Publish(ctx, "", topo.Queue, amqp.Publishing{MessageId: "inv-timed-by-header", Timestamp: stale,
+		Headers: amqp.Table{idemrabbitmq.HeaderEventTime: now.UTC().Format(time.RFC3339)}, Body: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	rec.waitUntil(t, 30*time.Second, "every delivery settled", func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return rec.acked[id]+rec.dead[id] == 3 && rec.acked["inv-timed-by-header"]+rec.dead["inv-timed-by-header"] == 1
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	obs.mu.Lock()
+	var got []string
+	for _, r := range obs.seen[id] {
+		got = append(got, fmt.Sprintf("%v/%v", r.Outcome, r.TimeSource))
+	}
+	header := obs.seen["inv-timed-by-header"]
+	obs.mu.Unlock()
+	if want := "[applied/id duplicate/id duplicate/id]"; fmt.Sprint(got) != want {
+		t.Fatalf("outcomes %v, want %s", got, want)
+	}
+	if len(header) != 1 || header[0].Outcome != idem.Applied || header[0].TimeSource != idem.TimeFromHeader {
+		t.Fatalf("the message timed by its header: %+v", header)
+	}
+	if st := c.Stats(); st.Applied != 2 || st.Duplicates != 2 || st.DeadLettered != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	if rows, _ := d.effects(t); rows != 2 {
+		t.Fatalf("effects %d, want 2", rows)
+	}
+}

@@ -2,7 +2,10 @@ package idemrabbitmq
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
@@ -115,4 +118,49 @@ func mustProcessor(t *testing.T) *idem.Processor[pgx.Tx] {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// uuidV7 is a UUIDv7 whose time is at.
+func uuidV7(at time.Time) string {
+	var b [16]byte
+	_, _ = crand.Read(b[:])
+	ms := uint64(at.UnixMilli())
+	for i := range 6 {
+		b[i] = byte(ms >> (40 - 8*i))
+	}
+	b[6] = 0x70 | b[6]&0x0f
+	b[8] = 0x80 | b[8]&0x3f
+	h := hex.EncodeToString(b[:])
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+// The event time comes from the most stable source the message has: the
+// UUIDv7 ID, then the x-event-time header (RFC 3339 or Unix ms), then the
+// AMQP timestamp, which a republish refreshes.
+func TestMessageEventTime(t *testing.T) {
+	t.Parallel()
+	idTime := time.Date(2026, 9, 1, 2, 14, 11, 0, time.UTC)
+	header := time.Date(2026, 9, 2, 8, 0, 0, 500_000_000, time.UTC)
+	broker := time.Date(2026, 11, 30, 23, 59, 0, 0, time.UTC)
+	v7 := uuidV7(idTime)
+	for _, tc := range []struct {
+		name   string
+		d      amqp.Delivery
+		want   time.Time
+		source idem.TimeSource
+	}{
+		{"uuidv7 id", amqp.Delivery{MessageId: v7, Timestamp: broker, Headers: amqp.Table{HeaderEventTime: header.Format(time.RFC3339Nano)}}, idTime, idem.TimeFromID},
+		{"rfc 3339 header", amqp.Delivery{MessageId: "inv-1", Timestamp: broker, Headers: amqp.Table{HeaderEventTime: header.Format(time.RFC3339Nano)}}, header, idem.TimeFromHeader},
+		{"unix ms header", amqp.Delivery{MessageId: "inv-1", Timestamp: broker, Headers: amqp.Table{HeaderEventTime: header.UnixMilli()}}, header, idem.TimeFromHeader},
+		{"unix ms string header", amqp.Delivery{MessageId: "inv-1", Timestamp: broker, Headers: amqp.Table{HeaderEventTime: strconv.FormatInt(header.UnixMilli(), 10)}}, header, idem.TimeFromHeader},
+		{"timestamp header", amqp.Delivery{MessageId: "inv-1", Timestamp: broker, Headers: amqp.Table{HeaderEventTime: header}}, header, idem.TimeFromHeader},
+		{"unreadable header", amqp.Delivery{MessageId: "inv-1", Timestamp: broker, Headers: amqp.Table{HeaderEventTime: "yesterday"}}, broker, idem.TimeFromBroker},
+		{"broker timestamp", amqp.Delivery{MessageId: "inv-1", Timestamp: broker}, broker, idem.TimeFromBroker},
+		{"nothing", amqp.Delivery{MessageId: "inv-1"}, time.Time{}, idem.TimeNone},
+	} {
+		m := Message(&tc.d, "q", "")
+		if !m.Time.Equal(tc.want) || m.TimeSource != tc.source {
+			t.Errorf("%s: time %v from %v, want %v from %v", tc.name, m.Time, m.TimeSource, tc.want, tc.source)
+		}
+	}
 }
