@@ -240,6 +240,22 @@ func (c *Consumer[TTx]) dial(url, name string) (*amqp.Connection, net.Conn, erro
 	return conn, sock, nil
 }
 
+// closeTimeout bounds a graceful connection close: a broker that stopped
+// answering (or blocks the connection) never sends close-ok.
+const closeTimeout = time.Second
+
+// closeConn closes conn, cutting its socket if the broker does not answer
+// within closeTimeout.
+func closeConn(conn *amqp.Connection, sock net.Conn) {
+	t := time.AfterFunc(closeTimeout, func() {
+		if sock != nil {
+			_ = sock.Close()
+		}
+	})
+	defer t.Stop()
+	_ = conn.Close()
+}
+
 // completion is a processed batch on its way back to the session loop.
 type completion struct {
 	batch     pending
@@ -285,7 +301,7 @@ func (c *Consumer[TTx]) session(ctx context.Context, log *slog.Logger) (consumed
 		c.mu.Lock()
 		c.sock = nil
 		c.mu.Unlock()
-		_ = conn.Close()
+		closeConn(conn, sock)
 		t := time.AfterFunc(c.cfg.ShutdownGrace, cancel)
 		wg.Wait()
 		t.Stop()

@@ -171,14 +171,9 @@ func (d *deadLetters) drain() (n int, last amqp.Return) {
 	}
 }
 
-// close cuts the connection at the socket: a connection the broker blocks
-// could not even send its close frame.
-func (d *deadLetters) close() {
-	if d.sock != nil {
-		_ = d.sock.Close()
-	}
-	_ = d.conn.Close()
-}
+// close closes the connection, cutting it at the socket when the broker
+// does not answer (a blocked connection cannot even send its close frame).
+func (d *deadLetters) close() { closeConn(d.conn, d.sock) }
 
 // copyOf is the dead letter for one delivery: the original properties
 // (but not its expiration) and headers, persistent, plus the x-idem-*
