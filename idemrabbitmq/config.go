@@ -91,9 +91,10 @@ type Config struct {
 	ReconnectBackoff time.Duration
 	// MaxReconnectBackoff caps ReconnectBackoff. Defaults to 10s.
 	MaxReconnectBackoff time.Duration
-	// ShutdownGrace is how long, after Run's context is cancelled, batches in
-	// flight may keep running to their commit before their transactions are
-	// cancelled (rolled back, left to redelivery). Defaults to 10s.
+	// ShutdownGrace is how long, after Run's context is cancelled or the
+	// connection was lost, batches in flight may keep running to their
+	// commit before their transactions are cancelled (rolled back, left to
+	// redelivery). Defaults to 10s.
 	ShutdownGrace time.Duration
 	// ConnectionName is the client-provided connection name shown by the
 	// management UI and rabbitmqctl. Defaults to "idem-<consumer>".
@@ -123,7 +124,10 @@ type Hooks interface {
 	// redelivered (idem_redelivered_total). The flag is a hint only; the
 	// inbox, not the flag, decides duplicates.
 	Redelivered(queue string)
-	// Settled is called once the broker was told verb about a message.
+	// Settled is called once the broker was told verb about a message:
+	// Ack and Requeue once the frame was sent, DeadLetter once the copy was
+	// confirmed at the dead-letter destination and the original acked.
+	// Hold is never settled, so it is never reported here.
 	Settled(queue string, verb Verb, r idem.Result)
 	// Reconnecting is called when a session ended with err and the consumer
 	// is about to reconnect.

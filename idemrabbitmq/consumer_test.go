@@ -548,6 +548,7 @@ func TestFailingMessageFirstDoesNotSinkItsNeighbours(t *testing.T) {
 		}
 		t.Fatalf("dead-lettered %v, want only %s", ids, msgID(0))
 	}
+	t.Logf("x-idem-attempts %v", dead[0].Headers[idemrabbitmq.HeaderAttempts])
 	if rows, distinct := d.effects(t); rows != healthy || distinct != healthy {
 		t.Fatalf("effects %d (%d distinct), want the %d healthy messages once each", rows, distinct, healthy)
 	}

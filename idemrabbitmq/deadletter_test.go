@@ -321,8 +321,8 @@ func TestRetriesExhaustedAreDeadLetteredOnce(t *testing.T) {
 			if n := runs.Load(); n != maxAttempts {
 				t.Fatalf("the handler ran %d times, want RetryPolicy.MaxAttempts = %d", n, maxAttempts)
 			}
-			if got := dead[0].Headers[idemrabbitmq.HeaderAttempts]; got != attempts.Load() {
-				t.Fatalf("x-idem-attempts %v, want the processor's count %d", got, attempts.Load())
+			if got := dead[0].Headers[idemrabbitmq.HeaderAttempts]; got != attempts.Load() || got != int64(maxAttempts) {
+				t.Fatalf("x-idem-attempts %v, want the processor's count %d, MaxAttempts %d", got, attempts.Load(), maxAttempts)
 			}
 			if st := c.Stats(); st.Requeued != 0 || st.DeadLettered != 1 || st.Applied != 3 {
 				t.Fatalf("stats %+v", st)
