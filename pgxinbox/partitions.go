@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/retention"
 )
 
 const day = 24 * time.Hour
@@ -35,7 +36,7 @@ const ddlAttempts = 5
 // daily partition: idem_inbox_p20260918.
 const partitionSuffix = "_p20060102"
 
-// partition is one daily partition: it holds event times in [day, day+24h).
+// partition is one daily partition: it holds partition times in [day, day+24h).
 type partition struct {
 	name string // unqualified
 	day  time.Time
@@ -119,23 +120,28 @@ func (s *Store) EnsurePartitions(ctx context.Context, from time.Time, days int) 
 	return created, nil
 }
 
-// DropPartitions drops the daily partitions whose every event time is older
-// than olderThan (their day ends at or before it) and returns their names;
-// with dryRun it only names them. It refuses a cut-off later than now minus
-// the store's window: those partitions may hold markers of messages the
-// horizon guard still accepts. A dropped partition removes its markers at
-// the cost of a file unlink: no WAL per row, no dead tuples, no vacuum.
+// DropPartitions drops the daily partitions whose every partition time is
+// older than olderThan (their day ends at or before it) and returns their
+// names; with dryRun it only names them. It refuses a cut-off later than now
+// minus the window stored with the table: those partitions may hold markers
+// of messages the horizon guard still accepts. A dropped partition removes
+// its markers at the cost of a file unlink: no WAL per row, no dead tuples,
+// no vacuum.
 func (s *Store) DropPartitions(ctx context.Context, olderThan time.Time, dryRun bool) ([]string, error) {
 	if err := s.needPartitioned("dropping partitions"); err != nil {
 		return nil, err
 	}
-	now, err := s.now(ctx)
+	window, err := s.inbox.PruneWindow(ctx, 0)
 	if err != nil {
 		return nil, fmt.Errorf("dropping partitions: %w", err)
 	}
-	if limit := now.Add(-s.window); olderThan.After(limit) {
-		return nil, fmt.Errorf("dropping partitions: cut-off %s is inside the retention window (%v before the database's now, %s): messages that old are still accepted",
-			olderThan.UTC().Format(time.RFC3339), s.window, limit.UTC().Format(time.RFC3339))
+	now, err := s.inbox.Now(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("dropping partitions: %w", err)
+	}
+	if limit := now.Add(-window); olderThan.After(limit) {
+		return nil, fmt.Errorf("dropping partitions: %w: cut-off %s is inside the window stored with table %s, %v (before the database's now: %s): messages that old are still accepted",
+			retention.ErrShortWindow, olderThan.UTC().Format(time.RFC3339), s.inbox.Label(), window, limit.UTC().Format(time.RFC3339))
 	}
 	parts, err := s.partitions(ctx)
 	if err != nil {
@@ -160,7 +166,7 @@ func (s *Store) DropPartitions(ctx context.Context, olderThan time.Time, dryRun 
 				return err
 			})
 			if err != nil {
-				s.hooks.PartitionsDropped(s.name, len(dropped))
+				s.hooks.PartitionsDropped(s.inbox.Label(), len(dropped))
 				return dropped, fmt.Errorf("dropping partition %s: %w", p.name, err)
 			}
 			if !gone {
@@ -170,7 +176,7 @@ func (s *Store) DropPartitions(ctx context.Context, olderThan time.Time, dryRun 
 		dropped = append(dropped, p.name)
 	}
 	if !dryRun {
-		s.hooks.PartitionsDropped(s.name, len(dropped))
+		s.hooks.PartitionsDropped(s.inbox.Label(), len(dropped))
 	}
 	return dropped, nil
 }
@@ -271,13 +277,6 @@ func (s *Store) read(ctx context.Context, f func(pgx.Tx) error) error {
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	return f(tx)
-}
-
-// now is the database's clock: every instance prunes by the same clock, the
-// one that wrote processed_at.
-func (s *Store) now(ctx context.Context) (now time.Time, err error) {
-	err = s.read(ctx, func(tx pgx.Tx) error { return tx.QueryRow(ctx, `SELECT now()`).Scan(&now) })
-	return now, err
 }
 
 // missingPartition reports PostgreSQL's "no partition of relation found for row":

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,24 +13,39 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
+	"github.com/idemkit/idem/retention"
 )
 
-// timedStore gives every claim without an event time the same fixed one, so
-// the shared conformance suite, whose messages carry no time, runs on the
-// partitioned layout. A real consumer sets Message.Time instead.
+// timedStore gives every claim without a partition time the same fixed one,
+// so the shared conformance suite, whose message IDs are not UUIDv7s, runs
+// on the partitioned layout. It hides the layout from the processor (which
+// would otherwise refuse such keys, rightly) and forwards the rest. A real
+// consumer uses UUIDv7 IDs or sets idem.Config.PartitionTime instead.
 type timedStore struct {
-	*pgxinbox.Store
+	s  *pgxinbox.Store
 	at time.Time
+}
+
+func (s timedStore) Begin(ctx context.Context) (pgx.Tx, error)     { return s.s.Begin(ctx) }
+func (s timedStore) Commit(ctx context.Context, tx pgx.Tx) error   { return s.s.Commit(ctx, tx) }
+func (s timedStore) Rollback(ctx context.Context, tx pgx.Tx) error { return s.s.Rollback(ctx, tx) }
+func (s timedStore) Classify(err error) idem.ErrorClass            { return s.s.Classify(err) }
+func (s timedStore) Horizon() idem.Horizon                         { return s.s.Horizon() }
+func (s timedStore) Lookup(ctx context.Context, tx pgx.Tx, consumer string, keys []string) (map[string]idem.Marker, error) {
+	return s.s.Lookup(ctx, tx, consumer, keys)
+}
+func (s timedStore) Extend(ctx context.Context, tx pgx.Tx, consumer string, ext []idem.Extension) error {
+	return s.s.Extend(ctx, tx, consumer, ext)
 }
 
 func (s timedStore) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims []idem.Claim, lockTimeout time.Duration) ([]bool, error) {
 	cs := slices.Clone(claims)
 	for i := range cs {
-		if cs[i].EventTime.IsZero() {
-			cs[i].EventTime = s.at
+		if cs[i].PartitionTime.IsZero() {
+			cs[i].PartitionTime = s.at
 		}
 	}
-	return s.Store.Claim(ctx, tx, consumer, cs, lockTimeout)
+	return s.s.Claim(ctx, tx, consumer, cs, lockTimeout)
 }
 
 func TestPartitionedConformance(t *testing.T) {
@@ -37,26 +53,68 @@ func TestPartitionedConformance(t *testing.T) {
 	conformance(t, pgxinbox.Partitioned, func(s *pgxinbox.Store) idem.Store[pgx.Tx] { return timedStore{s, at} })
 }
 
-// TestPartitionedRefusesNoEventTime: without an event time the partitioned
-// inbox cannot find a redelivery's marker, so the message is dead-lettered
-// with a permanent error, alone or in a batch, and never applied.
-func TestPartitionedRefusesNoEventTime(t *testing.T) {
+// TestPartitionedRefusesNoPartitionTime: without a partition time the
+// partitioned inbox cannot find a redelivery's marker, so a claim without
+// one is refused with a permanent error naming the rule, and the processor
+// dead-letters a message whose key gives none, alone or in a batch, and
+// never applies it.
+func TestPartitionedRefusesNoPartitionTime(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, store := openLayout(t, pgxinbox.Partitioned, nil)
+	tx, err := store.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = store.Claim(ctx, tx, "ledger", []idem.Claim{{Key: "k", MessageID: "m", BodySHA256: []byte{0}, EventTime: time.Now()}}, 0)
+	_ = tx.Rollback(ctx)
+	if !idem.IsPermanent(err) || !errors.Is(err, idem.ErrNoPartitionTime) || !errors.Is(err, pgxinbox.ErrNoEventTime) ||
+		!strings.Contains(err.Error(), "function of the key alone") {
+		t.Fatalf("claim without a partition time: %v, want a permanent error wrapping idem.ErrNoPartitionTime that names the rule", err)
+	}
 	p := processor(t, store, nil)
-	r := p.Process(ctx, idem.Message{ID: "evt-untimed", Body: []byte("{}")})
-	if r.Outcome != idem.DeadLettered || !idem.IsPermanent(r.Err) || !errors.Is(r.Err, pgxinbox.ErrNoEventTime) {
-		t.Fatalf("untimed message: %v %v, want dead-lettered with ErrNoEventTime", r.Outcome, r.Err)
+	r := p.Process(ctx, idem.Message{ID: "evt-not-a-uuidv7", Time: time.Now(), Body: []byte("{}")})
+	if r.Outcome != idem.DeadLettered || !errors.Is(r.Err, idem.ErrNoPartitionTime) {
+		t.Fatalf("key without a partition time: %v %v, want dead-lettered with ErrNoPartitionTime", r.Outcome, r.Err)
 	}
 	rs := p.ProcessBatch(ctx, []idem.Message{
-		{ID: "evt-timed", Time: time.Now(), Body: []byte("{}")},
-		{ID: "evt-untimed-2", Body: []byte("{}")},
+		{ID: uuidv7(time.Now(), 1), Body: []byte("{}")},
+		{ID: "evt-not-a-uuidv7-2", Body: []byte("{}")},
 	})
 	want(t, rs[0], idem.Applied)
 	want(t, rs[1], idem.DeadLettered)
 	if n := scalar[int](t, pool, `SELECT count(*) FROM effects`); n != 1 {
-		t.Fatalf("effects = %d, want 1 (the timed message only)", n)
+		t.Fatalf("effects = %d, want 1 (the UUIDv7 message only)", n)
+	}
+	if n := scalar[int](t, pool, `SELECT count(*) FROM idem_inbox`); n != 1 {
+		t.Fatalf("markers = %d, want 1", n)
+	}
+}
+
+// TestRepublishNewTimestamp pins issue 11's first situation: a producer
+// whose publisher confirm timed out republishes the same message ID with a
+// fresh timestamp (event time from a header or the broker), in another
+// batch, on another day. The partition time comes from the key, so the copy
+// meets its marker: a Duplicate, one effect. Before, the partition column
+// was the event time, and the copy landed on another primary key.
+func TestRepublishNewTimestamp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, store := openLayout(t, pgxinbox.Partitioned, nil)
+	p := processor(t, store, nil)
+	first := time.Now().UTC().Truncate(24 * time.Hour).Add(-time.Minute) // yesterday 23:59
+	id := uuidv7(first, 7)
+	want(t, p.Process(ctx, idem.Message{ID: id, Time: first, TimeSource: idem.TimeFromHeader, Body: []byte(`{"amount":12500}`)}), idem.Applied)
+	for i, at := range []time.Time{first.Add(time.Second), first.Add(2 * time.Minute), first.Add(-3 * time.Hour)} {
+		copyOf := idem.Message{ID: id, Time: at, TimeSource: idem.TimeFromBroker, Body: []byte(`{"amount":12500}`)}
+		if i%2 == 0 {
+			want(t, p.ProcessBatch(ctx, []idem.Message{copyOf})[0], idem.Duplicate)
+		} else {
+			want(t, p.Process(ctx, copyOf), idem.Duplicate)
+		}
+	}
+	if n := scalar[int](t, pool, `SELECT count(*) FROM effects`); n != 1 {
+		t.Fatalf("effects = %d after republishing with new timestamps, want 1", n)
 	}
 	if n := scalar[int](t, pool, `SELECT count(*) FROM idem_inbox`); n != 1 {
 		t.Fatalf("markers = %d, want 1", n)
@@ -64,7 +122,7 @@ func TestPartitionedRefusesNoEventTime(t *testing.T) {
 }
 
 // TestMidnight: a message first processed at 23:59 and redelivered at 00:01
-// is applied once, because the partition follows the message's event time,
+// is applied once, because the partition follows the key's partition time,
 // not the time of processing. The second half shows, with raw SQL, what the
 // same two deliveries do to an inbox partitioned by processed_at: PostgreSQL
 // puts the partition column into the unique key, the two deliveries fall on
@@ -76,7 +134,8 @@ func TestMidnight(t *testing.T) {
 	p := processor(t, store, nil)
 	yesterday := time.Now().UTC().Truncate(24 * time.Hour).Add(-24 * time.Hour)
 	firstSeen := yesterday.Add(23*time.Hour + 59*time.Minute)
-	msg := idem.Message{ID: "0190b0e2-5b3f-7c1d-9a4e-2f6c8d0e1a2b", Time: yesterday.Add(23*time.Hour + 58*time.Minute), Body: []byte(`{"amount":12500}`)}
+	sent := yesterday.Add(23*time.Hour + 58*time.Minute)
+	msg := idem.Message{ID: uuidv7(sent, 1), Time: sent, Body: []byte(`{"amount":12500}`)}
 	want(t, p.Process(ctx, msg), idem.Applied)
 	// The first delivery was processed at 23:59.
 	if _, err := pool.Exec(ctx, `UPDATE idem_inbox SET processed_at = $1`, firstSeen); err != nil {
@@ -88,7 +147,7 @@ func TestMidnight(t *testing.T) {
 		t.Fatalf("effects = %d after a redelivery across midnight, want 1", n)
 	}
 	if part := scalar[string](t, pool, `SELECT tableoid::regclass::text FROM idem_inbox`); part != "idem_inbox"+yesterday.Format("_p20060102") {
-		t.Fatalf("marker in partition %s, want the event time's day", part)
+		t.Fatalf("marker in partition %s, want the partition time's day", part)
 	}
 
 	// The tempting layout, partitioned by processed_at.
@@ -148,14 +207,25 @@ func TestPartitions(t *testing.T) {
 	if again, err := store.EnsurePartitions(ctx, today, 3); err != nil || len(again) != 0 {
 		t.Fatalf("second ensure: %v %v, want nothing created", again, err)
 	}
-	// One marker per day from 20 days ago to today.
-	p := processor(t, store, &idem.Horizon{Window: -1})
+	// One marker per day from 20 days ago to today, keyed by a business
+	// key that names its day: the partition time is the day's first hour.
+	byDay := func(c *idem.Config[pgx.Tx]) {
+		c.PartitionTime = func(key string) (time.Time, error) {
+			d, err := time.Parse("evt-2006-01-02", key[:min(len(key), 14)])
+			return d.Add(time.Hour), err
+		}
+	}
+	p := processorWith(t, store, func(c *idem.Config[pgx.Tx]) {
+		byDay(c)
+		c.Horizon = idem.Horizon{Window: -1}
+		c.Retry.WaitUnavailable = 100 * time.Millisecond // how long a missing partition is waited for
+	})
 	for d := -20; d <= 0; d++ {
 		m := idem.Message{ID: today.AddDate(0, 0, d).Format("evt-2006-01-02"), Time: today.AddDate(0, 0, d).Add(time.Hour), Body: []byte("{}")}
 		want(t, p.Process(ctx, m), idem.Applied)
 	}
-	if _, err := store.DropPartitions(ctx, now.Add(-window+time.Hour), false); err == nil {
-		t.Fatalf("a cut-off inside the window must be refused")
+	if _, err := store.DropPartitions(ctx, now.Add(-window+time.Hour), false); !errors.Is(err, retention.ErrShortWindow) {
+		t.Fatalf("a cut-off inside the stored window: %v, want it refused with retention.ErrShortWindow", err)
 	}
 	cutoff := now.Add(-window)
 	dry, err := store.DropPartitions(ctx, cutoff, true)
@@ -182,28 +252,37 @@ func TestPartitions(t *testing.T) {
 	if n := scalar[int](t, pool, `SELECT count(*) FROM idem_inbox`); n != 15 {
 		t.Fatalf("markers left = %d, want 15 (days -14 … 0)", n)
 	}
-	if n := scalar[int](t, pool, `SELECT count(*) FROM idem_inbox WHERE event_time < $1`, cutoff); n != 0 {
+	if n := scalar[int](t, pool, `SELECT count(*) FROM idem_inbox WHERE partition_time < $1`, cutoff); n != 0 {
 		// Day -14 straddles the cut-off only when it is later than 01:00;
 		// either way nothing before the first kept day remains.
-		if n2 := scalar[int](t, pool, `SELECT count(*) FROM idem_inbox WHERE event_time < $1`, today.AddDate(0, 0, -14)); n2 != 0 {
+		if n2 := scalar[int](t, pool, `SELECT count(*) FROM idem_inbox WHERE partition_time < $1`, today.AddDate(0, 0, -14)); n2 != 0 {
 			t.Fatalf("%d markers older than the first kept day remain", n2)
 		}
 	}
 	old := idem.Message{ID: today.AddDate(0, 0, -18).Format("evt-2006-01-02"), Time: today.AddDate(0, 0, -18).Add(time.Hour), Body: []byte("{}")}
-	want(t, processor(t, store, nil).Process(ctx, old), idem.Expired)
+	want(t, processorWith(t, store, byDay).Process(ctx, old), idem.Expired)
 	// Without the guard the claim finds its day dropped: the store refuses
 	// it as expired (dead-lettered), never a second effect, never a loop.
 	r := p.Process(ctx, old)
 	if r.Outcome != idem.DeadLettered || !errors.Is(r.Err, idem.ErrExpired) {
 		t.Fatalf("unguarded claim into a dropped day: %v %v, want DeadLettered with ErrExpired", r.Outcome, r.Err)
 	}
-	// A day not created yet is transient: EnsurePartitions will make it.
-	future := idem.Message{ID: "evt-future", Time: today.AddDate(0, 0, 60), Body: []byte("{}")}
-	if r := p.Process(ctx, future); r.Outcome != idem.Retry || !errors.Is(r.Err, pgxinbox.ErrNoPartition) {
-		t.Fatalf("claim into a day not created yet: %v %v, want Retry with ErrNoPartition", r.Outcome, r.Err)
+	// A day whose partition is missing (the daily ensure did not run) is
+	// transient: EnsurePartitions will make it, and the message then goes
+	// through.
+	if _, err := pool.Exec(ctx, `DROP TABLE idem_inbox`+today.Format("_p20060102")); err != nil {
+		t.Fatal(err)
 	}
-	if n := scalar[int](t, pool, `SELECT count(*) FROM effects`); n != 21 {
-		t.Fatalf("effects = %d, want 21", n)
+	late := idem.Message{ID: today.Format("evt-2006-01-02") + "-late", Body: []byte("{}")}
+	if r := p.Process(ctx, late); r.Outcome != idem.Retry || !errors.Is(r.Err, pgxinbox.ErrNoPartition) {
+		t.Fatalf("claim into a day without its partition: %v %v, want Retry with ErrNoPartition", r.Outcome, r.Err)
+	}
+	if _, err := store.EnsurePartitions(ctx, today, 1); err != nil {
+		t.Fatal(err)
+	}
+	want(t, p.Process(ctx, late), idem.Applied)
+	if n := scalar[int](t, pool, `SELECT count(*) FROM effects`); n != 22 {
+		t.Fatalf("effects = %d, want 22", n)
 	}
 }
 

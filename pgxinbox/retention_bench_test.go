@@ -76,13 +76,18 @@ type removal struct {
 // fill writes rows markers over seven days: a seventh of them spread over
 // the UTC day first, which is entirely past the window, the rest over the six
 // days that start an hour inside the window. Both removals then take exactly
-// the first day. processed_at is a second after each event time.
-func fill(b *testing.B, pool *pgxpool.Pool, rows int, first time.Time) {
+// the first day. processed_at and keep_until are a second after each event
+// time, which is also the partition time of the partitioned layout.
+func fill(b *testing.B, pool *pgxpool.Pool, layout pgxinbox.Layout, rows int, first time.Time) {
 	b.Helper()
 	ctx := context.Background()
 	young := scalar[time.Time](b, pool, `SELECT now()`).Add(-window + time.Hour)
-	if _, err := pool.Exec(ctx, `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256, event_time, processed_at)
-SELECT 'ledger', k, k, sha256(int4send(g)), t, t + interval '1 second'
+	partCol, partVal := "", ""
+	if layout == pgxinbox.Partitioned {
+		partCol, partVal = ", partition_time", ", t"
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256, event_time, processed_at, keep_until`+partCol+`)
+SELECT 'ledger', k, k, sha256(int4send(g)), t, t + interval '1 second', t + interval '1 second'`+partVal+`
 FROM generate_series(0, $1 - 1) g,
      LATERAL (SELECT md5(g::text) AS k,
                      CASE WHEN g < $1 / 7 THEN $2::timestamptz + g * (interval '1 day' / ($1 / 7))
@@ -129,7 +134,7 @@ func measureDrop(b *testing.B, rows int) removal {
 	if _, err := store.EnsurePartitions(ctx, first, 10); err != nil {
 		b.Fatal(err)
 	}
-	fill(b, pool, rows, first)
+	fill(b, pool, pgxinbox.Partitioned, rows, first)
 	var res []string
 	secs, wal := walDelta(b, pool, func() {
 		r, err := store.Prune(ctx, pgxinbox.PruneOptions{})
@@ -154,7 +159,7 @@ func measureDelete(b *testing.B, rows int) removal {
 		b.Fatal(err)
 	}
 	first := firstDay(b, pool)
-	fill(b, pool, rows, first)
+	fill(b, pool, pgxinbox.Plain, rows, first)
 	p := processor(b, store, nil)
 	var seq atomic.Int64
 	claim := func() int {
@@ -197,8 +202,8 @@ func measureDelete(b *testing.B, rows int) removal {
 	})
 
 	// The oldest day again, then claims while the prune removes it.
-	if _, err := pool.Exec(ctx, `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256, event_time, processed_at)
-SELECT 'ledger', k, k, sha256(int4send(g)), t, t + interval '1 second'
+	if _, err := pool.Exec(ctx, `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256, event_time, processed_at, keep_until)
+SELECT 'ledger', k, k, sha256(int4send(g)), t, t + interval '1 second', t + interval '1 second'
 FROM generate_series(0, $1 / 7 - 1) g,
      LATERAL (SELECT 'again-' || md5(g::text) AS k, $2::timestamptz + g * (interval '1 day' / ($1 / 7)) AS t) x`, rows, first); err != nil {
 		b.Fatal(err)

@@ -2,6 +2,7 @@ package pgxinbox_test
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -55,24 +56,50 @@ func openLayout(t testing.TB, layout pgxinbox.Layout, hooks retention.Hooks) (*p
 // store's horizon unless h is given.
 func processor(t testing.TB, store *pgxinbox.Store, h *idem.Horizon) *idem.Processor[pgx.Tx] {
 	t.Helper()
-	horizon := store.Horizon()
-	if h != nil {
-		horizon = *h
-	}
-	p, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{
+	return processorWith(t, store, func(c *idem.Config[pgx.Tx]) {
+		if h != nil {
+			c.Horizon = *h
+		}
+	})
+}
+
+// processorWith is processor with the configuration changed by mod.
+func processorWith(t testing.TB, store *pgxinbox.Store, mod func(*idem.Config[pgx.Tx])) *idem.Processor[pgx.Tx] {
+	t.Helper()
+	cfg := &idem.Config[pgx.Tx]{
 		Consumer: "ledger",
 		Key:      idem.ByMessageID,
-		Horizon:  horizon,
+		Horizon:  store.Horizon(),
 		Retry:    idem.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond},
 		Handler: func(ctx context.Context, tx pgx.Tx, m idem.Message) error {
 			_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ('ledger', $1, $1)`, m.ID)
 			return err
 		},
-	})
+	}
+	if mod != nil {
+		mod(cfg)
+	}
+	p, err := idem.NewProcessor(store, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// uuidv7 is a UUIDv7 whose time is t, distinct per seq: the message IDs of a
+// producer that assigns them, from which the partitioned inbox takes its
+// partition time.
+func uuidv7(t time.Time, seq uint32) string {
+	var b [16]byte
+	ms := uint64(t.UnixMilli())
+	for i := range 6 {
+		b[i] = byte(ms >> (40 - 8*i))
+	}
+	b[6] = 0x70
+	b[8] = 0x80
+	b[12], b[13], b[14], b[15] = byte(seq>>24), byte(seq>>16), byte(seq>>8), byte(seq)
+	h := hex.EncodeToString(b[:])
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
 }
 
 func scalar[T any](t testing.TB, pool *pgxpool.Pool, q string, args ...any) T {
@@ -106,10 +133,11 @@ func TestHorizon(t *testing.T) {
 			pool, store := openLayout(t, layout, nil)
 			p := processor(t, store, nil)
 			now := time.Now()
-			recent := idem.Message{ID: "evt-recent", Time: now.Add(-13 * 24 * time.Hour), Body: []byte("{}")}
+			recentAt, oldAt := now.Add(-13*24*time.Hour), now.Add(-window-time.Minute)
+			recent := idem.Message{ID: uuidv7(recentAt, 1), Time: recentAt, Body: []byte("{}")}
 			want(t, p.Process(ctx, recent), idem.Applied)
 			want(t, p.Process(ctx, recent), idem.Duplicate)
-			old := idem.Message{ID: "evt-old", Time: now.Add(-window - time.Minute), Body: []byte("{}")}
+			old := idem.Message{ID: uuidv7(oldAt, 2), Time: oldAt, Body: []byte("{}")}
 			r := p.Process(ctx, old)
 			want(t, r, idem.Expired)
 			if !errors.Is(r.Err, idem.ErrExpired) {
@@ -125,8 +153,8 @@ func TestHorizon(t *testing.T) {
 // insertMarker writes a marker with chosen times, as if claimed long ago.
 func insertMarker(t testing.TB, pool *pgxpool.Pool, key string, eventTime *time.Time, processedAt time.Time) {
 	t.Helper()
-	_, err := pool.Exec(context.Background(), `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256, event_time, processed_at)
-VALUES ('ledger', $1, $1, '\x00', $2, $3)`, key, eventTime, processedAt)
+	_, err := pool.Exec(context.Background(), `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256, event_time, processed_at, keep_until)
+VALUES ('ledger', $1, $1, '\x00', $2, $3, greatest($2::timestamptz, $3::timestamptz))`, key, eventTime, processedAt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -300,9 +328,9 @@ func TestPruneConcurrentWithClaims(t *testing.T) {
 	pool, store := openLayout(t, pgxinbox.Plain, nil)
 	now := dbNow(t, pool)
 	// 20,000 old markers, written in one statement.
-	if _, err := pool.Exec(ctx, `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256, event_time, processed_at)
-SELECT 'ledger', 'old-' || g, 'old-' || g, '\x00', $1::timestamptz - g * interval '1 second', $1::timestamptz - g * interval '1 second'
-FROM generate_series(1, 20000) g`, now.Add(-window-time.Minute)); err != nil {
+	if _, err := pool.Exec(ctx, `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256, event_time, processed_at, keep_until)
+SELECT 'ledger', 'old-' || g, 'old-' || g, '\x00', t, t, t
+FROM generate_series(1, 20000) g, LATERAL (SELECT $1::timestamptz - g * interval '1 second') v(t)`, now.Add(-window-time.Minute)); err != nil {
 		t.Fatal(err)
 	}
 	p := processor(t, store, nil)

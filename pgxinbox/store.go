@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"regexp"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -13,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/inboxdb"
 	"github.com/idemkit/idem/internal/pgerr"
 	"github.com/idemkit/idem/retention"
 )
@@ -30,70 +34,58 @@ type Config struct {
 	// Defaults to "idem_inbox". Each part must match ^[A-Za-z_][A-Za-z0-9_]{0,62}$.
 	Table string
 	// Layout is the table's layout: [Plain] (the default), pruned by batched
-	// DELETE, or [Partitioned] by day of event time, whose old partitions are
-	// dropped. It is fixed when the table is created; [Store.Migrate] refuses
-	// a table of the other layout.
+	// DELETE, or [Partitioned] by day of partition time, whose old
+	// partitions are dropped. It is fixed when the table is created;
+	// [Store.Migrate] refuses a table of the other layout.
 	Layout Layout
 	// Window is how long markers are kept: on the plain layout counted from
-	// the later of their event time and their write time; on the partitioned
-	// layout by event time, a whole day at a time. Defaults to 14 days.
-	// Processors adopt the matching guard ([Store.Horizon]) unless they set
-	// their own, so the horizon guard and the prune agree (see package
-	// retention for the proof).
+	// their keep_until (the latest of their write time and the event times
+	// of the messages that met them); on the partitioned layout by
+	// partition time, a whole day at a time. It is stored with the table
+	// by [Store.Migrate] when the table is created (14 days when 0), and
+	// read from there by every processor, prune and CLI; a different
+	// non-zero Window on an existing table makes Migrate fail (change the
+	// stored one with [Store.SetWindow] or `idem inbox window set`).
 	Window time.Duration
 	// Hooks receives retention metrics (markers pruned, partitions dropped,
-	// oldest marker age). Optional.
+	// oldest marker age), labelled with Table as written. Optional.
 	Hooks retention.Hooks
+	// Logger logs changes of the stored window. Defaults to slog.Default().
+	Logger *slog.Logger
 }
 
-// Layout is how an inbox table is laid out on disk.
-type Layout int
+// Layout is how an inbox table is laid out on disk ([idem.Layout]).
+type Layout = idem.Layout
 
 const (
 	// Plain is one table with PRIMARY KEY (consumer, key); [Store.Prune]
-	// deletes old markers in bounded batches. Messages need no event time.
-	Plain Layout = iota
-	// Partitioned is a table partitioned by RANGE (event_time), one partition
-	// per UTC day, with PRIMARY KEY (consumer, key, event_time): PostgreSQL
-	// only enforces uniqueness inside a partition, so the partition column is
-	// part of the key, and it must be a function of the message (the
-	// producer's time or the time in a UUIDv7 ID) for a redelivery to land
-	// in the same partition as the first delivery. A message without an
-	// event time is refused with a permanent error (dead-lettered). Expired
-	// days go with [Store.DropPartitions], which writes no WAL per row and
-	// leaves no dead tuples.
-	//
-	// Because the event time is part of the key, two different messages
-	// with the same business key but different event times are two effects:
-	// use this layout with keys that determine their event time, such as
-	// [idem.ByMessageID].
-	Partitioned
+	// deletes old markers in bounded batches, by keep_until.
+	Plain = idem.LayoutPlain
+	// Partitioned is a table partitioned by RANGE (partition_time), one
+	// partition per UTC day, with PRIMARY KEY (consumer, key,
+	// partition_time): PostgreSQL only enforces uniqueness inside a
+	// partition, so the partition column is part of the key, and it must be
+	// a function of the key alone (idem.Claim.PartitionTime: the time in a
+	// UUIDv7 message ID, or a period the business key names) for every copy
+	// of a message, whatever its timestamps, to land on its marker. A claim
+	// without a partition time is refused with a permanent error
+	// (dead-lettered). Expired days go with [Store.DropPartitions], which
+	// writes no WAL per row and leaves no dead tuples.
+	Partitioned = idem.LayoutPartitioned
 )
 
-// String names the layout as the CLI spells it.
-func (l Layout) String() string {
-	switch l {
-	case Plain:
-		return "plain"
-	case Partitioned:
-		return "partitioned"
-	}
-	return fmt.Sprintf("Layout(%d)", int(l))
-}
-
-// ErrNoEventTime is wrapped (inside an [idem.Permanent] error) by a
-// partitioned inbox's claim of a message without an event time: the inbox
-// could not tell a redelivery from a new message, so the message is
-// dead-lettered rather than applied unguarded. Give messages a time
-// (Message.Time: a producer header, [idem.TimeFromUUIDv7]).
-var ErrNoEventTime = errors.New("message has no event time, which the partitioned inbox needs to find its marker")
+// ErrNoEventTime is the partitioned inbox's refusal of a claim without a
+// partition time; it is [idem.ErrNoPartitionTime].
+//
+// Deprecated: use idem.ErrNoPartitionTime.
+var ErrNoEventTime = idem.ErrNoPartitionTime
 
 // ErrNoPartition is wrapped by a partitioned inbox's claim when no partition
-// covers a message's event time: partitions were not created far enough
-// ahead (run [Store.EnsurePartitions] daily), or the message is older than
-// the oldest partition (a consumer without the horizon guard). It is
+// covers a message's partition time: partitions were not created far
+// enough ahead (run [Store.EnsurePartitions] daily), or the message is older
+// than the oldest partition (a consumer without the horizon guard). It is
 // transient: the message is retried, then left to the broker, not lost.
-var ErrNoPartition = errors.New("no inbox partition covers the message's event time (create partitions ahead: idem inbox partitions ensure)")
+var ErrNoPartition = errors.New("no inbox partition covers the message's partition time (create partitions ahead: idem inbox partitions ensure)")
 
 // Store is the PostgreSQL inbox on pgx. It implements idem.Store[pgx.Tx]:
 // handlers receive the pgx.Tx that holds their claim.
@@ -101,15 +93,14 @@ type Store struct {
 	db    DB
 	table pgx.Identifier
 	name  string // quoted table name
-	sql   queries
+	inbox *inboxdb.Inbox
+	sql   *inboxdb.Dialect
 
 	layout Layout
-	window time.Duration
+	// window is the configured window until Migrate or Settings read the
+	// stored one (nanoseconds).
+	window atomic.Int64
 	hooks  retention.Hooks
-}
-
-type queries struct {
-	claim, lookup string
 }
 
 var identPart = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
@@ -119,48 +110,38 @@ func New(db DB, cfg *Config) (*Store, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: pgxinbox: db is nil", idem.ErrConfig)
 	}
-	table := "idem_inbox"
-	if cfg != nil && cfg.Table != "" {
-		table = cfg.Table
+	var c Config
+	if cfg != nil {
+		c = *cfg
 	}
-	id, err := parseIdent(table)
+	if c.Table == "" {
+		c.Table = "idem_inbox"
+	}
+	id, err := parseIdent(c.Table)
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{db: db, table: id, name: id.Sanitize(), window: retention.DefaultWindow, hooks: retention.NopHooks{}}
-	if cfg != nil {
-		if cfg.Layout != Plain && cfg.Layout != Partitioned {
-			return nil, fmt.Errorf("%w: pgxinbox: unknown layout %d", idem.ErrConfig, cfg.Layout)
-		}
-		if cfg.Window < 0 {
-			return nil, fmt.Errorf("%w: pgxinbox: window %v must be positive", idem.ErrConfig, cfg.Window)
-		}
-		s.layout = cfg.Layout
-		if cfg.Window > 0 {
-			s.window = cfg.Window
-		}
-		s.hooks = retention.Or(cfg.Hooks, nil)
+	if c.Layout != Plain && c.Layout != Partitioned {
+		return nil, fmt.Errorf("%w: pgxinbox: unknown layout %d", idem.ErrConfig, c.Layout)
 	}
-	// The partitioned table's unique key includes the partition column; the
-	// conflict target must name exactly that key.
-	conflict := "(consumer, key)"
-	if s.layout == Partitioned {
-		conflict = "(consumer, key, event_time)"
+	if c.Window < 0 {
+		return nil, fmt.Errorf("%w: pgxinbox: window %v must be positive", idem.ErrConfig, c.Window)
 	}
-	// The claim is the whole point of the library; it is spelled out here,
-	// once. Claims arrive sorted by key; WITH ORDINALITY keeps that order so
-	// concurrent batches take row locks in the same order and cannot
-	// deadlock. ON CONFLICT names the primary key so a user's other unique
-	// indexes on the inbox are never silently absorbed.
-	s.sql.claim = `INSERT INTO ` + s.name + ` AS i (consumer, key, message_id, body_sha256, event_time)
-SELECT $1, c.key, c.message_id, c.body_sha256, c.event_time
-FROM unnest($2::text[], $3::text[], $4::bytea[], $5::timestamptz[]) WITH ORDINALITY
-     AS c(key, message_id, body_sha256, event_time, n)
-ORDER BY c.n
-ON CONFLICT ` + conflict + ` DO NOTHING
-RETURNING i.key`
-	s.sql.lookup = `SELECT key, message_id, body_sha256, processed_at FROM ` + s.name + `
-WHERE consumer = $1 AND key = ANY($2::text[])`
+	t := inboxdb.Table{Name: id[len(id)-1]}
+	if len(id) == 2 {
+		t.Schema = id[0]
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	s := &Store{db: db, table: id, name: id.Sanitize(), layout: c.Layout, hooks: retention.Or(c.Hooks, nil)}
+	s.sql = inboxdb.Postgres(t, c.Layout)
+	s.inbox = &inboxdb.Inbox{D: s.sql, Driver: inboxdb.Pgx(db), Window: c.Window, Hooks: s.hooks, Logger: c.Logger}
+	w := c.Window
+	if w == 0 {
+		w = retention.DefaultWindow
+	}
+	s.window.Store(int64(w))
 	return s, nil
 }
 
@@ -180,16 +161,51 @@ func parseIdent(name string) (pgx.Identifier, error) {
 // Table returns the quoted inbox table name, for maintenance queries.
 func (s *Store) Table() string { return s.name }
 
-// Layout returns the table's layout.
+// Layout returns the table's layout ([idem.LayoutStore]).
 func (s *Store) Layout() Layout { return s.layout }
 
-// Window returns the retention window.
-func (s *Store) Window() time.Duration { return s.window }
+// Window returns the retention window: the stored one once [Store.Migrate]
+// or [Store.Settings] has read it, the configured one before.
+func (s *Store) Window() time.Duration { return time.Duration(s.window.Load()) }
 
 // Horizon returns the horizon guard that matches this store's retention, for
 // idem.Config.Horizon: consumers then expire exactly the messages whose
 // markers the prune may have removed.
-func (s *Store) Horizon() idem.Horizon { return idem.Horizon{Window: s.window} }
+func (s *Store) Horizon() idem.Horizon { return idem.Horizon{Window: s.Window()} }
+
+// Settings reads the layout and window stored with the table
+// ([idem.SettingsStore]).
+func (s *Store) Settings(ctx context.Context) (idem.Settings, error) {
+	set, err := s.inbox.Settings(ctx)
+	if err == nil {
+		s.window.Store(int64(set.Window))
+	}
+	return set, err
+}
+
+// SetWindow changes the window stored with the table and logs the old and
+// new values; it refuses, unless force is set, a window under an hour or
+// shorter than the longest horizon a consumer recorded. It returns the old
+// window. See [inboxdb.Inbox.SetWindow] for lengthening.
+func (s *Store) SetWindow(ctx context.Context, w time.Duration, force bool) (time.Duration, error) {
+	old, err := s.inbox.SetWindow(ctx, w, force)
+	if err == nil {
+		s.window.Store(int64(w))
+	}
+	return old, err
+}
+
+// RecordHorizon records the horizon consumer guards with, beside the
+// settings ([idem.HorizonRecorder]), so that [Store.SetWindow] can refuse to
+// shorten the window below it.
+func (s *Store) RecordHorizon(ctx context.Context, consumer string, horizon time.Duration) error {
+	return s.inbox.RecordHorizon(ctx, consumer, horizon)
+}
+
+// Horizons lists the horizons consumers recorded, longest first.
+func (s *Store) Horizons(ctx context.Context) ([]inboxdb.Horizon, error) {
+	return s.inbox.Horizons(ctx)
+}
 
 // Begin starts a transaction.
 func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) { return s.db.Begin(ctx) }
@@ -208,26 +224,53 @@ func (s *Store) Commit(ctx context.Context, tx pgx.Tx) error {
 // Rollback rolls tx back.
 func (s *Store) Rollback(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) }
 
+// lockTimeoutSetting is the lock_timeout for a claim's wait: whole
+// milliseconds, at least 1, because "0ms" means no limit to PostgreSQL.
+func lockTimeoutSetting(d time.Duration) string {
+	return fmt.Sprintf("%dms", max(d.Milliseconds(), 1))
+}
+
+func timestamptz(t time.Time) pgtype.Timestamptz {
+	return pgtype.Timestamptz{Time: t, Valid: !t.IsZero()}
+}
+
 // Claim inserts the markers in one round trip: the lock timeout and the
-// INSERT travel in one batch.
+// INSERT travel in one batch. On the partitioned layout a claim without a
+// partition time is refused with a permanent error wrapping
+// idem.ErrNoPartitionTime.
 func (s *Store) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims []idem.Claim, lockTimeout time.Duration) ([]bool, error) {
 	keys := make([]string, len(claims))
 	ids := make([]string, len(claims))
 	hashes := make([][]byte, len(claims))
 	times := make([]pgtype.Timestamptz, len(claims))
+	var parts []pgtype.Timestamptz
+	if s.layout == Partitioned {
+		parts = make([]pgtype.Timestamptz, len(claims))
+	}
 	for i, c := range claims {
-		if s.layout == Partitioned && c.EventTime.IsZero() {
-			return nil, idem.Permanent(fmt.Errorf("claiming key %q of message %s: %w", c.Key, c.MessageID, ErrNoEventTime))
+		if parts != nil {
+			if c.PartitionTime.IsZero() {
+				return nil, idem.Permanent(fmt.Errorf("claiming key %q of message %s: %w: the partitioned inbox places a marker by a partition time that is a function of the key alone",
+					c.Key, c.MessageID, idem.ErrNoPartitionTime))
+			}
+			parts[i] = timestamptz(c.PartitionTime)
 		}
 		keys[i], ids[i], hashes[i] = c.Key, c.MessageID, c.BodySHA256
-		times[i] = pgtype.Timestamptz{Time: c.EventTime, Valid: !c.EventTime.IsZero()}
+		if hashes[i] == nil {
+			hashes[i] = []byte{} // the column is NOT NULL; an absent hash is empty
+		}
+		times[i] = timestamptz(c.EventTime)
 	}
 	b := &pgx.Batch{}
 	if lockTimeout > 0 {
-		b.Queue(`SELECT set_config('lock_timeout', $1, true)`, fmt.Sprintf("%dms", lockTimeout.Milliseconds()))
+		b.Queue(`SELECT set_config('lock_timeout', $1, true)`, lockTimeoutSetting(lockTimeout))
+	}
+	args := []any{consumer, keys, ids, hashes, times}
+	if parts != nil {
+		args = append(args, parts)
 	}
 	won := make(map[string]struct{}, len(claims))
-	b.Queue(s.sql.claim, consumer, keys, ids, hashes, times).Query(func(rows pgx.Rows) error {
+	b.Queue(s.sql.Claim.SQL, args...).Query(func(rows pgx.Rows) error {
 		var k string
 		_, err := pgx.ForEachRow(rows, []any{&k}, func() error {
 			won[k] = struct{}{}
@@ -240,9 +283,9 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims []
 			// A day older than the window was dropped on purpose: its
 			// markers are gone, so such a message cannot be proven new
 			// (the processor's horizon guard normally stops it first).
-			cutoff := time.Now().Add(-s.window)
+			cutoff := time.Now().Add(-s.Window())
 			for _, c := range claims {
-				if c.EventTime.Before(cutoff) {
+				if c.PartitionTime.Before(cutoff) {
 					return nil, idem.Permanent(fmt.Errorf("claiming key %q of message %s: %w: its day's partition was dropped (%v)", c.Key, c.MessageID, idem.ErrExpired, err))
 				}
 			}
@@ -260,15 +303,15 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims []
 	return inserted, nil
 }
 
-// Lookup returns the markers of keys.
+// Lookup returns the markers of keys, with their keep-until times.
 func (s *Store) Lookup(ctx context.Context, tx pgx.Tx, consumer string, keys []string) (map[string]idem.Marker, error) {
-	rows, err := tx.Query(ctx, s.sql.lookup, consumer, keys)
+	rows, err := tx.Query(ctx, s.sql.Lookup.SQL, consumer, keys)
 	if err != nil {
 		return nil, err
 	}
 	out := make(map[string]idem.Marker, len(keys))
 	var m idem.Marker
-	_, err = pgx.ForEachRow(rows, []any{&m.Key, &m.MessageID, &m.BodySHA256, &m.ProcessedAt}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&m.Key, &m.MessageID, &m.BodySHA256, &m.ProcessedAt, &m.KeepUntil}, func() error {
 		out[m.Key] = m
 		m.BodySHA256 = nil // the next scan must not reuse this buffer
 		return nil
@@ -276,10 +319,60 @@ func (s *Store) Lookup(ctx context.Context, tx pgx.Tx, consumer string, keys []s
 	return out, err
 }
 
-// Classify decides by SQLSTATE: classes 22 and 23 are permanent, the rest
-// transient (see package internal/pgerr).
+// Extend raises the keep-until time of markers to the given times where
+// they are later than the stored ones, in one statement that writes nothing
+// where nothing grows ([idem.Extender]). A key given twice keeps its latest
+// time.
+func (s *Store) Extend(ctx context.Context, tx pgx.Tx, consumer string, ext []idem.Extension) error {
+	keys, times := extensions(ext)
+	if len(keys) == 0 {
+		return nil
+	}
+	ts := make([]pgtype.Timestamptz, len(times))
+	for i, t := range times {
+		ts[i] = timestamptz(t)
+	}
+	_, err := tx.Exec(ctx, s.sql.Extend.SQL, consumer, keys, ts)
+	return err
+}
+
+// extensions returns each key once, in key order (so that two extending
+// transactions lock rows in the same order), with its latest time; zero
+// times are skipped.
+func extensions(ext []idem.Extension) ([]string, []time.Time) {
+	latest := make(map[string]time.Time, len(ext))
+	for _, e := range ext {
+		if e.KeepUntil.IsZero() {
+			continue
+		}
+		if t, ok := latest[e.Key]; !ok || e.KeepUntil.After(t) {
+			latest[e.Key] = e.KeepUntil
+		}
+	}
+	keys := make([]string, 0, len(latest))
+	for k := range latest {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	times := make([]time.Time, len(keys))
+	for i, k := range keys {
+		times[i] = latest[k]
+	}
+	return keys, times
+}
+
+// Classify decides by SQLSTATE (see package internal/pgerr).
 func (s *Store) Classify(err error) idem.ErrorClass { return pgerr.Classify(err) }
 
 // Classify is the SQLSTATE-based error classification of [Store.Classify],
 // for code outside a store.
 func Classify(err error) idem.ErrorClass { return pgerr.Classify(err) }
+
+var (
+	_ idem.Store[pgx.Tx]    = (*Store)(nil)
+	_ idem.Extender[pgx.Tx] = (*Store)(nil)
+	_ idem.SettingsStore    = (*Store)(nil)
+	_ idem.LayoutStore      = (*Store)(nil)
+	_ idem.HorizonRecorder  = (*Store)(nil)
+	_ idem.HorizonStore     = (*Store)(nil)
+)

@@ -30,9 +30,15 @@
 package retention
 
 import (
+	"errors"
 	"fmt"
 	"time"
 )
+
+// ErrShortWindow is wrapped by the error of a prune or a partition drop
+// asked for a window shorter than the one stored with the inbox table:
+// consumers accept messages that old, so their markers must stay.
+var ErrShortWindow = errors.New("window shorter than the one stored with the inbox")
 
 // DefaultWindow is the retention window when none is configured: 14 days,
 // longer than Kafka's default topic retention (7 days), so an offset reset

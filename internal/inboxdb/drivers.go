@@ -1,0 +1,206 @@
+package inboxdb
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// pgxQuerier is a pgx.Tx or a *pgx.Conn.
+type pgxQuerier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+type pgxConn struct{ q pgxQuerier }
+
+func (c pgxConn) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
+	tag, err := c.q.Exec(ctx, sql, args...)
+	return tag.RowsAffected(), err
+}
+
+func (c pgxConn) QueryRow(ctx context.Context, sql string, args ...any) Row {
+	return c.q.QueryRow(ctx, sql, args...)
+}
+
+type pgxTx struct {
+	pgxConn
+	tx pgx.Tx
+}
+
+func (t pgxTx) Commit(ctx context.Context) error   { return t.tx.Commit(ctx) }
+func (t pgxTx) Rollback(ctx context.Context) error { return t.tx.Rollback(ctx) }
+
+// PgxDB is what pgxinbox's Driver needs: *pgxpool.Pool and *pgx.Conn.
+type PgxDB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Pgx is the [Driver] of a pgx pool or connection.
+func Pgx(db PgxDB) Driver { return pgxDriver{db} }
+
+type pgxDriver struct{ db PgxDB }
+
+func (p pgxDriver) Begin(ctx context.Context) (Tx, error) {
+	tx, err := p.db.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return pgxTx{pgxConn{tx}, tx}, nil
+}
+
+// BeginMigration begins; the dialect's first bookkeeping statement takes
+// the migration lock.
+func (p pgxDriver) BeginMigration(ctx context.Context) (Tx, error) { return p.Begin(ctx) }
+
+func (p pgxDriver) Lead(ctx context.Context, d *Dialect) (Conn, func(), bool, error) {
+	var conn *pgx.Conn
+	giveBack := func() {}
+	switch db := p.db.(type) {
+	case *pgxpool.Pool:
+		c, err := db.Acquire(ctx)
+		if err != nil {
+			return nil, nil, false, err
+		}
+		conn, giveBack = c.Conn(), c.Release
+	case *pgx.Conn:
+		conn = db
+	default:
+		return nil, nil, false, errors.New("the store's DB must be a *pgxpool.Pool or a *pgx.Conn to prune (the prune lock lives on one session)")
+	}
+	var ok bool
+	if err := conn.QueryRow(ctx, d.TryLock, d.Table.Quoted()).Scan(&ok); err != nil || !ok {
+		giveBack()
+		if err != nil {
+			return nil, nil, false, fmt.Errorf("taking the prune lock: %w", err)
+		}
+		return nil, nil, false, nil
+	}
+	release := func() {
+		if _, err := conn.Exec(context.WithoutCancel(ctx), d.Unlock, d.Table.Quoted()); err != nil {
+			// A connection still holding the lock must not go back to the
+			// pool: other instances would never prune again.
+			_ = conn.Close(context.WithoutCancel(ctx))
+		}
+		giveBack()
+	}
+	return pgxConn{conn}, release, true, nil
+}
+
+// sqlQuerier is a *sql.DB, *sql.Conn or *sql.Tx.
+type sqlQuerier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+type sqlConn struct{ q sqlQuerier }
+
+func (c sqlConn) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	r, err := c.q.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return r.RowsAffected()
+}
+
+func (c sqlConn) QueryRow(ctx context.Context, query string, args ...any) Row {
+	return c.q.QueryRowContext(ctx, query, args...)
+}
+
+type sqlTx struct {
+	sqlConn
+	commit, rollback func() error
+}
+
+func (t sqlTx) Commit(context.Context) error   { return t.commit() }
+func (t sqlTx) Rollback(context.Context) error { return t.rollback() }
+
+// SQL is the [Driver] of a database/sql pool. immediate is set for SQLite:
+// its migration transaction is BEGIN IMMEDIATE on one pinned connection,
+// which takes the write lock at once whatever the DSN says, so that two
+// migrators queue (busy_timeout) instead of both reading version 0. Without
+// it (PostgreSQL) migrations run in a plain transaction whose first
+// statement takes an advisory lock, and the prune election is an advisory
+// lock on one session; on SQLite writers already take turns, so every
+// instance prunes.
+func SQL(db *sql.DB, immediate bool) Driver { return sqlDriver{db, immediate} }
+
+type sqlDriver struct {
+	db        *sql.DB
+	immediate bool
+}
+
+func (s sqlDriver) Begin(ctx context.Context) (Tx, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	return sqlTx{sqlConn{tx}, tx.Commit, func() error {
+		if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+			return err
+		}
+		return nil
+	}}, nil
+}
+
+func (s sqlDriver) BeginMigration(ctx context.Context) (Tx, error) {
+	if !s.immediate {
+		return s.Begin(ctx)
+	}
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		_ = conn.Close()
+		return nil, fmt.Errorf("beginning immediate transaction: %w", err)
+	}
+	done := false
+	end := func(stmt string) error {
+		if done {
+			return nil
+		}
+		done = true
+		_, err := conn.ExecContext(context.Background(), stmt)
+		if err != nil {
+			// Never hand a connection with an open transaction back to the
+			// pool: discard it.
+			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		}
+		return errors.Join(err, conn.Close())
+	}
+	return sqlTx{sqlConn{conn}, func() error { return end("COMMIT") }, func() error { return end("ROLLBACK") }}, nil
+}
+
+func (s sqlDriver) Lead(ctx context.Context, d *Dialect) (Conn, func(), bool, error) {
+	if d.TryLock == "" {
+		return sqlConn{s.db}, func() {}, true, nil
+	}
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	var ok bool
+	if err := conn.QueryRowContext(ctx, d.TryLock, d.Table.Quoted()).Scan(&ok); err != nil || !ok {
+		_ = conn.Close()
+		if err != nil {
+			return nil, nil, false, fmt.Errorf("taking the prune lock: %w", err)
+		}
+		return nil, nil, false, nil
+	}
+	release := func() {
+		if _, err := conn.ExecContext(context.WithoutCancel(ctx), d.Unlock, d.Table.Quoted()); err != nil {
+			// Never hand a connection that may still hold the lock back to
+			// the pool.
+			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		}
+		_ = conn.Close()
+	}
+	return sqlConn{conn}, release, true, nil
+}

@@ -1,0 +1,342 @@
+package inboxdb
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/retention"
+)
+
+// DefaultWindow is the window Migrate stores for a new table when none is
+// configured.
+const DefaultWindow = retention.DefaultWindow
+
+// MinWindow is the shortest window SetWindow accepts without force: a
+// window of minutes would expire ordinary redeliveries after a restart.
+const MinWindow = time.Hour
+
+const day = 24 * time.Hour
+
+// Inbox is the store-independent logic of one inbox table: migrate, the
+// stored settings, prune and stats, over a [Driver] and a [Dialect].
+type Inbox struct {
+	D      *Dialect
+	Driver Driver
+	// Window is the configured window: written by Migrate on a new table,
+	// and compared with the stored one on an existing table. 0: none.
+	Window time.Duration
+	// Hooks receives retention metrics, labelled with the table's name as
+	// written ([Table.String]); never nil.
+	Hooks retention.Hooks
+	// Logger logs window changes; never nil.
+	Logger *slog.Logger
+}
+
+// Label is the table label of every metric and log line about the inbox:
+// the same for both stores.
+func (b *Inbox) Label() string { return b.D.Table.String() }
+
+// readSettings reads the stored settings; found is false when the table has
+// none (not migrated by a build that stores them).
+func (b *Inbox) readSettings(ctx context.Context, c Conn) (s idem.Settings, found bool, err error) {
+	var layout string
+	var ms int64
+	err = c.QueryRow(ctx, b.D.ReadSettings, b.D.Table.Quoted()).Scan(&layout, &ms)
+	switch {
+	case isNoRows(err):
+		return s, false, nil
+	case err != nil:
+		return s, false, fmt.Errorf("reading the inbox settings: %w", err)
+	}
+	switch layout {
+	case idem.LayoutPlain.String():
+		s.Layout = idem.LayoutPlain
+	case idem.LayoutPartitioned.String():
+		s.Layout = idem.LayoutPartitioned
+	default:
+		return s, true, fmt.Errorf("%w: table %s is recorded with an unknown layout %q", idem.ErrConfig, b.D.Table, layout)
+	}
+	s.Window = time.Duration(ms) * time.Millisecond
+	return s, true, nil
+}
+
+// Settings reads the settings stored with the table. A table without them
+// is a configuration error: its store's Migrate has not run since they
+// exist.
+func (b *Inbox) Settings(ctx context.Context) (idem.Settings, error) {
+	var s idem.Settings
+	var found bool
+	err := b.read(ctx, func(c Conn) (err error) {
+		s, found, err = b.readSettings(ctx, c)
+		return err
+	})
+	if err != nil {
+		return s, fmt.Errorf("inbox table %s: %w", b.D.Table, err)
+	}
+	if !found {
+		return s, fmt.Errorf("%w: inbox table %s has no stored retention window: run its store's Migrate", idem.ErrConfig, b.D.Table)
+	}
+	return s, nil
+}
+
+// read runs f in a transaction that is then rolled back.
+func (b *Inbox) read(ctx context.Context, f func(Conn) error) error {
+	tx, err := b.Driver.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	return f(tx)
+}
+
+// now reads the database's clock on c: every instance prunes by the clock
+// that wrote processed_at and keep_until.
+func (b *Inbox) now(ctx context.Context, c Conn) (time.Time, error) {
+	var v any
+	if err := c.QueryRow(ctx, b.D.Now).Scan(&v); err != nil {
+		return time.Time{}, fmt.Errorf("reading the database clock: %w", err)
+	}
+	return b.D.ScanTime(v)
+}
+
+// Now reads the database's clock.
+func (b *Inbox) Now(ctx context.Context) (now time.Time, err error) {
+	err = b.read(ctx, func(c Conn) (err error) { now, err = b.now(ctx, c); return err })
+	return now, err
+}
+
+// PruneWindow returns the window a prune or a partition drop removes
+// markers by: requested, or the stored window when requested is 0. A
+// requested window shorter than the stored one is refused, with both
+// numbers: consumers accept messages that old, and their markers must stay.
+func (b *Inbox) PruneWindow(ctx context.Context, requested time.Duration) (time.Duration, error) {
+	if requested < 0 {
+		return 0, fmt.Errorf("window %v must be positive", requested)
+	}
+	s, err := b.Settings(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if requested == 0 {
+		return s.Window, nil
+	}
+	if requested < s.Window {
+		return 0, fmt.Errorf("%w: window %v is shorter than the window stored with table %s, %v: consumers accept messages that old, and their markers must stay "+
+			"(to change the stored window for every consumer: idem inbox window set <duration> --table %s)",
+			retention.ErrShortWindow, requested, b.D.Table, s.Window, b.D.Table)
+	}
+	return requested, nil
+}
+
+// Prune deletes the markers whose keep_until is older than the window (the
+// stored one unless opts asks for a longer one), in batches of
+// opts.BatchSize, each its own statement in autocommit on the elected
+// session. Plain layout only.
+func (b *Inbox) Prune(ctx context.Context, opts retention.Options) (res retention.Result, err error) {
+	res.DryRun = opts.DryRun
+	window, err := b.PruneWindow(ctx, opts.Window)
+	if err != nil {
+		return res, fmt.Errorf("pruning inbox: %w", err)
+	}
+	opts = opts.WithDefaults(window)
+	if err := opts.Validate(); err != nil {
+		return res, fmt.Errorf("pruning inbox: %w", err)
+	}
+	hooks := retention.Or(opts.Hooks, b.Hooks)
+	conn, release, ok, err := b.Driver.Lead(ctx, b.D)
+	if err != nil {
+		return res, fmt.Errorf("pruning inbox: %w", err)
+	}
+	if !ok {
+		res.Skipped = true
+		return res, nil
+	}
+	defer release()
+	now, err := b.now(ctx, conn)
+	if err != nil {
+		return res, fmt.Errorf("pruning inbox: %w", err)
+	}
+	res.Cutoff = now.Add(-opts.Window)
+	cutoff := b.D.TimeArg(res.Cutoff)
+	if opts.DryRun {
+		if err := conn.QueryRow(ctx, b.D.Prunable, cutoff).Scan(&res.Markers); err != nil {
+			return res, fmt.Errorf("counting prunable markers: %w", err)
+		}
+		return res, nil
+	}
+	defer func() { hooks.MarkersPruned(b.Label(), res.Markers) }()
+	for {
+		n, err := conn.Exec(ctx, b.D.PruneBatch, cutoff, opts.BatchSize)
+		if err != nil {
+			return res, fmt.Errorf("deleting a batch of markers: %w", err)
+		}
+		res.Batches++
+		res.Markers += n
+		if n < int64(opts.BatchSize) {
+			return res, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return res, fmt.Errorf("pruning inbox: %w", err)
+		}
+	}
+}
+
+// Stats reads the inbox's figures for its stored window, in one scan, and
+// reports the oldest marker's age to the hooks. On the partitioned layout
+// the retention time is the partition time, and what is prunable is what
+// the next drop of whole days removes.
+func (b *Inbox) Stats(ctx context.Context) (retention.Stats, error) {
+	st := retention.Stats{Table: b.Label()}
+	set, err := b.Settings(ctx)
+	if err != nil {
+		return st, fmt.Errorf("reading inbox stats: %w", err)
+	}
+	st.Window = set.Window
+	err = b.read(ctx, func(c Conn) error {
+		var err error
+		if st.Now, err = b.now(ctx, c); err != nil {
+			return err
+		}
+		cutoff := st.Now.Add(-st.Window)
+		if b.D.Layout == idem.LayoutPartitioned {
+			cutoff = cutoff.UTC().Truncate(day)
+		}
+		var oldest any
+		if err := c.QueryRow(ctx, b.D.Stats, b.D.TimeArg(cutoff)).Scan(&st.Rows, &st.NoEventTime, &oldest, &st.Prunable); err != nil {
+			return err
+		}
+		st.Oldest, err = b.D.ScanTime(oldest)
+		return err
+	})
+	if err != nil {
+		return st, fmt.Errorf("reading inbox stats: %w", err)
+	}
+	st.Finish()
+	if st.Rows > 0 {
+		b.Hooks.OldestMarker(b.Label(), st.OldestAge)
+	}
+	return st, nil
+}
+
+// Horizon is the horizon a consumer of the inbox last reported.
+type Horizon struct {
+	Consumer string
+	Window   time.Duration
+	SeenAt   time.Time
+}
+
+// RecordHorizon records the horizon window consumer guards with (upsert,
+// with the time seen). A guard that is off (window <= 0) records nothing.
+func (b *Inbox) RecordHorizon(ctx context.Context, consumer string, window time.Duration) error {
+	if window <= 0 {
+		return nil
+	}
+	tx, err := b.Driver.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("recording the horizon of %s: %w", consumer, err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, b.D.RecordHorizon, b.D.Table.Quoted(), consumer, window.Milliseconds()); err != nil {
+		return fmt.Errorf("recording the horizon of %s: %w", consumer, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("recording the horizon of %s: %w", consumer, err)
+	}
+	return nil
+}
+
+// Horizons lists the recorded horizons, longest first.
+func (b *Inbox) Horizons(ctx context.Context) ([]Horizon, error) {
+	var out []Horizon
+	err := b.read(ctx, func(c Conn) (err error) { out, err = b.horizons(ctx, c); return err })
+	return out, err
+}
+
+// horizons reads the recorded horizons on c, longest first. Conn offers
+// single rows only, so they are read one query per row, by offset: the
+// list is one row per consumer.
+func (b *Inbox) horizons(ctx context.Context, c Conn) ([]Horizon, error) {
+	var out []Horizon
+	for i := 0; ; i++ {
+		var h Horizon
+		var ms int64
+		var seen any
+		err := c.QueryRow(ctx, b.D.Horizons+" LIMIT 1 OFFSET "+fmt.Sprint(i), b.D.Table.Quoted()).Scan(&h.Consumer, &ms, &seen)
+		if isNoRows(err) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading the recorded horizons: %w", err)
+		}
+		h.Window = time.Duration(ms) * time.Millisecond
+		if h.SeenAt, err = b.D.ScanTime(seen); err != nil {
+			return nil, err
+		}
+		out = append(out, h)
+	}
+}
+
+// SetWindow changes the window stored with the table, the one explicit
+// operation that does (DESIGN.md 10), and logs the old and new values. It
+// refuses, unless force is set, a window under [MinWindow] and one shorter
+// than the longest horizon a consumer recorded: that consumer would accept
+// messages whose markers the prune removes. It returns the old window.
+//
+// Lengthening is always allowed, but markers older than the old window may
+// already be gone: until the difference has passed, a consumer guarding
+// with the new window can accept a message whose marker was pruned.
+func (b *Inbox) SetWindow(ctx context.Context, w time.Duration, force bool) (old time.Duration, err error) {
+	if w <= 0 {
+		return 0, fmt.Errorf("setting the window of %s: %v must be positive", b.D.Table, w)
+	}
+	if w%time.Millisecond != 0 {
+		return 0, fmt.Errorf("setting the window of %s: %v is not a whole number of milliseconds", b.D.Table, w)
+	}
+	tx, err := b.Driver.BeginMigration(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("setting the window of %s: %w", b.D.Table, err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	for _, q := range b.D.Bookkeeping {
+		if _, err := tx.Exec(ctx, q); err != nil {
+			return 0, fmt.Errorf("setting the window of %s: %w", b.D.Table, err)
+		}
+	}
+	set, found, err := b.readSettings(ctx, tx)
+	if err != nil {
+		return 0, fmt.Errorf("setting the window of %s: %w", b.D.Table, err)
+	}
+	if !found {
+		return 0, fmt.Errorf("%w: setting the window of %s: the table has no stored settings: run its store's Migrate first", idem.ErrConfig, b.D.Table)
+	}
+	old = set.Window
+	if w < MinWindow && !force {
+		return old, fmt.Errorf("setting the window of %s to %v (now %v): under %v it would expire ordinary redeliveries; force it if you mean it",
+			b.D.Table, w, old, MinWindow)
+	}
+	hs, err := b.horizons(ctx, tx)
+	if err != nil {
+		return old, fmt.Errorf("setting the window of %s: %w", b.D.Table, err)
+	}
+	if len(hs) > 0 && w < hs[0].Window && !force {
+		h := hs[0]
+		return old, fmt.Errorf("setting the window of %s to %v (now %v): consumer %s guards with a horizon of %v (recorded %s): "+
+			"it would accept messages whose markers the prune removes; shorten its horizon first, or force it",
+			b.D.Table, w, old, h.Consumer, h.Window, h.SeenAt.UTC().Format(time.RFC3339))
+	}
+	if _, err := tx.Exec(ctx, b.D.UpdateWindow, b.D.Table.Quoted(), w.Milliseconds()); err != nil {
+		return old, fmt.Errorf("setting the window of %s: %w", b.D.Table, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return old, fmt.Errorf("setting the window of %s: %w", b.D.Table, err)
+	}
+	level := slog.LevelInfo
+	if w < old {
+		level = slog.LevelWarn
+	}
+	b.Logger.Log(ctx, level, "inbox retention window changed", "table", b.Label(), "old", old, "new", w, "forced", force)
+	return old, nil
+}

@@ -1,0 +1,140 @@
+package inboxdb
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+// Postgres is the PostgreSQL SQL of table in layout: every statement idem
+// sends to PostgreSQL about an inbox, from both stores, is here.
+func Postgres(t Table, layout idem.Layout) *Dialect {
+	q := t.Quoted()
+	settings, horizons, book := t.Sibling(settingsTable), t.Sibling(horizonsTable), t.Sibling(migrationsTable)
+	d := &Dialect{
+		Name:       "postgres",
+		Table:      t,
+		Layout:     layout,
+		TimeArg:    func(t time.Time) any { return t },
+		ScanTime:   scanPostgresTime,
+		migrations: "migrations/postgres",
+	}
+
+	// The claim is the whole point of the library. Claims arrive sorted by
+	// key; WITH ORDINALITY keeps that order, so concurrent batches take
+	// their row locks in the same order and cannot deadlock. ON CONFLICT
+	// names the primary key, so a user's other unique indexes on the inbox
+	// are never silently absorbed. keep_until starts at the later of now and
+	// the event time: the prune counts the window from it.
+	// $1 consumer, $2 keys, $3 message IDs, $4 body hashes, $5 event times
+	// (NULL when unknown), and on the partitioned layout $6 partition times.
+	conflict := "(consumer, key)"
+	partCol, partVal, partArr, partAs := "", "", "", ""
+	if layout == idem.LayoutPartitioned {
+		d.migrations = "migrations/postgres-partitioned"
+		// The partitioned table's unique key contains the partition column
+		// (PostgreSQL enforces uniqueness per partition); the conflict
+		// target must name exactly that key.
+		conflict = "(consumer, key, partition_time)"
+		partCol, partVal, partArr, partAs = ", partition_time", ", c.partition_time", ", $6::timestamptz[]", ", partition_time"
+	}
+	d.Claim = List{SQL: `INSERT INTO ` + q + ` AS i (consumer, key, message_id, body_sha256, event_time, keep_until` + partCol + `)
+SELECT $1, c.key, c.message_id, c.body_sha256, c.event_time, greatest(now(), c.event_time)` + partVal + `
+FROM unnest($2::text[], $3::text[], $4::bytea[], $5::timestamptz[]` + partArr + `) WITH ORDINALITY
+     AS c(key, message_id, body_sha256, event_time` + partAs + `, n)
+ORDER BY c.n
+ON CONFLICT ` + conflict + ` DO NOTHING
+RETURNING i.key`}
+
+	// $1 consumer, $2 keys.
+	d.Lookup = List{SQL: `SELECT key, message_id, body_sha256, processed_at, keep_until FROM ` + q + `
+WHERE consumer = $1 AND key = ANY($2::text[])`}
+
+	// Extend raises keep_until where the new time is later, and writes
+	// nothing where it is not: a plain redelivery costs no write. $1
+	// consumer, $2 keys (each once), $3 keep-until times.
+	d.Extend = List{SQL: `UPDATE ` + q + ` AS i SET keep_until = e.keep_until
+FROM unnest($2::text[], $3::timestamptz[]) AS e(key, keep_until)
+WHERE i.consumer = $1 AND i.key = e.key AND i.keep_until < e.keep_until`}
+
+	d.Now = `SELECT now()`
+	// The ctids are collected first, on the keep_until index in its order
+	// (without ORDER BY the planner may pick a sequential scan that re-reads
+	// the dead rows of every earlier batch), and fetched with a TID scan,
+	// the cheapest way to delete rows already found; the outer predicate
+	// re-checks each row, so one extended in between is never deleted.
+	d.PruneBatch = `DELETE FROM ` + q + `
+WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM ` + q + `
+    WHERE keep_until < $1
+    ORDER BY keep_until
+    LIMIT $2))
+  AND keep_until < $1`
+	d.Prunable = `SELECT count(*) FROM ` + q + ` WHERE keep_until < $1`
+	d.Stats = `SELECT count(*),
+       count(*) FILTER (WHERE event_time IS NULL),
+       min(keep_until),
+       count(*) FILTER (WHERE keep_until < $1)
+FROM ` + q
+	if layout == idem.LayoutPartitioned {
+		// Partitions go whole, by partition time: the cutoff given is the
+		// start of the first day kept.
+		d.Stats = `SELECT count(*),
+       count(*) FILTER (WHERE event_time IS NULL),
+       min(partition_time),
+       count(*) FILTER (WHERE partition_time < $1)
+FROM ` + q
+	}
+	// The prune election: a session-level advisory lock per table (its oid
+	// makes it per schema too), answered false at once when held.
+	d.TryLock = `SELECT pg_try_advisory_lock(hashtext('idem.prune'), hashtext($1::regclass::oid::text))`
+	d.Unlock = `SELECT pg_advisory_unlock(hashtext('idem.prune'), hashtext($1::regclass::oid::text))`
+
+	d.Bookkeeping = []string{
+		// Held until the migration transaction ends: a second migrator
+		// waits, then finds the version the first recorded. One key for
+		// every table: the bookkeeping tables are shared, and CREATE TABLE
+		// IF NOT EXISTS is not safe against a concurrent creator.
+		`SELECT pg_advisory_xact_lock(hashtext('idem.migrate'))`,
+		`CREATE TABLE IF NOT EXISTS ` + book + ` (
+    table_name text PRIMARY KEY,
+    version    int  NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)`,
+		`CREATE TABLE IF NOT EXISTS ` + settings + ` (
+    table_name text PRIMARY KEY,
+    layout     text   NOT NULL,
+    window_ms  bigint NOT NULL CHECK (window_ms > 0),
+    updated_at timestamptz NOT NULL DEFAULT now()
+)`,
+		`CREATE TABLE IF NOT EXISTS ` + horizons + ` (
+    table_name text   NOT NULL,
+    consumer   text   NOT NULL,
+    horizon_ms bigint NOT NULL,
+    seen_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (table_name, consumer)
+)`,
+	}
+	d.ReadVersion = `SELECT version FROM ` + book + ` WHERE table_name = $1`
+	d.WriteVersion = `INSERT INTO ` + book + ` (table_name, version) VALUES ($1, $2)
+ON CONFLICT (table_name) DO UPDATE SET version = EXCLUDED.version, applied_at = now()`
+	d.Relkind = `SELECT relkind::text FROM pg_class WHERE oid = $1::regclass`
+	d.ReadSettings = `SELECT layout, window_ms FROM ` + settings + ` WHERE table_name = $1`
+	d.InsertSettings = `INSERT INTO ` + settings + ` (table_name, layout, window_ms) VALUES ($1, $2, $3)`
+	d.UpdateWindow = `UPDATE ` + settings + ` SET window_ms = $2, updated_at = now() WHERE table_name = $1`
+	d.RecordHorizon = `INSERT INTO ` + horizons + ` (table_name, consumer, horizon_ms) VALUES ($1, $2, $3)
+ON CONFLICT (table_name, consumer) DO UPDATE SET horizon_ms = EXCLUDED.horizon_ms, seen_at = now()`
+	d.Horizons = `SELECT consumer, horizon_ms, seen_at FROM ` + horizons + ` WHERE table_name = $1 ORDER BY horizon_ms DESC, consumer`
+	return d
+}
+
+func scanPostgresTime(v any) (time.Time, error) {
+	switch t := v.(type) {
+	case time.Time:
+		return t, nil
+	case nil:
+		return time.Time{}, nil
+	}
+	return time.Time{}, fmt.Errorf("scanning time: unexpected %T", v)
+}
