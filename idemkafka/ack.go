@@ -1,58 +1,47 @@
 package idemkafka
 
-import (
-	"context"
+import "github.com/idemkit/idem"
 
-	"github.com/idemkit/idem"
-)
-
-// action is what the consumer does on the broker side with one record.
-type action int
+// verb is what the consumer does on the broker side with one record.
+type verb int8
 
 const (
-	// advance: the effect is durable (or was already): the offset may move
+	// commit: the effect is durable (or was already): the offset may move
 	// past the record.
-	advance action = iota + 1
-	// deadLetter: produce the record to the dead-letter topic, then move the
-	// offset past it.
+	commit verb = iota + 1
+	// deadLetter: produce the record to its dead-letter topic, wait until
+	// all in-sync replicas have it, then move the offset past it.
 	deadLetter
-	// retry: back off and try the record again in place, holding only its
-	// partition.
+	// retry: commit nothing past the record; pause its partition (only
+	// that one), wait the disposition's delay and run the record again,
+	// alone. A rebalance or a shutdown ends the wait: the record is then
+	// left to whoever owns the partition next.
 	retry
-	// stop: the consumer is shutting down or crashing: commit nothing past
-	// the record, so the next owner of the partition gets it again.
-	stop
 )
 
-// actionFor maps a processor outcome to the broker's verbs. It is the one
-// place where idem's outcomes meet Kafka: tries is the number of tries of the
-// record that count against MaxAttempts, including the one that produced r
-// when [spends] says it counts.
-func (c *Consumer[TTx]) actionFor(ctx context.Context, r idem.Result, tries int) action {
-	switch {
-	case r.Outcome.Acked(): // Applied, Duplicate
-		return advance
-	case r.Outcome == idem.DeadLettered, r.Outcome == idem.Expired:
-		return deadLetter
-	case ctx.Err() != nil:
-		// Retry caused by shutdown or a crash, not by the record: leave it to
-		// redelivery rather than spend its budget or dead-letter it.
-		return stop
-	case !spends(r):
-		// Not the record's fault: wait for the database (or for the record
-		// before it) as long as the consumer runs.
-		return retry
-	case tries >= c.cfg.MaxAttempts:
-		// A poison record holds its partition no longer than its budget.
-		return deadLetter
+var verbNames = [...]string{"", "commit", "dead_letter", "retry"}
+
+func (v verb) String() string {
+	if v < commit || v > retry {
+		return "unknown"
 	}
-	return retry
+	return verbNames[v]
 }
 
-// spends reports whether the try that produced r counts against the record's
-// MaxAttempts: every outcome does except a Retry the processor marks
-// Blameless (the inbox database was unreachable at BEGIN, processing was
-// cancelled, or an earlier record must be retried first). Counting those
-// would dead-letter healthy records during an outage; counting the rest
-// (an unknown commit included) keeps any record from looping forever.
-func spends(r idem.Result) bool { return r.Outcome != idem.Retry || !r.Blameless }
+// verbFor is the one table from the core's disposition to Kafka's verbs.
+// It decides nothing: the processor ([idem.Processor.Dispose]) has decided
+// already whether a record is done, retried (and whether that try counted)
+// or dead-lettered. Kafka has no per-record redelivery, so a Redeliver and
+// a Hold both become a retry in place; they differ only in what the
+// processor counted. An action this table does not know is a retry: it
+// loses nothing.
+func verbFor(d idem.Disposition) verb {
+	switch d.Action {
+	case idem.ActionAck:
+		return commit
+	case idem.ActionDeadLetter:
+		return deadLetter
+	default: // ActionRedeliver, ActionHold
+		return retry
+	}
+}

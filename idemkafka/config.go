@@ -13,6 +13,10 @@ import (
 // message ID when [Config.IDHeader] and [Config.ID] are unset.
 const DefaultIDHeader = "idem-message-id"
 
+// DefaultTimeHeader is the record header that carries the producer's event
+// time when [Config.TimeHeader] is unset.
+const DefaultTimeHeader = "x-event-time"
+
 // ErrConfig is wrapped by every configuration error from [NewConsumer] and
 // [New].
 var ErrConfig = errors.New("invalid idemkafka configuration")
@@ -29,44 +33,39 @@ type Config struct {
 	// replay or a republish changes it.
 	ID func(*kgo.Record) (string, error)
 	// TimeHeader names a header holding the producer's event time, as
-	// RFC 3339 or Unix milliseconds; it becomes idem.Message.Time. Optional;
-	// a header that does not parse sends the record to the dead-letter topic.
+	// RFC 3339 or Unix milliseconds. Defaults to "x-event-time". The event
+	// time (idem.Message.Time) is taken from the most stable source a record
+	// has, as idem.EventTime orders them: the time inside a UUIDv7 ID, this
+	// header, the record timestamp; idem.Message.TimeSource says which. A
+	// header that does not parse, on a record whose ID carries no time,
+	// sends the record to the dead-letter topic.
 	TimeHeader string
-	// RecordTimeStable says the record timestamp is the producer's event time
-	// and survives republishing, so it may serve as idem.Message.Time when
-	// TimeHeader is unset. Defaults to false: Time stays zero.
-	RecordTimeStable bool
-	// MaxAttempts is how many times a record whose outcome is Retry is tried
-	// in place before it is dead-lettered. Each try runs the processor's own
-	// retry policy. Defaults to 10. It bounds how long a poison record can
-	// hold its partition and how long a rebalance may wait for it.
-	//
-	// Only tries that failed because of the record count: a handler error,
-	// a transient database error (deadlock, serialization failure, lock
-	// timeout) that outlived the processor's retries, a commit whose outcome
-	// is unknown (a handler slower than the server's idle timeout ends that
-	// way every time, so it must not loop). A Retry the processor marks
-	// Blameless backs off and tries again without counting, for as long as
-	// Run's context lives: the inbox database stayed unreachable past the
-	// processor's RetryPolicy.WaitUnavailable (idem.ErrUnavailable), or the
-	// record was not tried because an earlier one in its partition must be
-	// retried first (idem.ErrNotAttempted). So a database outage holds the
-	// partitions, and a rebalance, until the database is back or the
-	// consumer stops, but dead-letters no healthy record.
-	MaxAttempts int
-	// InitialBackoff is the pause before the second try of a record; the
-	// pause doubles with each try, counted or not, with jitter, as
-	// idem.RetryPolicy's Backoff does. Defaults to 100ms.
+	// InitialBackoff paces the tries to produce a dead letter the broker
+	// refused and the pause after a fetch error; the pause doubles with each
+	// try, with jitter. It is also the pause before a record is run again
+	// when the processor's disposition names no delay. How often and how
+	// long a record is retried is the processor's decision
+	// (idem.RetryPolicy), not this consumer's. Defaults to 100ms.
 	InitialBackoff time.Duration
-	// MaxBackoff caps the pause between tries. Defaults to 5s.
+	// MaxBackoff caps those pauses. Defaults to 5s.
 	MaxBackoff time.Duration
 	// DeadLetterTopic names the dead-letter topic of a topic. Defaults to
-	// topic + ".dlq". The topic must exist (or the cluster must create
-	// topics on first use): until a dead letter is acknowledged, its
-	// partition waits, because moving past it would lose the record.
+	// topic + ".dlq". Run checks at start that the dead-letter topic of
+	// every consumed topic exists, and refuses to start otherwise (or
+	// creates it, see CreateDeadLetterTopics): a dead letter with nowhere to
+	// go would hold its partition.
 	DeadLetterTopic func(topic string) string
+	// CreateDeadLetterTopics lets Run create a missing dead-letter topic,
+	// with the partition count and replication factor of the topic it
+	// serves. Defaults to false: Run refuses to start and names the topic
+	// to create, because a dead-letter topic's replication and retention are
+	// the operator's choice and creating topics needs a permission a
+	// consumer should not usually hold.
+	CreateDeadLetterTopics bool
 	// DeadLetterClient produces dead letters. Defaults to the consuming
-	// client.
+	// client. It must require acks from all in-sync replicas (the default,
+	// kgo.RequiredAcks(kgo.AllISRAcks())): the offset moves past a dead
+	// letter as soon as the broker acknowledged it, so it must be durable.
 	DeadLetterClient *kgo.Client
 	// MaxPollRecords bounds the records taken from the client per poll.
 	// Defaults to 5000.
@@ -75,9 +74,24 @@ type Config struct {
 	// transaction. Defaults to 500.
 	MaxBatch int
 	// CommitTimeout bounds one offset commit, including the final one at
-	// shutdown. Defaults to 10s.
+	// shutdown. Defaults to a quarter of the client's rebalance timeout, at
+	// most 10s.
 	CommitTimeout time.Duration
-	// Hooks receives commits and dead letters, for metrics. Optional.
+	// RebalanceGrace is how long the batches in flight may go on once a
+	// rebalance waits for this consumer. At that signal the consumer stops
+	// retrying and starts no new batch; what settled is committed, the
+	// batches still running after RebalanceGrace are cancelled (rolled
+	// back, nothing committed past them), and every record not settled is
+	// given up to whoever owns its partition after the rebalance, this
+	// consumer included, which runs it again. So neither a poison or slow
+	// record nor a database outage holds a rebalance longer than
+	// RebalanceGrace plus one CommitTimeout. Defaults to a quarter of the
+	// client's rebalance timeout (15s with franz-go's default of 60s).
+	// RebalanceGrace plus CommitTimeout must not exceed half the rebalance
+	// timeout, so the member rejoins in time and keeps its place.
+	RebalanceGrace time.Duration
+	// Hooks receives commits, retries and dead letters, for metrics.
+	// Optional. [Consumer.Stats] counts the same events.
 	Hooks Hooks
 	// Faults injects crashes between the database commit and the offset
 	// commit, for tests and drills. Optional; see [FaultFunc].
@@ -87,12 +101,14 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-func (c *Config) setDefaults() {
+// setDefaults fills the zero fields; rebalance is the client's rebalance
+// timeout.
+func (c *Config) setDefaults(rebalance time.Duration) {
 	if c.IDHeader == "" {
 		c.IDHeader = DefaultIDHeader
 	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = 10
+	if c.TimeHeader == "" {
+		c.TimeHeader = DefaultTimeHeader
 	}
 	if c.InitialBackoff == 0 {
 		c.InitialBackoff = 100 * time.Millisecond
@@ -110,26 +126,29 @@ func (c *Config) setDefaults() {
 		c.MaxBatch = 500
 	}
 	if c.CommitTimeout == 0 {
-		c.CommitTimeout = 10 * time.Second
+		c.CommitTimeout = min(10*time.Second, rebalance/4)
+	}
+	if c.RebalanceGrace == 0 {
+		c.RebalanceGrace = rebalance / 4
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 }
 
-func (c *Config) validate() error {
+func (c *Config) validate(rebalance time.Duration) error {
 	var errs []error
-	if c.MaxAttempts < 1 {
-		errs = append(errs, fmt.Errorf("max attempts %d must be at least 1", c.MaxAttempts))
-	}
 	if c.InitialBackoff < 0 || c.MaxBackoff < c.InitialBackoff {
 		errs = append(errs, fmt.Errorf("backoff %v..%v is not a valid range", c.InitialBackoff, c.MaxBackoff))
 	}
 	if c.MaxPollRecords < 1 || c.MaxBatch < 1 {
 		errs = append(errs, fmt.Errorf("max poll records %d and max batch %d must be positive", c.MaxPollRecords, c.MaxBatch))
 	}
-	if c.CommitTimeout < 0 {
-		errs = append(errs, fmt.Errorf("commit timeout %v must be positive", c.CommitTimeout))
+	if c.CommitTimeout <= 0 || c.RebalanceGrace <= 0 {
+		errs = append(errs, fmt.Errorf("commit timeout %v and rebalance grace %v must be positive", c.CommitTimeout, c.RebalanceGrace))
+	} else if hold := c.RebalanceGrace + c.CommitTimeout; hold > rebalance/2 {
+		errs = append(errs, fmt.Errorf("rebalance grace %v plus commit timeout %v may hold a rebalance %v, more than half the client's rebalance timeout %v: lower them or raise kgo.RebalanceTimeout",
+			c.RebalanceGrace, c.CommitTimeout, hold, rebalance))
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %w", ErrConfig, errors.Join(errs...))

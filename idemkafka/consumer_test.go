@@ -3,6 +3,7 @@ package idemkafka_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -43,8 +44,31 @@ func TestNewConsumerRefusesUnsafeClient(t *testing.T) {
 	if _, err := idemkafka.NewConsumer(cl, proc, nil); err != nil {
 		t.Errorf("NewConsumer with GroupOptions: %v", err)
 	}
-	if _, err := idemkafka.NewConsumer(cl, proc, &idemkafka.Config{MaxAttempts: -1}); !errors.Is(err, idemkafka.ErrConfig) {
-		t.Errorf("NewConsumer with MaxAttempts -1: %v, want ErrConfig", err)
+	// The default rebalance timeout is 60s: a grace of 40s could hold a
+	// rebalance past it.
+	if _, err := idemkafka.NewConsumer(cl, proc, &idemkafka.Config{RebalanceGrace: 40 * time.Second}); !errors.Is(err, idemkafka.ErrConfig) {
+		t.Errorf("NewConsumer with a rebalance grace of 40s: %v, want ErrConfig", err)
+	}
+	// Without the rebalance signal a drain could hold the rebalance.
+	own, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"), kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t"),
+		kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer own.Close()
+	if _, err := idemkafka.NewConsumer(own, proc, nil); !errors.Is(err, idemkafka.ErrClientUnsafe) {
+		t.Errorf("NewConsumer without the rebalance signal: %v, want ErrClientUnsafe", err)
+	}
+	// A dead letter must be durable before the offset moves past it.
+	for name, acks := range map[string]kgo.Acks{"no acks": kgo.NoAck(), "leader ack": kgo.LeaderAck()} {
+		dlq, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"), kgo.RequiredAcks(acks), kgo.DisableIdempotentWrite())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer dlq.Close()
+		if _, err := idemkafka.NewConsumer(cl, proc, &idemkafka.Config{DeadLetterClient: dlq}); !errors.Is(err, idemkafka.ErrClientUnsafe) {
+			t.Errorf("NewConsumer with a dead-letter producer with %s: %v, want ErrClientUnsafe", name, err)
+		}
 	}
 }
 
@@ -354,19 +378,21 @@ func TestRecordWithoutIDIsDeadLettered(t *testing.T) {
 		t.Errorf("observer counted %d dead-lettered and %d applied; want 1 and 4", dl, a)
 	}
 	dl := readDLQ(t, k, topic+".dlq", 1)[0]
-	if string(dl.Value) != "anonymous" || header(dl, idemkafka.HeaderOriginalOffset) != "2" ||
+	if string(dl.Value) != "anonymous" || header(dl, idemkafka.HeaderOrigin) != topic+"/0/2" ||
 		header(dl, idemkafka.HeaderOutcome) != "dead_lettered" ||
-		!strings.Contains(header(dl, idemkafka.HeaderError), idem.ErrNoMessageID.Error()) ||
-		!strings.Contains(header(dl, idemkafka.HeaderError), idemkafka.DefaultIDHeader) {
+		!strings.Contains(header(dl, idemkafka.HeaderReason), idem.ErrNoMessageID.Error()) ||
+		!strings.Contains(header(dl, idemkafka.HeaderReason), idemkafka.DefaultIDHeader) {
 		t.Errorf("dead letter = %q with headers %v; want the anonymous record from offset 2, reason %q", dl.Value, dl.Headers, idem.ErrNoMessageID)
 	}
 }
 
-// A poison record is retried in place until its budget is spent, then lands
-// in the dead-letter topic with its headers; while it is retried, the other
+// A poison record runs exactly idem.RetryPolicy.MaxAttempts times, the one
+// budget (the consumer keeps no count of its own), then lands in the
+// dead-letter topic with its headers; while it is retried, the other
 // partitions keep flowing, and its own partition flows on after it.
 func TestPoisonRecordDeadLetteredPartitionsFlow(t *testing.T) {
 	t.Parallel()
+	const maxAttempts = 4
 	k := newKafka(t)
 	topic := k.topic(t, "poison", 2)
 	group := k.group("poison")
@@ -378,35 +404,36 @@ func TestPoisonRecordDeadLetteredPartitionsFlow(t *testing.T) {
 	produce(t, prod, topic, 1, 2, 1, msgID)
 	d := newDB(t)
 	out := newOutcomes()
-	partition1Done := make(chan struct{})
+	retried, partition1Done := make(chan struct{}), make(chan struct{})
+	var runs atomic.Int32
 	handler := func(ctx context.Context, tx pgx.Tx, m idem.Message) error {
-		if m.ID == "poison" {
-			return errors.New("downstream says no")
+		if m.ID != "poison" {
+			return write(ctx, tx, m)
 		}
-		return write(ctx, tx, m)
+		switch runs.Add(1) {
+		case 2:
+			close(retried)
+		case maxAttempts - 1:
+			// A late run waits until partition 1 went through: proof
+			// that a retrying partition holds only itself.
+			select {
+			case <-partition1Done:
+			case <-time.After(30 * time.Second):
+				t.Error("partition 1 did not flow while partition 0 was retrying")
+			}
+		}
+		return errors.New("downstream says no")
 	}
-	hooks := &poisonHooks{commits: newCommits(t, map[int32]int64{0: 3, 1: 4}), retried: make(chan struct{}), p1: partition1Done}
-	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), d.processor(t, out, handler), &idemkafka.Config{
-		MaxAttempts:    4,
-		InitialBackoff: 50 * time.Millisecond,
-		MaxBackoff:     50 * time.Millisecond,
-		Hooks:          hooks,
-	})
+	hooks := &poisonHooks{commits: newCommits(t, map[int32]int64{0: 3, 1: 4}), p1: partition1Done}
+	budget := func(c *idem.Config[pgx.Tx]) {
+		c.Retry = idem.RetryPolicy{MaxAttempts: maxAttempts, InitialBackoff: 20 * time.Millisecond, MaxBackoff: 20 * time.Millisecond}
+	}
+	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), d.processor(t, out, handler, budget), &idemkafka.Config{Hooks: hooks})
 	if err != nil {
 		t.Fatal(err)
 	}
-	hooks.holdPoison = func() bool {
-		// The last try waits until partition 1 went through: proof that a
-		// retrying partition holds only itself.
-		select {
-		case <-partition1Done:
-		case <-time.After(30 * time.Second):
-			t.Error("partition 1 did not flow while partition 0 was retrying")
-		}
-		return true
-	}
 	stop := run(t, c)
-	wait(t, hooks.retried, 30*time.Second, "the poison record to be retried")
+	wait(t, retried, 30*time.Second, "the poison record to be retried")
 	for i := 10; i < 14; i++ {
 		r := idemkafka.NewRecord(topic, msgID(i), nil, []byte("p1"))
 		r.Partition = 1
@@ -418,44 +445,40 @@ func TestPoisonRecordDeadLetteredPartitionsFlow(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
+	// MaxAttempts runs of its own, and at most one more in the batch it
+	// came in (the processor does not charge a record for its batch's
+	// shared try).
+	n := int(runs.Load())
+	if n < maxAttempts || n > maxAttempts+1 {
+		t.Errorf("the poison record's handler ran %d times, want MaxAttempts = %d (and at most one batch try)", n, maxAttempts)
+	}
 	if rows, _ := d.effects(t); rows != 6 {
 		t.Errorf("effects: %d rows, want 6 (all but the poison)", rows)
 	}
 	dl := readDLQ(t, k, topic+".dlq", 1)[0]
 	want := map[string]string{
-		idemkafka.DefaultIDHeader:         "poison",
-		idemkafka.HeaderConsumer:          "kafka-test",
-		idemkafka.HeaderAttempts:          "4",
-		idemkafka.HeaderOriginalTopic:     topic,
-		idemkafka.HeaderOriginalPartition: "0",
-		idemkafka.HeaderOriginalOffset:    "1",
-		idemkafka.HeaderOutcome:           "dead_lettered",
+		idemkafka.DefaultIDHeader: "poison",
+		idemkafka.HeaderConsumer:  "kafka-test",
+		idemkafka.HeaderAttempts:  strconv.Itoa(n),
+		idemkafka.HeaderOrigin:    topic + "/0/1",
+		idemkafka.HeaderOutcome:   "dead_lettered",
 	}
 	for key, v := range want {
 		if got := header(dl, key); got != v {
 			t.Errorf("dead letter header %s = %q, want %q", key, got, v)
 		}
 	}
-	if e := header(dl, idemkafka.HeaderError); !strings.Contains(e, "downstream says no") || !strings.Contains(e, idem.ErrRetriesExhausted.Error()) {
-		t.Errorf("dead letter error header = %q; want the handler's error and %q", e, idem.ErrRetriesExhausted)
+	if e := header(dl, idemkafka.HeaderReason); !strings.Contains(e, "downstream says no") || !strings.Contains(e, idem.ErrRetriesExhausted.Error()) {
+		t.Errorf("dead letter reason header = %q; want the handler's error and %q", e, idem.ErrRetriesExhausted)
+	}
+	if s := c.Stats(); s.DeadLettered != 1 || s.Applied != 6 || s.Retried != 0 {
+		t.Errorf("stats %+v; want 1 dead-lettered, 6 applied, no retry of the consumer's own", s)
 	}
 }
 
 type poisonHooks struct {
 	*commits
-	retried    chan struct{}
-	p1         chan struct{}
-	holdPoison func() bool
-	tries      atomic.Int32
-}
-
-func (h *poisonHooks) OnRetry(r *kgo.Record, try int, _ idem.Result) {
-	if h.tries.Add(1) == 1 {
-		close(h.retried)
-	}
-	if try == 4 {
-		h.holdPoison()
-	}
+	p1 chan struct{}
 }
 
 func (h *poisonHooks) OnCommit(topic string, p int32, offset int64, err error) {

@@ -2,42 +2,58 @@ package idemkafka
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 
 	"github.com/idemkit/idem"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // Headers added to a dead letter, next to the original record's headers.
+// idemrabbitmq uses the same names.
 const (
-	HeaderError             = "idem-error"
-	HeaderOutcome           = "idem-outcome"
-	HeaderConsumer          = "idem-consumer"
-	HeaderAttempts          = "idem-attempts"
-	HeaderOriginalTopic     = "idem-original-topic"
-	HeaderOriginalPartition = "idem-original-partition"
-	HeaderOriginalOffset    = "idem-original-offset"
+	// HeaderReason says why: the error of the result.
+	HeaderReason = "x-idem-reason"
+	// HeaderOutcome is the outcome: dead_lettered or expired.
+	HeaderOutcome = "x-idem-outcome"
+	// HeaderConsumer is the idem consumer that gave up on the record.
+	HeaderConsumer = "x-idem-consumer"
+	// HeaderAttempts is how many times the processor ran the record's
+	// transaction in the call that dead-lettered it (idem.Result.Attempts).
+	HeaderAttempts = "x-idem-attempts"
+	// HeaderOrigin is where the record came from: topic/partition/offset.
+	HeaderOrigin = "x-idem-origin"
 )
+
+// ErrDeadLetterTopic is wrapped by Run's error when a dead-letter topic is
+// missing and may not be created, or cannot be checked.
+var ErrDeadLetterTopic = errors.New("dead-letter topic not usable")
+
+// origin names a record the way [HeaderOrigin] does.
+func origin(r *kgo.Record) string {
+	return source(r.Topic, r.Partition) + "/" + strconv.FormatInt(r.Offset, 10)
+}
 
 // deadLetterRecord copies r for its dead-letter topic, keeping key, value,
 // timestamp and headers (so the ID survives for a later replay) and adding
-// why, who and where from.
-func (c *Consumer[TTx]) deadLetterRecord(r *kgo.Record, res idem.Result, tries int) *kgo.Record {
+// why, who, how often and where from.
+func (c *Consumer[TTx]) deadLetterRecord(r *kgo.Record, res idem.Result) *kgo.Record {
 	reason := "unknown"
 	if res.Err != nil {
 		reason = res.Err.Error()
 	}
-	h := make([]kgo.RecordHeader, 0, len(r.Headers)+7)
+	h := make([]kgo.RecordHeader, 0, len(r.Headers)+5)
 	h = append(h, r.Headers...)
 	h = append(h,
-		kgo.RecordHeader{Key: HeaderError, Value: []byte(reason)},
+		kgo.RecordHeader{Key: HeaderReason, Value: []byte(reason)},
 		kgo.RecordHeader{Key: HeaderOutcome, Value: []byte(res.Outcome.String())},
 		kgo.RecordHeader{Key: HeaderConsumer, Value: []byte(c.proc.Consumer())},
-		kgo.RecordHeader{Key: HeaderAttempts, Value: []byte(strconv.Itoa(tries))},
-		kgo.RecordHeader{Key: HeaderOriginalTopic, Value: []byte(r.Topic)},
-		kgo.RecordHeader{Key: HeaderOriginalPartition, Value: []byte(strconv.FormatInt(int64(r.Partition), 10))},
-		kgo.RecordHeader{Key: HeaderOriginalOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))},
+		kgo.RecordHeader{Key: HeaderAttempts, Value: []byte(strconv.Itoa(res.Attempts))},
+		kgo.RecordHeader{Key: HeaderOrigin, Value: []byte(origin(r))},
 	)
 	return &kgo.Record{
 		Topic:     c.cfg.DeadLetterTopic(r.Topic),
@@ -48,26 +64,90 @@ func (c *Consumer[TTx]) deadLetterRecord(r *kgo.Record, res idem.Result, tries i
 	}
 }
 
-// deadLetter produces r to its dead-letter topic and waits for the broker.
-// It keeps trying while ctx lives: moving the offset past a record that is
-// in neither the database nor the dead-letter topic would lose it.
-func (c *Consumer[TTx]) deadLetter(ctx context.Context, r *kgo.Record, res idem.Result, tries int) error {
-	dl := c.deadLetterRecord(r, res, tries)
+// deadLetter produces r to its dead-letter topic and waits until all
+// in-sync replicas have it (NewConsumer refuses a producer with fewer
+// acks). It keeps trying while ctx lives: moving the offset past a record
+// that is in neither the database nor the dead-letter topic would lose it.
+// The processor logged the outcome already; a failure is logged here.
+func (c *Consumer[TTx]) deadLetter(ctx context.Context, r *kgo.Record, res idem.Result) error {
+	dl := c.deadLetterRecord(r, res)
 	for attempt := 1; ; attempt++ {
-		err := c.dlq.ProduceSync(ctx, dl).FirstErr()
+		err := c.dlTopics.ensure(ctx, r.Topic)
+		if err == nil {
+			err = c.dlq.ProduceSync(ctx, dl).FirstErr()
+		}
 		if c.cfg.Hooks != nil {
 			c.cfg.Hooks.OnDeadLetter(r, res, err)
 		}
 		if err == nil {
-			c.cfg.Logger.Warn("record dead-lettered",
-				"consumer", c.proc.Consumer(), "source", source(r.Topic, r.Partition), "offset", r.Offset,
-				"message_id", res.MessageID, "dead_letter_topic", dl.Topic, "attempts", tries, "error", res.Err)
+			c.cfg.Logger.Debug("dead letter produced", "consumer", c.proc.Consumer(), "origin", origin(r),
+				"message_id", res.MessageID, "dead_letter_topic", dl.Topic)
 			return nil
 		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("producing dead letter to %s: %w", dl.Topic, ctx.Err())
+		}
 		c.cfg.Logger.Error("producing dead letter failed; the partition waits",
-			"consumer", c.proc.Consumer(), "source", source(r.Topic, r.Partition), "offset", r.Offset, "error", err)
+			"consumer", c.proc.Consumer(), "origin", origin(r), "dead_letter_topic", dl.Topic, "error", err)
 		if err := sleep(ctx, c.backoff.Backoff(attempt)); err != nil {
 			return fmt.Errorf("producing dead letter to %s: %w", dl.Topic, err)
 		}
 	}
+}
+
+// deadLetterTopics makes sure each dead-letter topic exists before a dead
+// letter is produced to it: Run checks those of the consumed topics at
+// start, and a topic first met later (a regex subscription) is checked
+// before its first dead letter. A topic found once is not asked about
+// again.
+type deadLetterTopics struct {
+	cl     *kgo.Client
+	name   func(topic string) string
+	create bool
+	mu     sync.Mutex
+	known  map[string]bool // dead-letter topics known to exist
+}
+
+// ensure makes sure the dead-letter topic of topic exists, creating it when
+// allowed with the partition count and replication factor of topic.
+func (d *deadLetterTopics) ensure(ctx context.Context, topic string) error {
+	dlt := d.name(topic)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.known[dlt] {
+		return nil
+	}
+	adm := kadm.NewClient(d.cl)
+	details, err := adm.ListTopics(ctx, dlt, topic)
+	if err != nil {
+		return fmt.Errorf("%w: checking %s: %w", ErrDeadLetterTopic, dlt, err)
+	}
+	dl := details[dlt]
+	switch {
+	case dl.Err == nil:
+		d.known[dlt] = true
+		return nil
+	case !errors.Is(dl.Err, kerr.UnknownTopicOrPartition):
+		return fmt.Errorf("%w: checking %s: %w", ErrDeadLetterTopic, dlt, dl.Err)
+	case !d.create:
+		return fmt.Errorf("%w: %s, the dead-letter topic of %s, does not exist: create it (with the replication of %s), or set idemkafka.Config.CreateDeadLetterTopics",
+			ErrDeadLetterTopic, dlt, topic, topic)
+	}
+	src := details[topic]
+	if src.Err != nil {
+		return fmt.Errorf("%w: creating %s: reading %s: %w", ErrDeadLetterTopic, dlt, topic, src.Err)
+	}
+	replicas := int16(-1) // the broker's default
+	if p, ok := src.Partitions[0]; ok && len(p.Replicas) > 0 {
+		replicas = int16(len(p.Replicas))
+	}
+	resp, err := adm.CreateTopic(ctx, int32(len(src.Partitions)), replicas, nil, dlt)
+	if err == nil && !errors.Is(resp.Err, kerr.TopicAlreadyExists) {
+		err = resp.Err
+	}
+	if err != nil {
+		return fmt.Errorf("%w: creating %s: %w", ErrDeadLetterTopic, dlt, err)
+	}
+	d.known[dlt] = true
+	return nil
 }

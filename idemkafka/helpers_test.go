@@ -200,6 +200,36 @@ type commits struct {
 	want map[int32]int64
 	done chan struct{}
 	dl   []*kgo.Record
+	// marks are further ends to signal, see reached.
+	marks []mark
+}
+
+type mark struct {
+	want map[int32]int64
+	ch   chan struct{}
+}
+
+// reached is closed once every partition in want committed up to its end
+// there.
+func (c *commits) reached(want map[int32]int64) <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := mark{want, make(chan struct{})}
+	if c.passed(want) {
+		close(m.ch)
+	} else {
+		c.marks = append(c.marks, m)
+	}
+	return m.ch
+}
+
+func (c *commits) passed(want map[int32]int64) bool {
+	for part, end := range want {
+		if c.last[part] < end {
+			return false
+		}
+	}
+	return true
 }
 
 func newCommits(t testing.TB, want map[int32]int64) *commits {
@@ -217,10 +247,17 @@ func (c *commits) OnCommit(topic string, p int32, offset int64, err error) {
 	}
 	c.last[p] = offset
 	c.log[p] = append(c.log[p], offset)
-	for part, end := range c.want {
-		if c.last[part] < end {
-			return
+	kept := c.marks[:0]
+	for _, m := range c.marks {
+		if c.passed(m.want) {
+			close(m.ch)
+		} else {
+			kept = append(kept, m)
 		}
+	}
+	c.marks = kept
+	if !c.passed(c.want) {
+		return
 	}
 	select {
 	case <-c.done:
@@ -254,13 +291,19 @@ var testLogger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Le
 // db is one test's PostgreSQL schema with the inbox and an effects table
 // without any unique constraint, so that an effect applied twice shows.
 type db struct {
+	url   string // the schema's connection URL
 	pool  *pgxpool.Pool
 	store *pgxinbox.Store
 }
 
 func newDB(t testing.TB) *db {
 	t.Helper()
-	pool := pgtest.Pool(t)
+	url := pgtest.Schema(t)
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatalf("opening pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
 	ctx := context.Background()
 	store, err := pgxinbox.New(pool, &pgxinbox.Config{})
 	if err != nil {
@@ -269,10 +312,10 @@ func newDB(t testing.TB) *db {
 	if err := store.Migrate(ctx); err != nil {
 		t.Fatalf("migrating inbox: %v", err)
 	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE effects (message_id text NOT NULL, source text NOT NULL)`); err != nil {
+	if _, err = pool.Exec(ctx, `CREATE TABLE effects (message_id text NOT NULL, source text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	return &db{pool: pool, store: store}
+	return &db{url: url, pool: pool, store: store}
 }
 
 // write is the business effect: one row per applied message.

@@ -49,16 +49,17 @@ func (c *Consumer[TTx]) message(r *kgo.Record, attempt int) (m idem.Message, noI
 		m.ID = "" // the processor dead-letters it; its time does not matter
 		return m, noID, nil
 	}
-	switch {
-	case c.cfg.TimeHeader != "":
-		if v, ok := m.Headers[c.cfg.TimeHeader]; ok {
-			if m.Time, err = parseTime(v); err != nil {
+	// The time inside a UUIDv7 ID wins; a bad header matters only when
+	// the ID carries none.
+	var header time.Time
+	if v, ok := m.Headers[c.cfg.TimeHeader]; ok {
+		if _, fromID := idem.TimeFromUUIDv7(m.ID); !fromID {
+			if header, err = parseTime(v); err != nil {
 				return m, nil, fmt.Errorf("%w %s: %w", ErrBadTime, c.cfg.TimeHeader, err)
 			}
 		}
-	case c.cfg.RecordTimeStable:
-		m.Time = r.Timestamp
 	}
+	m.Time, m.TimeSource = idem.EventTime(m.ID, header, r.Timestamp)
 	return m, nil, nil
 }
 

@@ -1,0 +1,186 @@
+package idemkafka
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// runPartition is the worker of Run (see [worker]): it applies recs in
+// batches, commits the offset after each, and retries a record in place
+// when the processor's disposition says so.
+//
+// Invariant, at the top of each turn: recs[0] is the partition's first
+// record not settled; every record before it was applied, was a duplicate
+// or is durable in its dead-letter topic, and its offset was committed (or
+// the commit failed, was logged, and those records will be found in the
+// inbox when they come back). Only recs[0] is ever retried: a batch stops at
+// the first record to retry (the processor leaves the ones after it
+// untried), and that record then runs alone, so that its neighbours'
+// handlers do not run for nothing. runs counts its runs, for
+// idem.Message.Attempt only: how often it may run is the processor's
+// decision.
+func (c *Consumer[TTx]) runPartition(ctx context.Context, stop <-chan struct{}, k tp, recs []*kgo.Record) []*kgo.Record {
+	runs := 0
+	for len(recs) > 0 {
+		if closed(stop) || c.crashing() {
+			return recs
+		}
+		n := min(len(recs), c.cfg.MaxBatch)
+		if runs > 0 {
+			n = 1
+		}
+		batch := recs[:n]
+		s := c.settler.settle(ctx, batch, c.process(ctx, batch, runs))
+		if s.n > 0 {
+			c.commit(ctx, batch[s.n-1])
+			runs = 0
+		}
+		recs = recs[s.n:]
+		switch {
+		case s.halt:
+			return recs
+		case s.retry:
+			runs++
+			if c.cfg.Hooks != nil {
+				c.cfg.Hooks.OnRetry(recs[0], runs+1, s.res)
+			}
+			// Only this partition waits: the round keeps polling for the
+			// others.
+			if !pause(ctx, stop, s.delay) {
+				return recs
+			}
+		}
+	}
+	return nil
+}
+
+// settler turns the results of one batch into broker actions, in order. Its
+// function fields are the consumer's processor and dead-letter producer;
+// tests give their own.
+type settler struct {
+	dispose    func(idem.Result) idem.Disposition
+	deadLetter func(ctx context.Context, r *kgo.Record, res idem.Result) error
+	report     func(idem.Result) // outcomes the processor never saw
+	minDelay   time.Duration     // the wait when a disposition names none
+	stats      *counters
+}
+
+// settled is what a batch's settlement came to: its first n records are
+// done with (their offset may be committed); then either all are, or the
+// next one is to be retried after delay (res is its result), or the
+// worker must stop (halt: a dead letter could not be produced before the
+// context ended).
+type settled struct {
+	n     int
+	retry bool
+	delay time.Duration
+	res   idem.Result
+	halt  bool
+}
+
+// settle acts on results, those of recs in order, and stops at the first
+// record that is not done with. It decides nothing: verbFor maps the
+// processor's disposition.
+func (s *settler) settle(ctx context.Context, recs []*kgo.Record, results []idem.Result) settled {
+	for i, res := range results {
+		d := s.dispose(res)
+		switch verbFor(d) {
+		case commit:
+			if res.Outcome == idem.Duplicate {
+				s.stats.duplicates.Add(1)
+			} else {
+				s.stats.applied.Add(1)
+			}
+		case deadLetter:
+			if err := s.deadLetter(ctx, recs[i], res); err != nil {
+				return settled{n: i, halt: true}
+			}
+			s.stats.deadLettered.Add(1)
+			if errors.Is(res.Err, ErrBadTime) {
+				// Refused before the processor saw it: reported once the
+				// dead letter is in its topic.
+				s.report(res)
+			}
+		case retry:
+			if d.Action == idem.ActionRedeliver {
+				s.stats.retried.Add(1)
+			} else {
+				s.stats.held.Add(1)
+			}
+			delay := d.Delay
+			if delay <= 0 {
+				delay = s.minDelay
+			}
+			return settled{n: i, retry: true, delay: delay, res: res}
+		}
+	}
+	return settled{n: len(results)}
+}
+
+// process runs one batch through the processor, in order: when a record
+// must be retried, the records after it are not tried. runs is how often
+// the first record ran before. A record whose event-time header is bad gets
+// a DeadLettered result without touching the database; every other record,
+// one without an ID included, goes to the processor, which logs and counts
+// its outcome. Results are in the order of recs.
+func (c *Consumer[TTx]) process(ctx context.Context, recs []*kgo.Record, runs int) []idem.Result {
+	results := make([]idem.Result, len(recs))
+	msgs := make([]idem.Message, 0, len(recs))
+	idx := make([]int, 0, len(recs))
+	noIDs := make(map[int]error)
+	for i, r := range recs {
+		attempt := 1
+		if i == 0 {
+			attempt += runs
+		}
+		m, noID, err := c.message(r, attempt)
+		if err != nil {
+			// Reported when settled: the walk may stop before this record.
+			results[i] = idem.Result{Outcome: idem.DeadLettered, MessageID: m.ID, Err: err, Attempts: 0}
+			continue
+		}
+		if noID != nil {
+			noIDs[i] = noID
+		}
+		msgs = append(msgs, m)
+		idx = append(idx, i)
+	}
+	if len(msgs) > 0 {
+		for j, r := range c.proc.ProcessBatchInOrder(ctx, msgs) {
+			if noID := noIDs[idx[j]]; noID != nil && r.Outcome == idem.DeadLettered && errors.Is(r.Err, idem.ErrNoMessageID) {
+				// The dead letter says where the ID was looked for.
+				r.Err = noID
+			}
+			results[idx[j]] = r
+		}
+	}
+	return results
+}
+
+// pause waits d; it reports false when ctx ended or stop closed first.
+func pause(ctx context.Context, stop <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-stop:
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// closed reports whether ch is closed.
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
