@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemrabbitmq"
@@ -296,5 +298,68 @@ func TestDatabaseStopsAnswering(t *testing.T) {
 	unknown.Store(int64(obs.count(func(r idem.Result) bool { return errors.Is(r.Err, idem.ErrCommitUnknown) })))
 	if st.Requeued > uint64(cfg.Workers*cfg.BatchSize) {
 		t.Fatalf("stats %+v: an outage may requeue at most the batches whose COMMIT it caught (%d commits unknown)", st, unknown.Load())
+	}
+}
+
+// A consumer whose database user may read the inbox but not write it
+// (42501) refuses to start, instead of dead-lettering every message.
+func TestRunRefusesReadOnlyInbox(t *testing.T) {
+	t.Parallel()
+	conn := broker(t)
+	topo := topology(t, conn, nil)
+	d := newDB(t, uniqueName(t))
+	d.processor(t, nil) // migrates the inbox as the owner
+	ctx := context.Background()
+	role := "idem_reader_" + randomHex(4)
+	var schema string
+	if err := d.pool.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`CREATE ROLE ` + role + ` LOGIN`,
+		`GRANT USAGE ON SCHEMA ` + pgx.Identifier{schema}.Sanitize() + ` TO ` + role,
+		`GRANT SELECT ON ALL TABLES IN SCHEMA ` + pgx.Identifier{schema}.Sanitize() + ` TO ` + role,
+	} {
+		if _, err := d.pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, q := range []string{`DROP OWNED BY ` + role, `DROP ROLE ` + role} {
+			if _, err := d.pool.Exec(context.Background(), q); err != nil {
+				t.Logf("%s: %v", q, err)
+			}
+		}
+	})
+	u, err := url.Parse(d.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(role)
+	pool, err := pgxpool.New(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := pgxinbox.New(pool, &pgxinbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	proc, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{Consumer: "billing-invoice", Key: idem.ByMessageID, Handler: write, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish(t, conn, topo.Queue, 0, 3, msgID)
+	c, err := idemrabbitmq.NewConsumer(proc, config(t, topo.Queue))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := c.Run(rctx); !errors.Is(err, idem.ErrInboxNotReady) || rctx.Err() != nil {
+		t.Fatalf("Run = %v, want an error wrapping idem.ErrInboxNotReady at once", err)
+	}
+	if q := depth(t, conn, topo.Queue); q != 3 || c.Stats().Delivered != 0 {
+		t.Fatalf("queue holds %d, %d delivered: the consumer took messages", q, c.Stats().Delivered)
 	}
 }
