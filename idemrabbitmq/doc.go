@@ -116,9 +116,8 @@
 // When the connection or channel dies (broker restart, network), batches
 // in the database go on to their commit (for at most
 // [Config.ShutdownGrace]) and the consumer forgets every delivery tag it
-// held: a tag means nothing on a new
-// channel, and acking it there would close that channel with 406
-// PRECONDITION_FAILED. It reconnects with backoff and consumes again; the
+// held: a tag means nothing on a new channel, and acking it there would
+// close that channel with 406 PRECONDITION_FAILED. It reconnects with backoff and consumes again; the
 // broker redelivers what was not acked and the inbox sorts it out. Tests and
 // drills can cause exactly this with [Consumer.DropConnection] or a
 // [FaultFunc] at [BeforeSettle]. A FaultFunc may block: the demo holds a
