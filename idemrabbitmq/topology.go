@@ -28,11 +28,14 @@ type Topology struct {
 	// Queue is the work queue: durable, quorum, dead-lettering to
 	// DeadLetterExchange with routing key Queue.
 	Queue string
-	// DeadLetterExchange is a durable direct exchange; pass it as
-	// [Config.DeadLetterExchange] to have reasons recorded in headers.
+	// DeadLetterExchange is a durable direct exchange: the queue's own
+	// dead-letter route, for messages the broker dead-letters at the
+	// delivery limit. The consumer publishes its dead letters straight to
+	// DeadLetterQueue unless [Config.DeadLetterExchange] names this.
 	DeadLetterExchange string
 	// DeadLetterQueue is a durable quorum queue bound to DeadLetterExchange
-	// with routing key Queue.
+	// with routing key Queue. It is "<queue>.dlq" unless the options named
+	// another; pass another as [Config.DeadLetterQueue].
 	DeadLetterQueue string
 	// DeliveryLimit is the queue's x-delivery-limit.
 	DeliveryLimit int
