@@ -1,0 +1,99 @@
+package idemkafka_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemkafka"
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// A record whose handler does not return holds its partition, not the
+// group: when a second member joins, the first gives up what it has not
+// settled within RebalanceGrace, commits nothing past the slow record, and
+// the new member owns partitions well within the rebalance timeout (without
+// the give-up the group would wait the whole timeout, then expel the
+// first member). Once the handler lets go, the slow record is applied once
+// by whoever owns its partition.
+func TestRebalanceGivesUpSlowRecord(t *testing.T) {
+	t.Parallel()
+	const parts = 2
+	k := newKafka(t)
+	topic := k.topic(t, "slow", parts)
+	group := k.group("slow")
+	prod := k.client(t)
+	// Partition 0: evt-0, slow, evt-2; partition 1: evt-1, evt-3.
+	ids := []string{msgID(0), msgID(1), "slow", msgID(3), msgID(2)}
+	produce(t, prod, topic, parts, 0, len(ids), func(i int) string { return ids[i] })
+	d := newDB(t)
+	out := newOutcomes()
+	slowStarted, release := make(chan struct{}), make(chan struct{})
+	var slowRuns atomic.Int32
+	handler := func(ctx context.Context, tx pgx.Tx, m idem.Message) error {
+		if m.ID == "slow" {
+			if slowRuns.Add(1) == 1 {
+				close(slowStarted)
+			}
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return write(ctx, tx, m)
+	}
+	proc := d.processor(t, out, handler)
+	obs := newCommits(t, ends(len(ids), parts))
+	a, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), proc, &idemkafka.Config{Hooks: obs, MaxBatch: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopA := run(t, a)
+	wait(t, slowStarted, 30*time.Second, "the slow record to start")
+
+	assigned := make(chan struct{})
+	var once atomic.Bool
+	bOpts := []kgo.Opt{kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+		for _, ps := range m {
+			if len(ps) > 0 && once.CompareAndSwap(false, true) {
+				close(assigned)
+			}
+		}
+	})}
+	b, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}, bOpts...), proc, &idemkafka.Config{Hooks: obs, MaxBatch: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	joined := time.Now()
+	stopB := run(t, b)
+	// groupClient's rebalance timeout is 6s: the first member must let the
+	// group go on before it (its grace is a quarter of it).
+	wait(t, assigned, 6*time.Second, "the new member to own partitions within the rebalance timeout")
+	took := time.Since(joined)
+	obs.mu.Lock()
+	p0 := obs.last[0]
+	obs.mu.Unlock()
+	if p0 > 1 {
+		t.Errorf("partition 0 committed up to %d, past the slow record at offset 1", p0)
+	}
+	close(release)
+	wait(t, obs.done, 60*time.Second, "every partition committed once the slow record let go")
+	if err := stopB(); err != nil {
+		t.Errorf("second member's Run = %v", err)
+	}
+	if err := stopA(); err != nil {
+		t.Errorf("first member's Run = %v", err)
+	}
+	if rows, distinct := d.effects(t); rows != len(ids) || distinct != len(ids) {
+		t.Errorf("effects: %d rows, %d distinct; want %d of each", rows, distinct, len(ids))
+	}
+	sa := a.Stats()
+	if sa.Rebalances == 0 || sa.GivenUp == 0 || sa.DeadLettered+b.Stats().DeadLettered != 0 {
+		t.Errorf("first member's stats %+v: want a rebalance, records given up, no dead letter", sa)
+	}
+	t.Logf("new member owned partitions %v after joining; slow record ran %d times; first member %+v", took.Round(time.Millisecond), slowRuns.Load(), sa)
+}
