@@ -60,12 +60,13 @@ func (p *Processor[TTx]) notReady(err error) error {
 	return fmt.Errorf("%w: consumer %s: %w%s", ErrInboxNotReady, p.cfg.Consumer, err, hint)
 }
 
-// ready makes sure the processor knows the inbox's stored settings; see
-// settings.go.
-func (p *Processor[TTx]) ready(ctx context.Context, force bool) error { return nil }
+// partitioned reports whether the processor places keys in a partitioned
+// inbox.
+func (p *Processor[TTx]) partitioned() bool { return p.partitionTime != nil }
 
-// partitioned reports whether the inbox is partitioned by partition time.
-func (p *Processor[TTx]) partitioned() bool {
-	ls, ok := p.store.(LayoutStore)
-	return ok && ls.Layout() == LayoutPartitioned
+// notReadyResult is the result of a message the processor could not take
+// because the inbox is not ready (settings unreadable, a horizon the stored
+// window refuses): not the message's fault, so adapters hold it.
+func notReadyResult(msg Message, err error) Result {
+	return Result{Outcome: Retry, MessageID: msg.ID, Err: err, Blameless: true}
 }

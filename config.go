@@ -49,6 +49,33 @@ type Config[TTx any] struct {
 	// prune window), so pruning and the guard agree by default. Window -1
 	// disables the guard.
 	Horizon Horizon
+	// PartitionTime derives a message's partition time from its inbox key,
+	// for a partitioned inbox (DESIGN.md 7): the time must be a function of
+	// the key alone, so that every copy of a message, republished with any
+	// timestamp, lands on its marker. For "invoice:<customer>:<period>",
+	// return the period's start, and keep a retention window longer than a
+	// period plus how late its messages may come: the horizon expires a
+	// message once its partition time is older than the window. Defaults, for a consumer keyed
+	// [ByMessageID], to the time inside a UUIDv7 ID ([TimeFromUUIDv7]); a
+	// consumer of a partitioned inbox keyed otherwise must set it, or
+	// NewProcessor refuses. A key it cannot place is dead-lettered, wrapping
+	// [ErrNoPartitionTime]. Ignored on the plain layout.
+	PartitionTime func(key string) (time.Time, error)
+	// RefuseUntimed dead-letters messages that carry no event time
+	// (wrapping [ErrUntimed]) instead of applying them. An untimed message's
+	// marker is kept a window after it was written; a replay after that
+	// cannot be told from a new message. Off by default: untimed messages
+	// are applied, counted (Result.Untimed) and logged once a minute.
+	RefuseUntimed bool
+	// TxTimeout bounds one transaction, from BEGIN to the handler's end, so
+	// that a half-open connection cannot stall a worker until TCP gives up.
+	// Defaults to 30s. -1 leaves it unbounded.
+	TxTimeout time.Duration
+	// CommitTimeout bounds COMMIT, which runs even while the caller shuts
+	// down (a finished commit beats one of unknown outcome). A COMMIT that
+	// outlives it is reported as of unknown outcome ([ErrCommitUnknown]).
+	// Defaults to 10s. -1 leaves it unbounded.
+	CommitTimeout time.Duration
 	// Observer receives every result, for metrics. Optional; see package
 	// idemprom for Prometheus.
 	Observer Observer
@@ -72,6 +99,12 @@ func (c *Config[TTx]) setDefaults() {
 	c.Horizon.setDefaults()
 	if c.LockTimeout == 0 {
 		c.LockTimeout = 5 * time.Second
+	}
+	if c.TxTimeout == 0 {
+		c.TxTimeout = 30 * time.Second
+	}
+	if c.CommitTimeout == 0 {
+		c.CommitTimeout = 10 * time.Second
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -100,6 +133,9 @@ func (c *Config[TTx]) validate() error {
 	}
 	if err := c.Horizon.validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if c.TxTimeout < -1 || c.CommitTimeout < -1 {
+		errs = append(errs, fmt.Errorf("transaction timeout %v and commit timeout %v must be positive or -1", c.TxTimeout, c.CommitTimeout))
 	}
 	if c.LockTimeout < -1 {
 		errs = append(errs, fmt.Errorf("lock timeout %v must be positive or -1", c.LockTimeout))

@@ -1,7 +1,6 @@
 package idem
 
 import (
-	"context"
 	"errors"
 )
 
@@ -68,6 +67,15 @@ var (
 	// ErrUnavailable: the database stayed unreachable for longer than
 	// RetryPolicy.WaitUnavailable.
 	ErrUnavailable = errors.New("database unavailable")
+	// ErrBusy: the inbox kept failing for reasons that are not the
+	// message's (a lock timeout on a key another transaction holds, a
+	// deadlock) for longer than RetryPolicy.WaitUnavailable.
+	ErrBusy = errors.New("inbox busy (key held by another transaction)")
+	// ErrMisconfigured: the database stayed not set up for the consumer (a
+	// missing table or permission, class ClassConfig) for longer than
+	// RetryPolicy.WaitUnavailable. Run the inbox migration (idem inbox
+	// migrate) or grant the permission; held messages then go through.
+	ErrMisconfigured = errors.New("database not set up for the consumer (missing table or permission)")
 	// ErrNotAttempted: a message of a batch was not tried because an earlier
 	// one must be retried first (order is kept).
 	ErrNotAttempted = errors.New("not attempted")
@@ -80,12 +88,18 @@ var (
 // classify decides what to do with err: the one place that maps errors to
 // retry decisions. Classes come from error types and SQLSTATE codes (through
 // the store), never from message text.
+//
+// The store decides for every error but one marked [Permanent] and a
+// configuration error of the processor's own (a horizon longer than the
+// stored window): a context error is not the caller's shutdown unless the
+// caller's context is done, which the retry policy checks first. A connect
+// or read timeout is the database being unreachable, and the store says so.
 func classify[TTx any](s Store[TTx], err error) ErrorClass {
 	switch {
 	case IsPermanent(err):
 		return ClassPermanent
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return ClassTransient
+	case errors.Is(err, ErrConfig):
+		return ClassConfig
 	}
 	return s.Classify(err)
 }
@@ -96,6 +110,9 @@ const (
 	stepClaim  = "claiming inbox keys"
 	stepLookup = "looking up duplicate markers"
 	stepCommit = "committing"
+	stepExtend = "extending markers"
+	// stepSettings reads the inbox's stored settings.
+	stepSettings = "reading inbox settings"
 )
 
 // storeError is a failure of one of the store's own steps (begin, claim,
@@ -118,21 +135,6 @@ func storeStep(err error) string {
 		return se.step
 	}
 	return ""
-}
-
-// storeUnavailable reports whether err is the database being unreachable
-// while the store began the transaction or claimed the keys. Those steps
-// carry nothing of the message but validated keys and IDs, so their failure
-// proves an outage. The same error from the handler (it cannot reach its
-// payment gateway), or a COMMIT whose outcome is unknown (a handler slower
-// than the server's idle timeout ends that way every time), is a failure of
-// the message's try.
-func storeUnavailable(err error, class func(error) ErrorClass) bool {
-	switch storeStep(err) {
-	case stepBegin, stepClaim, stepLookup:
-		return class(err) == ClassUnavailable
-	}
-	return false
 }
 
 // commitUnknown reports whether err is the store saying that a COMMIT's

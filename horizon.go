@@ -28,13 +28,21 @@ type Horizon struct {
 	// consumers whose effect is safe to repeat after that long. Off by
 	// default: expired messages are dead-lettered.
 	ApplyExpired bool
+	// MaxAhead is how far ahead of the consumer's clock an event time may
+	// be. A later one (a producer clock gone wrong) is not trusted: the
+	// message is treated as untimed, so no marker is kept for a time that
+	// has not come yet and no prune re-scans it. Defaults to 1 hour.
+	MaxAhead time.Duration
 	// Now returns the current time. Defaults to time.Now; tests set it.
 	Now func() time.Time
 }
 
 func (h *Horizon) setDefaults() {
 	if h.Window > 0 && h.Skew == 0 {
-		h.Skew = 5 * time.Minute
+		h.Skew = min(5*time.Minute, h.Window/10)
+	}
+	if h.MaxAhead == 0 {
+		h.MaxAhead = time.Hour
 	}
 	if h.Now == nil {
 		h.Now = time.Now
@@ -52,6 +60,29 @@ type HorizonStore interface {
 func (h *Horizon) validate() error {
 	if h.Window < -1 || h.Skew < 0 || (h.Window > 0 && h.Skew >= h.Window) {
 		return fmt.Errorf("horizon window %v with skew %v: both must be positive and skew smaller than the window", h.Window, h.Skew)
+	}
+	if h.MaxAhead < 0 {
+		return fmt.Errorf("horizon max ahead %v must be positive", h.MaxAhead)
+	}
+	return nil
+}
+
+// ahead reports whether t lies further in the future than MaxAhead.
+func (h *Horizon) ahead(t time.Time) bool {
+	return !t.IsZero() && t.After(h.Now().Add(h.MaxAhead))
+}
+
+// checkPartition is check for a partitioned inbox, which keeps a marker
+// as long as the day of its partition time: a message whose partition
+// time is older than the window may have lost its marker with its day.
+func (h *Horizon) checkPartition(pt time.Time) error {
+	if h.Window <= 0 {
+		return nil
+	}
+	limit := h.Now().Add(-h.Window + h.Skew)
+	if pt.Before(limit) {
+		return fmt.Errorf("%w: partition time %s is before %s (window %v, skew %v): its day may have been dropped",
+			ErrExpired, pt.UTC().Format(time.RFC3339), limit.UTC().Format(time.RFC3339), h.Window, h.Skew)
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -118,13 +119,38 @@ func JSONKey[T any](f func(T) string) KeyFunc {
 var (
 	ErrNoMessageID = errors.New("message has no ID")
 	ErrBadKey      = errors.New("invalid inbox key")
+	// ErrUntimed: the message carries no event time and the consumer
+	// refuses such messages (Config.RefuseUntimed).
+	ErrUntimed = errors.New("message has no event time")
+	// ErrNoPartitionTime: a partitioned inbox cannot place the message's
+	// key: the key is not a UUIDv7, or Config.PartitionTime refused it.
+	ErrNoPartitionTime = errors.New("no partition time can be derived from the key (the partitioned inbox needs one: a UUIDv7 message ID, or Config.PartitionTime)")
 )
+
+// partitionTimeFromUUIDv7 is the default partition time of a consumer
+// keyed by message ID: the time inside a UUIDv7 key.
+func partitionTimeFromUUIDv7(key string) (time.Time, error) {
+	t, ok := TimeFromUUIDv7(key)
+	if !ok {
+		return time.Time{}, errors.New("not a UUIDv7 (the default rule for a consumer keyed by message ID)")
+	}
+	return t, nil
+}
+
+// sameFunc reports whether two key funcs are the same top-level function.
+func sameFunc(a, b KeyFunc) bool {
+	return a != nil && b != nil && reflect.ValueOf(a).Pointer() == reflect.ValueOf(b).Pointer()
+}
 
 // validKey reports why key cannot be stored as an inbox key, or nil.
 func validKey(key string) error {
 	switch {
 	case key == "":
 		return fmt.Errorf("%w: empty", ErrBadKey)
+	case strings.TrimSpace(key) == "":
+		// Two messages whose key func returned " " would collapse into
+		// one effect.
+		return fmt.Errorf("%w: blank (only white space)", ErrBadKey)
 	case len(key) > MaxKeyLen:
 		return fmt.Errorf("%w: %d bytes, longer than %d", ErrBadKey, len(key), MaxKeyLen)
 	case !utf8.ValidString(key):

@@ -66,6 +66,10 @@ type Result struct {
 	// message without spending its delivery budget; every other Retry
 	// counts against it, so nothing loops forever.
 	Blameless bool
+	// Untimed is set when the message carried no usable event time (see
+	// Config.RefuseUntimed), and TimeSource says where its time came from.
+	Untimed    bool
+	TimeSource TimeSource
 }
 
 // Marker is a row of the inbox: the claim of one key by one consumer.

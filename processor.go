@@ -18,6 +18,17 @@ import (
 type Processor[TTx any] struct {
 	store Store[TTx]
 	cfg   Config[TTx]
+	// userHorizon is Config.Horizon as the consumer set it; the guard in
+	// force (p.horizon()) is derived from it and the stored settings.
+	userHorizon Horizon
+	inbox       inboxState
+	// spent remembers the attempts of messages given back to the broker
+	// with their tries counted, so that the budget holds across deliveries.
+	spent *attemptMemory
+	// partitionTime places a key in a partitioned inbox; nil on the plain
+	// layout.
+	partitionTime func(key string) (time.Time, error)
+	notes         notes
 }
 
 // NewProcessor returns a processor over store. It applies cfg's defaults and
@@ -30,6 +41,7 @@ func NewProcessor[TTx any](store Store[TTx], cfg *Config[TTx]) (*Processor[TTx],
 		return nil, fmt.Errorf("%w: config is nil", ErrConfig)
 	}
 	c := *cfg
+	user := c.Horizon
 	if hs, ok := store.(HorizonStore); ok {
 		h := hs.Horizon()
 		switch {
@@ -44,7 +56,20 @@ func NewProcessor[TTx any](store Store[TTx], cfg *Config[TTx]) (*Processor[TTx],
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	return &Processor[TTx]{store: store, cfg: c}, nil
+	p := &Processor[TTx]{store: store, cfg: c, userHorizon: user, spent: newAttemptMemory(maxRememberedAttempts)}
+	h := c.Horizon
+	p.inbox.horizon.Store(&h)
+	if ls, ok := store.(LayoutStore); ok && ls.Layout() == LayoutPartitioned && !c.Natural {
+		switch {
+		case c.PartitionTime != nil:
+			p.partitionTime = c.PartitionTime
+		case sameFunc(c.Key, ByMessageID):
+			p.partitionTime = partitionTimeFromUUIDv7
+		default:
+			return nil, fmt.Errorf("%w: consumer %s: a partitioned inbox needs a partition time that is a function of the key alone, and this consumer's key is not the message ID: set Config.PartitionTime (for invoice:<customer>:<period>, the period's end)", ErrConfig, c.Consumer)
+		}
+	}
+	return p, nil
 }
 
 // Consumer returns the consumer name.
@@ -66,6 +91,11 @@ type item struct {
 // failures per the retry policy, and returns its outcome.
 func (p *Processor[TTx]) Process(ctx context.Context, msg Message) Result {
 	start := time.Now()
+	if err := p.readyWait(ctx); err != nil {
+		r := notReadyResult(msg, err)
+		p.report(r, time.Since(start))
+		return r
+	}
 	it := p.prepare(msg)
 	if it.res.Outcome == 0 {
 		p.processOne(ctx, it, 0)
@@ -95,6 +125,14 @@ func (p *Processor[TTx]) ProcessBatchInOrder(ctx context.Context, msgs []Message
 
 func (p *Processor[TTx]) batch(ctx context.Context, msgs []Message, inOrder bool) []Result {
 	start := time.Now()
+	if err := p.readyWait(ctx); err != nil {
+		results := make([]Result, len(msgs))
+		for i, m := range msgs {
+			results[i] = notReadyResult(m, err)
+			p.report(results[i], time.Since(start))
+		}
+		return results
+	}
 	items := make([]*item, len(msgs))
 	valid := make([]*item, 0, len(msgs))
 	for i, m := range msgs {
@@ -172,13 +210,16 @@ func (p *Processor[TTx]) batch(ctx context.Context, msgs []Message, inOrder bool
 // caller that then rolls back has still been counted as Applied.
 func (p *Processor[TTx]) ProcessTx(ctx context.Context, tx TTx, msg Message) (Result, error) {
 	start := time.Now()
+	if err := p.ready(ctx, false); err != nil {
+		return notReadyResult(msg, err), err
+	}
 	it := p.prepare(msg)
 	if it.res.Outcome == 0 {
 		it.res.Attempts = 1
 		fresh := []*item{it}
 		var err error
 		if !p.cfg.Natural {
-			if fresh, err = p.claim(ctx, tx, fresh); err != nil {
+			if fresh, _, err = p.claimAndExtend(ctx, tx, fresh); err != nil {
 				return it.res, err
 			}
 		}
@@ -194,25 +235,39 @@ func (p *Processor[TTx]) ProcessTx(ctx context.Context, tx TTx, msg Message) (Re
 }
 
 // prepare validates msg and computes its key. Bad input comes back with
-// outcome DeadLettered before anything touches the database.
+// outcome DeadLettered, and a message too old to be proven new with Expired,
+// before anything touches the database.
 func (p *Processor[TTx]) prepare(msg Message) *item {
 	it := &item{msg: msg, res: Result{MessageID: msg.ID}}
 	if err := validID(msg.ID); err != nil {
 		it.res.Outcome, it.res.Err = DeadLettered, err
 		return it
 	}
-	if err := p.cfg.Horizon.check(msg); err != nil {
-		if !p.cfg.Horizon.ApplyExpired {
-			it.res.Outcome, it.res.Err = Expired, err
+	h := p.horizon()
+	if h.ahead(it.msg.Time) {
+		// A clock gone wrong: a marker kept until then would outlive every
+		// prune, and the time says nothing about the message's age.
+		p.notes.future(p.cfg.Logger, p.cfg.Consumer, msg.ID, msg.Time, h.MaxAhead)
+		it.msg.Time, it.msg.TimeSource = time.Time{}, TimeNone
+	}
+	it.res.TimeSource = it.msg.TimeSource
+	if !p.cfg.Natural && it.msg.Time.IsZero() {
+		it.res.Untimed = true
+		if p.cfg.RefuseUntimed {
+			it.res.Outcome, it.res.Err = DeadLettered, fmt.Errorf("%w (Config.RefuseUntimed)", ErrUntimed)
 			return it
 		}
-		p.cfg.Logger.Warn("applying an expired message (Horizon.ApplyExpired)",
-			"consumer", p.cfg.Consumer, "message_id", msg.ID, "error", err)
+		p.notes.untimed(p.cfg.Logger, p.cfg.Consumer, msg.ID)
+	}
+	if p.partitionTime == nil {
+		if p.expired(it, h.check(it.msg)) {
+			return it
+		}
 	}
 	if p.cfg.Natural {
 		return it
 	}
-	key, err := p.key(msg)
+	key, err := p.key(it.msg)
 	if err == nil {
 		err = validKey(key)
 	}
@@ -221,8 +276,59 @@ func (p *Processor[TTx]) prepare(msg Message) *item {
 		return it
 	}
 	it.res.Key = key
-	it.claim = Claim{Key: key, MessageID: msg.ID, BodySHA256: BodyHash(msg.Body), EventTime: msg.Time}
+	it.claim = Claim{Key: key, MessageID: msg.ID, BodySHA256: BodyHash(msg.Body), EventTime: it.msg.Time}
+	if p.partitionTime != nil {
+		pt, err := p.placeKey(key)
+		if err != nil {
+			it.res.Outcome, it.res.Err = DeadLettered, err
+			return it
+		}
+		if pt.After(h.Now().Add(maxPartitionAhead)) {
+			it.res.Outcome, it.res.Err = DeadLettered, fmt.Errorf("%w: key %q: partition time %s is more than %v ahead", ErrNoPartitionTime, key, pt.UTC().Format(time.RFC3339), maxPartitionAhead)
+			return it
+		}
+		it.claim.PartitionTime = pt
+		if p.expired(it, h.checkPartition(pt)) {
+			return it
+		}
+	}
 	return it
+}
+
+// maxPartitionAhead is how far ahead a partition time may be: partitioned
+// stores create their daily partitions a few days ahead (at least this).
+const maxPartitionAhead = 24 * time.Hour
+
+// expired makes it Expired when err says it is too old, unless expired
+// messages are applied anyway, and reports whether it did.
+func (p *Processor[TTx]) expired(it *item, err error) bool {
+	if err == nil {
+		return false
+	}
+	if !p.horizon().ApplyExpired {
+		it.res.Outcome, it.res.Err = Expired, err
+		return true
+	}
+	p.cfg.Logger.Warn("applying an expired message (Horizon.ApplyExpired)",
+		"consumer", p.cfg.Consumer, "message_id", it.msg.ID, "error", err)
+	return false
+}
+
+// placeKey returns key's partition time, or why it has none.
+func (p *Processor[TTx]) placeKey(key string) (t time.Time, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: partition time func panicked on key %q: %v", ErrNoPartitionTime, key, r)
+		}
+	}()
+	t, err = p.partitionTime(key)
+	switch {
+	case err != nil:
+		return time.Time{}, fmt.Errorf("%w: key %q: %w", ErrNoPartitionTime, key, err)
+	case t.IsZero():
+		return time.Time{}, fmt.Errorf("%w: key %q: the partition time func returned no time", ErrNoPartitionTime, key)
+	}
+	return t.UTC(), nil
 }
 
 func (p *Processor[TTx]) key(msg Message) (key string, err error) {
@@ -245,8 +351,16 @@ func (p *Processor[TTx]) key(msg Message) (key string, err error) {
 // unavailable database, for up to RetryPolicy.WaitUnavailable: the outage is
 // not the message's fault.
 func (p *Processor[TTx]) processOne(ctx context.Context, it *item, prior int) {
-	if v, ok := p.attempt(ctx, []*item{it}, p.retrier(p.cfg.Retry), prior); !ok {
+	r := p.retrier(p.cfg.Retry)
+	r.attempt = p.spent.get(it.msg.ID)
+	v, ok := p.attempt(ctx, []*item{it}, r, prior)
+	if !ok {
 		it.res.Outcome, it.res.Err, it.res.Blameless = v.outcome, v.err, v.blameless
+	}
+	if it.res.Outcome == Retry && !it.res.Blameless {
+		p.spent.set(it.msg.ID, r.attempt)
+	} else {
+		p.spent.forget(it.msg.ID)
 	}
 }
 
@@ -294,11 +408,16 @@ func (p *Processor[TTx]) attempt(ctx context.Context, items []*item, r *retrier,
 // horizonPassed returns the error of the first of items that has fallen
 // behind the horizon, unless expired messages are applied anyway.
 func (p *Processor[TTx]) horizonPassed(items []*item) error {
-	if p.cfg.Horizon.ApplyExpired {
+	h := p.horizon()
+	if h.ApplyExpired {
 		return nil
 	}
 	for _, it := range items {
-		if err := p.cfg.Horizon.check(it.msg); err != nil {
+		err := h.check(it.msg)
+		if p.partitionTime != nil {
+			err = h.checkPartition(it.claim.PartitionTime)
+		}
+		if err != nil {
 			return err
 		}
 	}
@@ -310,6 +429,14 @@ func (p *Processor[TTx]) horizonPassed(items []*item) error {
 func (p *Processor[TTx]) runTx(ctx context.Context, items []*item) error {
 	for _, it := range items {
 		it.res.Outcome, it.res.Err, it.res.First, it.res.Conflict, it.res.Blameless, it.fresh = 0, nil, nil, false, false, false
+	}
+	commitCtx := context.WithoutCancel(ctx)
+	if p.cfg.TxTimeout > 0 {
+		// Every statement of the transaction runs under this deadline: a
+		// half-open connection fails the try instead of stalling it.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, p.cfg.TxTimeout)
+		defer cancel()
 	}
 	tx, err := p.store.Begin(ctx)
 	if err != nil {
@@ -324,9 +451,9 @@ func (p *Processor[TTx]) runTx(ctx context.Context, items []*item) error {
 	if err := p.fault(ctx, BeforeClaim, items); err != nil {
 		return err
 	}
-	fresh := items
+	fresh, extended := items, false
 	if !p.cfg.Natural {
-		if fresh, err = p.claim(ctx, tx, items); err != nil {
+		if fresh, extended, err = p.claimAndExtend(ctx, tx, items); err != nil {
 			return err
 		}
 	}
@@ -339,13 +466,22 @@ func (p *Processor[TTx]) runTx(ctx context.Context, items []*item) error {
 	if err := p.fault(ctx, AfterHandler, items); err != nil {
 		return err
 	}
-	if len(fresh) == 0 {
+	if len(fresh) == 0 && !extended {
 		return nil // all duplicates: nothing to commit, the deferred rollback ends it
 	}
 	// A consumer shutting down mid-commit is better served by a commit that
-	// finishes than by one whose outcome is unknown.
+	// finishes than by one whose outcome is unknown; CommitTimeout still
+	// bounds it.
 	open = false
-	if err := p.store.Commit(context.WithoutCancel(ctx), tx); err != nil {
+	if p.cfg.CommitTimeout > 0 {
+		var cancel context.CancelFunc
+		commitCtx, cancel = context.WithTimeout(commitCtx, p.cfg.CommitTimeout)
+		defer cancel()
+	}
+	if err := p.store.Commit(commitCtx, tx); err != nil {
+		if commitCtx.Err() != nil && !errors.Is(err, ErrCommitUnknown) {
+			err = fmt.Errorf("%w: no answer within the commit timeout %v: %w", ErrCommitUnknown, p.cfg.CommitTimeout, err)
+		}
 		return wrapStep(stepCommit, err)
 	}
 	for _, it := range fresh {
@@ -360,22 +496,34 @@ func (p *Processor[TTx]) runTx(ctx context.Context, items []*item) error {
 	return nil
 }
 
-// claim inserts the markers of items' distinct keys in sorted key order and
-// returns, in message order, the items this transaction claimed. The others
-// become Duplicates.
-func (p *Processor[TTx]) claim(ctx context.Context, tx TTx, items []*item) ([]*item, error) {
+// claimAndExtend inserts the markers of items' distinct keys in sorted key
+// order and returns, in message order, the items this transaction claimed.
+// The others become Duplicates. A duplicate whose event time is later than
+// what its marker is kept for extends the marker's life (DESIGN.md 8), and
+// extended says so: the transaction must then commit even when nothing was
+// claimed. A plain redelivery carries the marker's own time and writes
+// nothing.
+func (p *Processor[TTx]) claimAndExtend(ctx context.Context, tx TTx, items []*item) (fresh []*item, extended bool, err error) {
 	owners := make(map[string]*item, len(items))
 	claims := make([]Claim, 0, len(items))
 	for _, it := range items {
 		if owner, ok := owners[it.claim.Key]; ok {
-			// The same key twice in one batch: the first message owns it.
+			// The same key twice in one batch: the first message owns it,
+			// and the marker is kept for the later of their times.
 			it.res.Outcome = Duplicate
 			it.res.First = &Marker{Key: it.claim.Key, MessageID: owner.msg.ID, BodySHA256: owner.claim.BodySHA256}
 			it.res.Conflict = !bytes.Equal(owner.claim.BodySHA256, it.claim.BodySHA256)
+			if it.claim.EventTime.After(owner.claim.EventTime) {
+				owner.claim.EventTime = it.claim.EventTime
+			}
 			continue
 		}
 		owners[it.claim.Key] = it
-		claims = append(claims, it.claim)
+	}
+	for _, it := range items {
+		if owners[it.claim.Key] == it {
+			claims = append(claims, it.claim)
+		}
 	}
 	// Sorted keys make every transaction lock markers in the same order, so
 	// two batches with overlapping keys wait for each other instead of
@@ -383,10 +531,10 @@ func (p *Processor[TTx]) claim(ctx context.Context, tx TTx, items []*item) ([]*i
 	slices.SortFunc(claims, func(a, b Claim) int { return strings.Compare(a.Key, b.Key) })
 	inserted, err := p.store.Claim(ctx, tx, p.cfg.Consumer, claims, p.lockTimeout())
 	if err != nil {
-		return nil, wrapStep(stepClaim, err)
+		return nil, false, wrapStep(stepClaim, err)
 	}
 	if len(inserted) != len(claims) {
-		return nil, fmt.Errorf("claiming inbox keys: store answered %d results for %d claims", len(inserted), len(claims))
+		return nil, false, fmt.Errorf("claiming inbox keys: store answered %d results for %d claims", len(inserted), len(claims))
 	}
 	var dups []string
 	for i, c := range claims {
@@ -400,23 +548,38 @@ func (p *Processor[TTx]) claim(ctx context.Context, tx TTx, items []*item) ([]*i
 	if len(dups) > 0 {
 		markers, err := p.store.Lookup(ctx, tx, p.cfg.Consumer, dups)
 		if err != nil {
-			return nil, wrapStep(stepLookup, err)
+			return nil, false, wrapStep(stepLookup, err)
 		}
+		var ext []Extension
 		for _, k := range dups {
-			if m, ok := markers[k]; ok {
-				it := owners[k]
-				it.res.First = &m
-				it.res.Conflict = !bytes.Equal(m.BodySHA256, it.claim.BodySHA256)
+			m, ok := markers[k]
+			if !ok {
+				continue
+			}
+			it := owners[k]
+			it.res.First = &m
+			it.res.Conflict = !bytes.Equal(m.BodySHA256, it.claim.BodySHA256)
+			if !m.KeepUntil.IsZero() && it.claim.EventTime.After(m.KeepUntil) {
+				ext = append(ext, Extension{Key: k, KeepUntil: it.claim.EventTime})
 			}
 		}
+		if e, ok := p.store.(Extender[TTx]); ok && len(ext) > 0 && p.partitionTime == nil {
+			// Partitioned markers cannot move to a later day; their
+			// partition time is the key's own, and the horizon expires by
+			// it, so they need no extension.
+			if err := e.Extend(ctx, tx, p.cfg.Consumer, ext); err != nil {
+				return nil, false, wrapStep(stepExtend, err)
+			}
+			extended = true
+		}
 	}
-	fresh := items[:0:0]
+	fresh = items[:0:0]
 	for _, it := range items {
 		if it.fresh {
 			fresh = append(fresh, it)
 		}
 	}
-	return fresh, nil
+	return fresh, extended, nil
 }
 
 // handle runs the handler for fresh, in message order. A panic is a poison

@@ -31,17 +31,24 @@ func (p *Processor[TTx]) report(r Result, elapsed time.Duration) {
 			log.LogAttrs(ctx, slog.LevelDebug, "message applied", append(attrs, slog.Int("attempts", r.Attempts))...)
 		}
 	case Duplicate:
+		var age time.Duration
 		if r.First != nil {
 			attrs = append(attrs, slog.String("first_message_id", r.First.MessageID))
 			if !r.First.ProcessedAt.IsZero() {
-				attrs = append(attrs, slog.Duration("first_age", time.Since(r.First.ProcessedAt)))
+				age = time.Since(r.First.ProcessedAt)
+				attrs = append(attrs, slog.Duration("first_age", age))
 			}
 		}
 		if r.Conflict {
 			log.LogAttrs(ctx, slog.LevelWarn, "duplicate key with a different body skipped (producer reused a key?)", attrs...)
 			return
 		}
-		log.LogAttrs(ctx, slog.LevelInfo, "duplicate skipped", attrs...)
+		// Redeliveries come by the thousand after a broker restart: one
+		// Debug line each, and an Info summary a minute.
+		if log.Enabled(ctx, slog.LevelDebug) {
+			log.LogAttrs(ctx, slog.LevelDebug, "duplicate skipped", attrs...)
+		}
+		p.notes.duplicate(log, p.cfg.Consumer, age)
 	case Retry:
 		log.LogAttrs(ctx, slog.LevelWarn, "message left for redelivery", append(attrs, slog.Int("attempts", r.Attempts), slog.Any("error", r.Err))...)
 	case DeadLettered, Expired:

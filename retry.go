@@ -12,8 +12,14 @@ import (
 // before it gives the message back to the broker (outcome Retry). It is the
 // only retry policy in idem; the adapters add only the broker's redelivery.
 type RetryPolicy struct {
-	// MaxAttempts is the number of tries in process, including the first.
-	// Defaults to 5. 1 disables retries.
+	// MaxAttempts is how many times the handler may run for one message
+	// before the message is dead-lettered (wrapping [ErrRetriesExhausted]),
+	// counting the first. The tries are made in place, with backoff; a try
+	// whose commit outcome is unknown is given back to the broker and
+	// counted, and the processor remembers the count when the message comes
+	// back (in memory, for the 10,000 most recent such messages). Tries that
+	// are not the message's fault (WaitUnavailable) and a failing batch's
+	// shared transaction do not count. Defaults to 5. 1 disables retries.
 	MaxAttempts int
 	// InitialBackoff is the wait before the second try. Defaults to 20ms.
 	InitialBackoff time.Duration
@@ -21,13 +27,16 @@ type RetryPolicy struct {
 	MaxBackoff time.Duration
 	// WaitUnavailable is how long the processor keeps retrying, with
 	// backoff, while the inbox database is unreachable (BEGIN or the claim
-	// failing with an error of class ClassUnavailable), without spending the
-	// message's attempts: those steps carry nothing of the message, so an
-	// outage is not its fault, and spending its budget would dead-letter
-	// healthy messages. After that the outcome is Retry wrapping
-	// [ErrUnavailable], with Result.Blameless set. Any other failure, a
-	// handler that cannot reach another service included, spends attempts
-	// as usual. Defaults to 1 minute. -1 waits until the context ends.
+	// failing with an error of class ClassUnavailable, a connect timeout
+	// included) or not set up for the consumer (ClassConfig: a missing
+	// table or permission, in any step), without spending the message's
+	// attempts: an outage is not its fault, and spending its budget would
+	// dead-letter healthy messages. After that the outcome is a Retry
+	// wrapping [ErrUnavailable] or [ErrMisconfigured], with Result.Blameless
+	// set: adapters hold it and try again, never dead-letter it. Any other
+	// failure, a handler that cannot reach another service included, spends
+	// attempts as usual. Defaults to 1 minute. -1 waits until the context
+	// ends.
 	WaitUnavailable time.Duration
 }
 
@@ -83,12 +92,16 @@ type retrier struct {
 	policy    RetryPolicy
 	class     func(error) ErrorClass
 	attempt   int       // tries so far that count against MaxAttempts
-	downSince time.Time // start of the current database outage
+	downSince time.Time // start of the current outage
 	waits     int       // tries during that outage, for its backoff
 }
 
+// next decides after a failed try. Only the message's own failures spend
+// its attempts: the caller giving up, an unreachable database while the
+// store began or claimed, and a database not set up for the consumer (a
+// missing table, a missing permission) are waited out, blameless, and never
+// end in a dead letter.
 func (r *retrier) next(ctx context.Context, err error) verdict {
-	r.attempt++
 	var ac *afterCommitError
 	switch {
 	case ctx.Err() != nil:
@@ -97,6 +110,7 @@ func (r *retrier) next(ctx context.Context, err error) verdict {
 	case errors.As(err, &ac):
 		// Committed, then the process "died" before the ack (a fault
 		// injected for drills): leave it to redelivery, as a crash would.
+		r.attempt++
 		return verdict{outcome: Retry, err: err, whole: true}
 	case commitUnknown(err):
 		// The commit may have happened: never Applied, never retried in
@@ -105,27 +119,52 @@ func (r *retrier) next(ctx context.Context, err error) verdict {
 		// timeout) must not loop. A batch then tries its messages one by
 		// one, where each finds its marker (Duplicate) or redoes its work,
 		// so the slow one is charged alone.
+		r.attempt++
+		if r.attempt >= r.policy.MaxAttempts {
+			return verdict{outcome: DeadLettered, err: fmt.Errorf("%w after %d attempts: %w", ErrRetriesExhausted, r.attempt, err)}
+		}
 		return verdict{outcome: Retry, err: err}
-	case r.class(err) == ClassPermanent:
+	}
+	class := r.class(err)
+	switch {
+	case class == ClassPermanent:
 		return verdict{outcome: DeadLettered, err: err}
-	case storeUnavailable(err, r.class):
-		// BEGIN and the claim carry nothing of the message, so their failure
-		// proves an outage: wait for the database without spending the
-		// message's budget, up to WaitUnavailable.
-		if r.downSince.IsZero() {
-			r.downSince = time.Now()
-		}
-		down := time.Since(r.downSince)
-		if w := r.policy.WaitUnavailable; w >= 0 && down >= w {
-			return verdict{outcome: Retry, err: fmt.Errorf("%w for %v: %w", ErrUnavailable, down.Round(time.Millisecond), err), blameless: true, whole: true}
-		}
-		r.attempt--
-		r.waits++
-		return verdict{outcome: Retry, err: err, again: true, wait: r.policy.Backoff(r.waits)}
+	case class == ClassConfig:
+		return r.wait(fmt.Errorf("%w: %w", ErrMisconfigured, err), ErrMisconfigured)
+	case storeStep(err) != "" && storeStep(err) != stepCommit && class == ClassUnavailable:
+		// BEGIN, the claim and the lookups carry nothing of the message
+		// but its validated key, so their failure proves an outage.
+		return r.wait(err, ErrUnavailable)
+	case storeStep(err) != "" && storeStep(err) != stepCommit:
+		// A claim that times out on a lock, or deadlocks, meets another
+		// transaction holding the key (the same message delivered twice,
+		// a slow twin): its outcome decides this one, so wait for it
+		// rather than dead-letter a healthy message. TxTimeout ends a hung
+		// holder.
+		return r.wait(err, ErrBusy)
 	}
 	r.downSince, r.waits = time.Time{}, 0
+	r.attempt++
 	if r.attempt >= r.policy.MaxAttempts {
-		return verdict{outcome: Retry, err: fmt.Errorf("%w after %d attempts: %w", ErrRetriesExhausted, r.attempt, err)}
+		return verdict{outcome: DeadLettered, err: fmt.Errorf("%w after %d attempts: %w", ErrRetriesExhausted, r.attempt, err)}
 	}
 	return verdict{outcome: Retry, err: err, again: true, wait: r.policy.Backoff(r.attempt)}
+}
+
+// wait waits out an outage without spending the message's budget, up to
+// WaitUnavailable; then the batch or message ends in a blameless Retry
+// wrapping sentinel.
+func (r *retrier) wait(err, sentinel error) verdict {
+	if r.downSince.IsZero() {
+		r.downSince = time.Now()
+	}
+	down := time.Since(r.downSince)
+	if w := r.policy.WaitUnavailable; w >= 0 && down >= w {
+		if !errors.Is(err, sentinel) {
+			err = fmt.Errorf("%w: %w", sentinel, err)
+		}
+		return verdict{outcome: Retry, err: fmt.Errorf("for %v: %w", down.Round(time.Millisecond), err), blameless: true, whole: true}
+	}
+	r.waits++
+	return verdict{outcome: Retry, err: err, again: true, wait: r.policy.Backoff(r.waits)}
 }

@@ -22,6 +22,10 @@ import (
 
 // Classify: data exceptions (class 22) and integrity violations (class 23,
 // such as a business table's unique index) fail the same way every time.
+// An undefined table (42P01), a missing privilege (42501), an unknown
+// database (3D000) or failed authentication (class 28) is a configuration
+// error: the schema or the role is not set up for the consumer (a deploy ran
+// before its migration), which no message caused.
 // A server that cannot be reached or is going away — no connection, class
 // 08, 57P01–57P03 shutdowns, 53300 too many connections — is unavailable.
 // Everything else — 40001 serialization, 40P01 deadlock, 55P03 lock
@@ -34,6 +38,8 @@ func Classify(err error) idem.ErrorClass {
 			return idem.ClassTransient
 		case pgErr.Code[:2] == "22", pgErr.Code[:2] == "23":
 			return idem.ClassPermanent
+		case pgErr.Code == "42P01", pgErr.Code == "42501", pgErr.Code == "3D000", pgErr.Code[:2] == "28":
+			return idem.ClassConfig
 		case sessionEnding(pgErr), pgErr.Code == "53300":
 			return idem.ClassUnavailable
 		}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"testing"
 	"time"
 
@@ -32,7 +33,11 @@ func TestClassifyAndCommitUnknown(t *testing.T) {
 		{"serialization failure", pg("ERROR", "40001"), idem.ClassTransient, false},
 		{"deadlock", pg("ERROR", "40P01"), idem.ClassTransient, false},
 		{"lock timeout", pg("ERROR", "55P03"), idem.ClassTransient, false},
-		{"undefined table", pg("ERROR", "42P01"), idem.ClassTransient, false},
+		{"undefined table", pg("ERROR", "42P01"), idem.ClassConfig, false},
+		{"insufficient privilege", pg("ERROR", "42501"), idem.ClassConfig, false},
+		{"unknown database", pg("FATAL", "3D000"), idem.ClassConfig, true},
+		{"password authentication failed", pg("FATAL", "28P01"), idem.ClassConfig, true},
+		{"undefined column", pg("ERROR", "42703"), idem.ClassTransient, false},
 		{"admin shutdown", pg("FATAL", "57P01"), idem.ClassUnavailable, true},
 		{"connection failure", pg("FATAL", "08006"), idem.ClassUnavailable, true},
 		{"too many connections", pg("FATAL", "53300"), idem.ClassUnavailable, true},
@@ -87,5 +92,50 @@ func TestRealErrors(t *testing.T) {
 	_, err = killer.Exec(ctx, "CREATE TEMP TABLE u (k int PRIMARY KEY); INSERT INTO u VALUES (1), (1)")
 	if Classify(err) != idem.ClassPermanent {
 		t.Fatalf("unique violation %v: class %v, want permanent", err, Classify(err))
+	}
+}
+
+// TestRealConfigAndTimeoutErrors classifies what a real server and a real
+// network give: an unknown database and a missing table are configuration
+// errors; a server that accepts the connection and never answers, under
+// connect_timeout, is unavailable — not a transient error of the message's.
+func TestRealConfigAndTimeoutErrors(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err := pgx.Connect(ctx, "postgres://postgres@127.0.0.1:5432/idem_no_such_db?sslmode=disable&connect_timeout=5")
+	if err == nil || Classify(err) != idem.ClassConfig {
+		t.Fatalf("unknown database %v: class %v, want config", err, Classify(err))
+	}
+	conn, err := pgx.Connect(ctx, pgtest.Schema(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "INSERT INTO idem_no_such_table VALUES (1)")
+	if err == nil || Classify(err) != idem.ClassConfig {
+		t.Fatalf("undefined table %v: class %v, want config", err, Classify(err))
+	}
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // accept, then say nothing
+		}
+	}()
+	url := "postgres://postgres@" + ln.Addr().String() + "/test?sslmode=disable&connect_timeout=1"
+	_, err = pgx.Connect(ctx, url)
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) && Classify(err) != idem.ClassUnavailable {
+		t.Fatalf("silent server: %v", err)
+	}
+	if Classify(err) != idem.ClassUnavailable {
+		t.Fatalf("connect timeout %v: class %v, want unavailable", err, Classify(err))
 	}
 }

@@ -1,0 +1,108 @@
+package idem
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// settingsTTL is how long a processor trusts the inbox settings it read
+// before it reads them again: a window changed with `idem inbox window set`
+// reaches every running consumer within it.
+const settingsTTL = time.Minute
+
+// inboxState is what a processor knows of its inbox's stored settings, and
+// the horizon it derived from them.
+type inboxState struct {
+	mu      sync.Mutex
+	next    atomic.Int64 // unix nanoseconds of the next read; 0: never read
+	horizon atomic.Pointer[Horizon]
+}
+
+// horizon is the guard in force.
+func (p *Processor[TTx]) horizon() *Horizon { return p.inbox.horizon.Load() }
+
+// ready makes sure the processor guards with the inbox's stored window
+// (DESIGN.md 10): it reads the settings before the first message and every
+// settingsTTL after, and fails, wrapping [ErrConfig], when the consumer's
+// horizon is longer than the stored window or the stored layout is not the
+// store's. force reads them now.
+func (p *Processor[TTx]) ready(ctx context.Context, force bool) error {
+	ss, ok := p.store.(SettingsStore)
+	if !ok {
+		return nil
+	}
+	if !force && time.Now().UnixNano() < p.inbox.next.Load() {
+		return nil
+	}
+	p.inbox.mu.Lock()
+	defer p.inbox.mu.Unlock()
+	if !force && time.Now().UnixNano() < p.inbox.next.Load() {
+		return nil // another call read them meanwhile
+	}
+	s, err := ss.Settings(ctx)
+	if err != nil {
+		return wrapStep(stepSettings, err)
+	}
+	h, err := p.horizonFor(s)
+	if err != nil {
+		return err
+	}
+	if old := p.horizon(); old.Window != h.Window {
+		p.cfg.Logger.Info("inbox retention window in force", "consumer", p.cfg.Consumer,
+			"window", s.Window, "horizon", h.Window, "previous_horizon", old.Window)
+	}
+	p.inbox.horizon.Store(&h)
+	p.inbox.next.Store(time.Now().Add(settingsTTL).UnixNano())
+	return nil
+}
+
+// horizonFor is the consumer's guard under the stored settings s: the
+// stored window when the consumer set none, its own when shorter, and an
+// error when longer (the guard would accept messages whose markers prune
+// removes).
+func (p *Processor[TTx]) horizonFor(s Settings) (Horizon, error) {
+	if ls, ok := p.store.(LayoutStore); ok && ls.Layout() != s.Layout {
+		return Horizon{}, fmt.Errorf("%w: consumer %s: the store is configured for the %s layout but the inbox table was created %s",
+			ErrConfig, p.cfg.Consumer, ls.Layout(), s.Layout)
+	}
+	h := p.userHorizon
+	switch {
+	case h.Window == 0:
+		h.Window = s.Window
+	case h.Window > s.Window:
+		return Horizon{}, fmt.Errorf("%w: consumer %s: horizon window %v is longer than the inbox's stored retention window %v: a message older than the window would find its marker pruned and be applied again (shorten the horizon, or lengthen the window with: idem inbox window set %v)",
+			ErrConfig, p.cfg.Consumer, h.Window, s.Window, h.Window)
+	}
+	h.setDefaults()
+	if err := h.validate(); err != nil {
+		return Horizon{}, fmt.Errorf("%w: consumer %s under the stored window %v: %w", ErrConfig, p.cfg.Consumer, s.Window, err)
+	}
+	return h, nil
+}
+
+// readyWait is ready, waiting out an unreachable database the way a
+// transaction does (RetryPolicy.WaitUnavailable): reading the settings
+// carries nothing of any message.
+func (p *Processor[TTx]) readyWait(ctx context.Context) error {
+	r := p.retrier(p.cfg.Retry)
+	for {
+		err := p.ready(ctx, false)
+		if err == nil {
+			return nil
+		}
+		v := r.next(ctx, err)
+		if !v.again {
+			return v.err
+		}
+		t := time.NewTimer(v.wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w (after: %w)", ctx.Err(), err)
+		case <-t.C:
+		}
+	}
+}
