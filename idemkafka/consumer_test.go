@@ -386,8 +386,9 @@ func TestRecordWithoutIDIsDeadLettered(t *testing.T) {
 	}
 }
 
-// A poison record runs exactly idem.RetryPolicy.MaxAttempts times, the one
-// budget (the consumer keeps no count of its own), then lands in the
+// A poison record runs idem.RetryPolicy.MaxAttempts times, the one budget
+// (the consumer keeps no count of its own; the processor adds at most the
+// try of the batch it came in), then lands in the
 // dead-letter topic with its headers; while it is retried, the other
 // partitions keep flowing, and its own partition flows on after it.
 func TestPoisonRecordDeadLetteredPartitionsFlow(t *testing.T) {

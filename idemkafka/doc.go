@@ -43,25 +43,42 @@
 // batch in flight, no offset is committed by two members and none moves
 // backwards.
 //
-// Outcomes map to broker actions in one place (ack.go): Applied and Duplicate
-// move the offset on; DeadLettered and Expired are produced to the
-// dead-letter topic (default "<topic>.dlq", headers [HeaderError],
-// [HeaderConsumer], [HeaderAttempts] and the original topic, partition and
-// offset), then the offset moves past them; Retry backs off and tries the
-// record again in place, pausing only its partition while the others keep
-// flowing, and dead-letters it after [Config.MaxAttempts] tries. A poison
-// record holds its partition no longer than that budget. Batches are
-// processed in order (idem's ProcessBatchInOrder): records after one that
-// must be retried are not tried, and are never applied ahead of it.
+// Before it takes a record, Run checks that the inbox can be used
+// (idem.Processor.Check) and that the dead-letter topic of every consumed
+// topic exists ([Config.CreateDeadLetterTopics] lets it create them), and
+// refuses to start otherwise.
 //
-// Only failures that are the record's own count against MaxAttempts. What
-// the processor marks Blameless — a database outage (idem.ErrUnavailable
-// once the processor's WaitUnavailable is over) and records waiting behind
-// an earlier one (idem.ErrNotAttempted) — backs off and tries again without
-// counting, until the database is back or Run's context ends: an outage
-// dead-letters nothing. A commit whose outcome is unknown counts, so a
-// record whose commits always end that way cannot hold its partition
-// forever.
+// # Failures
+//
+// The processor decides what becomes of a record (idem.Processor.Dispose);
+// the consumer only maps that to Kafka, in one table (ack.go): Ack moves
+// the offset on; DeadLetter produces the record to its dead-letter topic
+// (default "<topic>.dlq", with headers [HeaderReason], [HeaderOutcome],
+// [HeaderConsumer], [HeaderAttempts] and [HeaderOrigin]), waits until all
+// in-sync replicas have it, then moves the offset past it; Redeliver and
+// Hold commit nothing past the record, wait the disposition's delay and run
+// it again in place, alone. The consumer keeps no retry budget of its own:
+// a handler error is retried inside the processor up to
+// idem.RetryPolicy.MaxAttempts runs, then dead-lettered; a database outage
+// or a missing inbox table is held, never dead-lettered, until the
+// database is back or Run's context ends. A partition's fetching is paused
+// while it has a batch in flight and the other partitions keep flowing.
+// Batches are processed in order (idem's ProcessBatchInOrder): records
+// after one that must be retried are not tried, and are never applied
+// ahead of it.
+//
+// # Rebalances
+//
+// A rebalance waits until every batch of the poll is settled and committed
+// (BlockRebalanceOnPoll), so no offset is committed by two members and none
+// moves backwards. It is told when it waits (the OnPartitionsCallbackBlocked
+// option [GroupOptions] sets): the consumer then stops retrying and starts
+// no batch, lets the batches in flight go on for [Config.RebalanceGrace],
+// cancels the rest, commits what settled and gives up every record it did
+// not settle, rewinding its partition, so whoever owns it next runs it
+// again. A poison or slow record, or an outage, holds a rebalance no longer
+// than the grace plus one commit timeout, which NewConsumer keeps within
+// half the rebalance timeout.
 //
 // Cancelling Run's context finishes the batches in flight (or leaves them to
 // redelivery), commits, and leaves the group.
@@ -77,5 +94,6 @@
 // # Metrics
 //
 // Outcomes are counted by the processor's idem.Observer; broker-side events
-// (commits, retries, dead letters) reach an optional [Hooks].
+// (commits, retries, dead letters) reach an optional [Hooks] and are
+// counted in [Consumer.Stats].
 package idemkafka

@@ -13,10 +13,12 @@ type Hooks interface {
 	// OnCommit follows every offset commit of one partition; offset is the
 	// next offset to consume and err is nil when the broker accepted it.
 	OnCommit(topic string, partition int32, offset int64, err error)
-	// OnRetry precedes a try in place of a record whose last outcome was
-	// Retry; try is the number of the coming run of the record through the
-	// processor, from 2. It counts every run, including those that do not
-	// count against [Config.MaxAttempts] (a database outage).
+	// OnRetry precedes a run in place of a record the processor handed back
+	// (disposition Redeliver or Hold: a commit of unknown outcome, a
+	// database outage, a missing inbox table); try is the number of the
+	// coming run of the record through the processor, from 2. The tries
+	// the processor makes inside one run (idem.RetryPolicy) are not seen
+	// here.
 	OnRetry(r *kgo.Record, try int, res idem.Result)
 	// OnDeadLetter follows the production of a record to its dead-letter
 	// topic; err is nil when the broker acknowledged it.
