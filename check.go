@@ -24,7 +24,7 @@ const checkKey = "idem.check"
 // nothing.
 func (p *Processor[TTx]) Check(ctx context.Context) error {
 	if err := p.ready(ctx, true); err != nil {
-		return err
+		return p.notReady(err)
 	}
 	if p.cfg.Natural {
 		return nil
@@ -50,14 +50,17 @@ func (p *Processor[TTx]) Check(ctx context.Context) error {
 
 // notReady wraps a failed check with what to do about it.
 func (p *Processor[TTx]) notReady(err error) error {
-	hint := ""
 	switch classify(p.store, err) {
 	case ClassConfig:
-		hint = " (is the inbox migrated? run: idem inbox migrate)"
+		if errors.Is(err, ErrConfig) {
+			return fmt.Errorf("%w: consumer %s: %w", ErrInboxNotReady, p.cfg.Consumer, err)
+		}
+		return fmt.Errorf("%w: consumer %s: %w (is the inbox migrated? run: idem inbox migrate; does the role have INSERT on it?)", ErrInboxNotReady, p.cfg.Consumer, err)
 	case ClassUnavailable:
-		hint = " (the inbox database is unreachable)"
+		// An outage, not a misconfiguration: a caller may wait it out.
+		return fmt.Errorf("%w: %w: consumer %s: %w", ErrInboxNotReady, ErrUnavailable, p.cfg.Consumer, err)
 	}
-	return fmt.Errorf("%w: consumer %s: %w%s", ErrInboxNotReady, p.cfg.Consumer, err, hint)
+	return fmt.Errorf("%w: consumer %s: %w", ErrInboxNotReady, p.cfg.Consumer, err)
 }
 
 // partitioned reports whether the processor places keys in a partitioned

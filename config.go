@@ -76,8 +76,12 @@ type Config[TTx any] struct {
 	// outlives it is reported as of unknown outcome ([ErrCommitUnknown]).
 	// Defaults to 10s. -1 leaves it unbounded.
 	CommitTimeout time.Duration
-	// Observer receives every result, for metrics. Optional; see package
-	// idemprom for Prometheus.
+	// Hooks receive what the processor and the broker adapters over it do:
+	// outcomes, failed tries, settlements, dead letters. Optional; package
+	// idemprom's Metrics implements every hook. See [Hook].
+	Hooks []Hook
+	// Observer receives every result, for metrics. Optional. It is an
+	// older, narrower form of an [OutcomeHook] in Hooks.
 	Observer Observer
 	// Faults injects failures at named points, for tests. Optional.
 	Faults FaultFunc

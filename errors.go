@@ -137,6 +137,15 @@ func storeStep(err error) string {
 	return ""
 }
 
+// connLostError is a handler's failure on a transaction whose connection
+// is gone (see [Breaker]).
+type connLostError struct{ err error }
+
+func (e *connLostError) Error() string {
+	return "inbox connection lost: " + e.err.Error()
+}
+func (e *connLostError) Unwrap() error { return e.err }
+
 // commitUnknown reports whether err is the store saying that a COMMIT's
 // outcome is unknown (not a handler's error that happens to wrap the
 // sentinel).

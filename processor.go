@@ -29,6 +29,7 @@ type Processor[TTx any] struct {
 	// layout.
 	partitionTime func(key string) (time.Time, error)
 	notes         notes
+	hooks         []Hook
 }
 
 // NewProcessor returns a processor over store. It applies cfg's defaults and
@@ -59,6 +60,10 @@ func NewProcessor[TTx any](store Store[TTx], cfg *Config[TTx]) (*Processor[TTx],
 	p := &Processor[TTx]{store: store, cfg: c, userHorizon: user, spent: newAttemptMemory(maxRememberedAttempts)}
 	h := c.Horizon
 	p.inbox.horizon.Store(&h)
+	p.hooks = append(p.hooks, c.Hooks...)
+	if c.Observer != nil {
+		p.hooks = append(p.hooks, observerHook{c.Observer})
+	}
 	if ls, ok := store.(LayoutStore); ok && ls.Layout() == LayoutPartitioned && !c.Natural {
 		switch {
 		case c.PartitionTime != nil:
@@ -392,6 +397,7 @@ func (p *Processor[TTx]) attempt(ctx context.Context, items []*item, r *retrier,
 			return verdict{}, true
 		}
 		v := r.next(ctx, err)
+		p.attempted(items, runs, err, v)
 		if !v.again {
 			return v, false
 		}
@@ -403,6 +409,19 @@ func (p *Processor[TTx]) attempt(ctx context.Context, items []*item, r *retrier,
 		case <-t.C:
 		}
 	}
+}
+
+// attempted reports a failed try to the attempt hooks.
+func (p *Processor[TTx]) attempted(items []*item, try int, err error, v verdict) {
+	if len(p.hooks) == 0 {
+		return
+	}
+	ids := make([]string, len(items))
+	for i, it := range items {
+		ids[i] = it.msg.ID
+	}
+	a := Attempt{MessageIDs: ids, Batch: len(items) > 1, Try: try, Class: classify(p.store, err), Err: err, Again: v.again, Wait: v.wait}
+	Each(p.hooks, func(h AttemptHook) { h.OnAttempt(p.cfg.Consumer, a) })
 }
 
 // horizonPassed returns the error of the first of items that has fallen
@@ -461,6 +480,9 @@ func (p *Processor[TTx]) runTx(ctx context.Context, items []*item) error {
 		return err
 	}
 	if err := p.handle(ctx, tx, fresh); err != nil {
+		if b, ok := p.store.(Breaker[TTx]); ok && !IsPermanent(err) && b.Broken(tx) {
+			return &connLostError{err}
+		}
 		return err
 	}
 	if err := p.fault(ctx, AfterHandler, items); err != nil {

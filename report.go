@@ -15,9 +15,7 @@ func (p *Processor[TTx]) Report(r Result) { p.report(r, 0) }
 // report logs and counts one result: every outcome is observed, and those a
 // person should see are logged.
 func (p *Processor[TTx]) report(r Result, elapsed time.Duration) {
-	if p.cfg.Observer != nil {
-		p.cfg.Observer.Observe(p.cfg.Consumer, r, elapsed)
-	}
+	Each(p.hooks, func(h OutcomeHook) { h.OnOutcome(p.cfg.Consumer, r, elapsed) })
 	log := p.cfg.Logger
 	ctx := context.Background()
 	attrs := []slog.Attr{

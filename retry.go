@@ -112,6 +112,16 @@ func (r *retrier) next(ctx context.Context, err error) verdict {
 		// injected for drills): leave it to redelivery, as a crash would.
 		r.attempt++
 		return verdict{outcome: Retry, err: err, whole: true}
+	case commitUnknown(err) && r.class(err) == ClassUnavailable:
+		// The server went away around the COMMIT (shut down, backend
+		// terminated, connection refused): an outage. Trying again in place
+		// is safe, since the claim decides: the marker is there (Duplicate)
+		// or the work is redone.
+		return r.wait(err, ErrUnavailable)
+	case errors.As(err, new(*connLostError)):
+		// The inbox's own connection died under the handler: an outage,
+		// whatever the statement was.
+		return r.wait(err, ErrUnavailable)
 	case commitUnknown(err):
 		// The commit may have happened: never Applied, never retried in
 		// place. It counts against the message: a message whose commits

@@ -120,3 +120,13 @@ type Extender[TTx any] interface {
 type HorizonRecorder interface {
 	RecordHorizon(ctx context.Context, consumer string, horizon time.Duration) error
 }
+
+// Breaker is a store that can tell whether a transaction's connection is
+// gone. After a handler's failure the processor asks: when the inbox's own
+// connection died under it (the server shut down, the backend was
+// terminated), the failure is an outage, not the message's, and spends
+// none of its attempts; the same "connection refused" from the handler's
+// payment gateway, on a live transaction, does.
+type Breaker[TTx any] interface {
+	Broken(tx TTx) bool
+}

@@ -40,6 +40,11 @@ func Classify(err error) idem.ErrorClass {
 			return idem.ClassPermanent
 		case pgErr.Code == "42P01", pgErr.Code == "42501", pgErr.Code == "3D000", pgErr.Code[:2] == "28":
 			return idem.ClassConfig
+		case pgErr.Code == "25P03", pgErr.Code == "57014":
+			// The server ended a transaction that idled or ran too long:
+			// the handler's slowness, not an outage, though the session
+			// may end with it.
+			return idem.ClassTransient
 		case sessionEnding(pgErr), pgErr.Code == "53300":
 			return idem.ClassUnavailable
 		}

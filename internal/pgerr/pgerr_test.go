@@ -38,6 +38,8 @@ func TestClassifyAndCommitUnknown(t *testing.T) {
 		{"unknown database", pg("FATAL", "3D000"), idem.ClassConfig, true},
 		{"password authentication failed", pg("FATAL", "28P01"), idem.ClassConfig, true},
 		{"undefined column", pg("ERROR", "42703"), idem.ClassTransient, false},
+		{"idle in transaction timeout", pg("FATAL", "25P03"), idem.ClassTransient, true},
+		{"statement timeout", pg("ERROR", "57014"), idem.ClassTransient, false},
 		{"admin shutdown", pg("FATAL", "57P01"), idem.ClassUnavailable, true},
 		{"connection failure", pg("FATAL", "08006"), idem.ClassUnavailable, true},
 		{"too many connections", pg("FATAL", "53300"), idem.ClassUnavailable, true},

@@ -1,0 +1,12 @@
+package pgxinbox
+
+import "github.com/jackc/pgx/v5"
+
+// Broken reports whether tx's connection is closed: after a handler's
+// failure, the processor then knows the database went away under it (an
+// outage, which spends none of the message's attempts) rather than the
+// handler failing on a live transaction.
+func (s *Store) Broken(tx pgx.Tx) bool {
+	c := tx.Conn()
+	return c == nil || c.IsClosed()
+}
