@@ -56,22 +56,6 @@ func (t tableName) qualify(name string) string {
 // quoted is t's own quoted name.
 func (t tableName) quoted() string { return t.qualify(t.name) }
 
-// indexName derives the name of t's processed_at index: the table's name and
-// a suffix, as pgxinbox names it. For a table name over 46 bytes the table
-// part is shortened so the suffix survives: PostgreSQL would otherwise cut
-// the name at 63 bytes, and for a 63-byte table name the index would carry
-// the table's own name, which CREATE INDEX IF NOT EXISTS then skips without
-// an error. Index names carry no schema: PostgreSQL puts an index in its
-// table's schema.
-func (t tableName) indexName() string {
-	const suffix = "_processed_at_idx"
-	base := t.name
-	if len(base)+len(suffix) > 63 {
-		base = base[:63-len(suffix)]
-	}
-	return base + suffix
-}
-
 // String is the name as the user wrote it, for errors and bookkeeping.
 func (t tableName) String() string {
 	if t.schema == "" {

@@ -5,10 +5,15 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
+	"log/slog"
+	"slices"
+	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgtype"
+
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/inboxdb"
 	"github.com/idemkit/idem/retention"
 )
 
@@ -22,11 +27,19 @@ type Config struct {
 	// resolved by search_path. Each part must match
 	// ^[A-Za-z_][A-Za-z0-9_]{0,62}$; it is quoted, so case is kept.
 	Table string
-	// Window is how long markers are kept: [Store.Prune] refuses a shorter
-	// window, and [Store.Horizon] hands the same window to processors, whose
-	// horizon guard then expires older messages instead of re-applying them.
-	// Defaults to 14 days.
+	// Window is how long markers are kept, counted from their keep_until
+	// (the latest of their write time and the event times of the messages
+	// that met them). It is stored with the table by [Store.Migrate] when
+	// the table is created (14 days when 0) and read from there by every
+	// processor, prune and CLI; a different non-zero Window on an existing
+	// table makes Migrate fail (change the stored one with
+	// [Store.SetWindow] or `idem inbox window set`).
 	Window time.Duration
+	// Hooks receives retention metrics (markers pruned, oldest marker age),
+	// labelled with Table as written, as pgxinbox labels them. Optional.
+	Hooks retention.Hooks
+	// Logger logs changes of the stored window. Defaults to slog.Default().
+	Logger *slog.Logger
 }
 
 // Store is an inbox on database/sql. It implements [idem.Store] with
@@ -36,14 +49,21 @@ type Store struct {
 	db      *sql.DB
 	dialect Dialect
 	table   tableName
-	window  time.Duration
-	// Prebuilt SQL, so the hot path only glues placeholders.
-	insertHead string // INSERT INTO t (...) VALUES
-	insertTail string // ON CONFLICT ... RETURNING key
-	lookupHead string
+	sql     *inboxdb.Dialect
+	inbox   *inboxdb.Inbox
+	// window is the configured window until Migrate or Settings read the
+	// stored one (nanoseconds).
+	window atomic.Int64
 }
 
-var _ idem.Store[*sql.Tx] = (*Store)(nil)
+var (
+	_ idem.Store[*sql.Tx]    = (*Store)(nil)
+	_ idem.Extender[*sql.Tx] = (*Store)(nil)
+	_ idem.SettingsStore     = (*Store)(nil)
+	_ idem.LayoutStore       = (*Store)(nil)
+	_ idem.HorizonRecorder   = (*Store)(nil)
+	_ idem.HorizonStore      = (*Store)(nil)
+)
 
 // New returns a store over db, which must be opened with the driver that
 // matches dialect. It checks the table name (an invalid one is an error
@@ -63,37 +83,76 @@ func New(db *sql.DB, dialect Dialect, cfg *Config) (*Store, error) {
 	if c.Table == "" {
 		c.Table = DefaultTable
 	}
-	switch {
-	case c.Window < 0:
+	if c.Window < 0 {
 		return nil, fmt.Errorf("%w: sqlinbox: window %v must be positive", idem.ErrConfig, c.Window)
-	case c.Window == 0:
-		c.Window = retention.DefaultWindow
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
 	}
 	t, err := parseTable(c.Table, dialect.schemas())
 	if err != nil {
 		return nil, fmt.Errorf("%w: sqlinbox: %w", idem.ErrConfig, err)
 	}
-	q := t.quoted()
-	return &Store{
-		db:         db,
-		dialect:    dialect,
-		table:      t,
-		window:     c.Window,
-		insertHead: "INSERT INTO " + q + " (consumer, key, message_id, body_sha256, event_time) VALUES ",
-		insertTail: " ON CONFLICT (consumer, key) DO NOTHING RETURNING key",
-		lookupHead: "SELECT key, message_id, body_sha256, processed_at FROM " + q + " WHERE consumer = " + dialect.placeholder(1) + " AND key IN (",
-	}, nil
+	s := &Store{db: db, dialect: dialect, table: t}
+	s.sql = dialect.statements(inboxdb.Table{Schema: t.schema, Name: t.name})
+	s.inbox = &inboxdb.Inbox{D: s.sql, Driver: dialect.driver(db), Window: c.Window, Hooks: retention.Or(c.Hooks, nil), Logger: c.Logger}
+	w := c.Window
+	if w == 0 {
+		w = retention.DefaultWindow
+	}
+	s.window.Store(int64(w))
+	return s, nil
 }
 
 // Horizon is the horizon guard that matches the store's retention window;
 // idem.NewProcessor adopts it unless the consumer sets its own.
-func (s *Store) Horizon() idem.Horizon { return idem.Horizon{Window: s.window} }
+func (s *Store) Horizon() idem.Horizon { return idem.Horizon{Window: s.Window()} }
+
+// Window returns the retention window: the stored one once [Store.Migrate]
+// or [Store.Settings] has read it, the configured one before.
+func (s *Store) Window() time.Duration { return time.Duration(s.window.Load()) }
+
+// Layout is the table's layout: always plain ([idem.LayoutStore]).
+func (s *Store) Layout() idem.Layout { return idem.LayoutPlain }
 
 // Dialect returns the store's dialect.
 func (s *Store) Dialect() Dialect { return s.dialect }
 
 // Table returns the inbox table's name as configured.
 func (s *Store) Table() string { return s.table.String() }
+
+// Settings reads the layout and window stored with the table
+// ([idem.SettingsStore]).
+func (s *Store) Settings(ctx context.Context) (idem.Settings, error) {
+	set, err := s.inbox.Settings(ctx)
+	if err == nil {
+		s.window.Store(int64(set.Window))
+	}
+	return set, err
+}
+
+// SetWindow changes the window stored with the table and logs the old and
+// new values; it refuses, unless force is set, a window under an hour or
+// shorter than the longest horizon a consumer recorded. It returns the old
+// window.
+func (s *Store) SetWindow(ctx context.Context, w time.Duration, force bool) (time.Duration, error) {
+	old, err := s.inbox.SetWindow(ctx, w, force)
+	if err == nil {
+		s.window.Store(int64(w))
+	}
+	return old, err
+}
+
+// RecordHorizon records the horizon consumer guards with, beside the
+// settings ([idem.HorizonRecorder]).
+func (s *Store) RecordHorizon(ctx context.Context, consumer string, horizon time.Duration) error {
+	return s.inbox.RecordHorizon(ctx, consumer, horizon)
+}
+
+// Horizons lists the horizons consumers recorded, longest first.
+func (s *Store) Horizons(ctx context.Context) ([]inboxdb.Horizon, error) {
+	return s.inbox.Horizons(ctx)
+}
 
 // Begin starts a transaction. database/sql rolls a transaction back the
 // moment its begin context ends, which would turn a processor's deliberate
@@ -147,8 +206,9 @@ func (s *Store) Rollback(_ context.Context, tx *sql.Tx) error {
 	return nil
 }
 
-// claimParams is the number of bind parameters per claimed row.
-const claimParams = 5
+func timestamptz(t time.Time) pgtype.Timestamptz {
+	return pgtype.Timestamptz{Time: t, Valid: !t.IsZero()}
+}
 
 // Claim inserts the markers in one statement per chunk of claims (one chunk
 // unless the batch exceeds the dialect's parameter limit), in the order given,
@@ -163,7 +223,10 @@ func (s *Store) Claim(ctx context.Context, tx *sql.Tx, consumer string, claims [
 			return nil, fmt.Errorf("setting lock timeout: %w", err)
 		}
 	}
-	chunk := s.dialect.maxParams() / claimParams
+	chunk := len(claims)
+	if s.sql.Claim.SQL == "" {
+		chunk = s.dialect.maxParams() / s.sql.Claim.RowParams
+	}
 	for start := 0; start < len(claims); start += chunk {
 		end := min(start+chunk, len(claims))
 		if err := s.claimChunk(ctx, tx, consumer, claims[start:end], inserted[start:end]); err != nil {
@@ -174,35 +237,28 @@ func (s *Store) Claim(ctx context.Context, tx *sql.Tx, consumer string, claims [
 }
 
 func (s *Store) claimChunk(ctx context.Context, tx *sql.Tx, consumer string, claims []idem.Claim, inserted []bool) error {
-	var b strings.Builder
-	b.Grow(len(s.insertHead) + len(s.insertTail) + len(claims)*32)
-	b.WriteString(s.insertHead)
-	args := make([]any, 0, len(claims)*claimParams)
-	for i, c := range claims {
-		if i > 0 {
-			b.WriteByte(',')
+	var args []any
+	if s.sql.Claim.SQL != "" {
+		// PostgreSQL: one statement over arrays.
+		keys := make([]string, len(claims))
+		ids := make([]string, len(claims))
+		hashes := make([][]byte, len(claims))
+		times := make([]pgtype.Timestamptz, len(claims))
+		for i, c := range claims {
+			keys[i], ids[i], hashes[i], times[i] = c.Key, c.MessageID, body(c), timestamptz(c.EventTime)
 		}
-		n := len(args)
-		b.WriteByte('(')
-		for j := 1; j <= claimParams; j++ {
-			if j > 1 {
-				b.WriteByte(',')
+		args = []any{consumer, keys, ids, hashes, times}
+	} else {
+		args = make([]any, 0, len(claims)*s.sql.Claim.RowParams)
+		for _, c := range claims {
+			var et any
+			if !c.EventTime.IsZero() {
+				et = s.sql.TimeArg(c.EventTime)
 			}
-			b.WriteString(s.dialect.placeholder(n + j))
+			args = append(args, consumer, c.Key, c.MessageID, body(c), et, et)
 		}
-		b.WriteByte(')')
-		var et any
-		if !c.EventTime.IsZero() {
-			et = s.dialect.timeArg(c.EventTime)
-		}
-		body := c.BodySHA256
-		if body == nil {
-			body = []byte{} // the column is NOT NULL; an absent hash is empty
-		}
-		args = append(args, consumer, c.Key, c.MessageID, body, et)
 	}
-	b.WriteString(s.insertTail)
-	rows, err := tx.QueryContext(ctx, b.String(), args...)
+	rows, err := tx.QueryContext(ctx, s.sql.Claim.Build(len(claims)), args...)
 	if err != nil {
 		return fmt.Errorf("inserting inbox markers: %w", err)
 	}
@@ -229,10 +285,23 @@ func (s *Store) claimChunk(ctx context.Context, tx *sql.Tx, consumer string, cla
 	return nil
 }
 
-// Lookup returns the markers that exist among keys.
+// body is a claim's body hash; the column is NOT NULL, so an absent hash is
+// empty.
+func body(c idem.Claim) []byte {
+	if c.BodySHA256 == nil {
+		return []byte{}
+	}
+	return c.BodySHA256
+}
+
+// Lookup returns the markers that exist among keys, with their keep-until
+// times.
 func (s *Store) Lookup(ctx context.Context, tx *sql.Tx, consumer string, keys []string) (map[string]idem.Marker, error) {
 	out := make(map[string]idem.Marker, len(keys))
-	chunk := s.dialect.maxParams() - 1
+	chunk := len(keys)
+	if s.sql.Lookup.SQL == "" {
+		chunk = s.dialect.maxParams() - 1
+	}
 	for start := 0; start < len(keys); start += chunk {
 		end := min(start+chunk, len(keys))
 		if err := s.lookupChunk(ctx, tx, consumer, keys[start:end], out); err != nil {
@@ -243,30 +312,29 @@ func (s *Store) Lookup(ctx context.Context, tx *sql.Tx, consumer string, keys []
 }
 
 func (s *Store) lookupChunk(ctx context.Context, tx *sql.Tx, consumer string, keys []string, out map[string]idem.Marker) error {
-	var b strings.Builder
-	b.WriteString(s.lookupHead)
-	args := make([]any, 0, 1+len(keys))
-	args = append(args, consumer)
-	for i, k := range keys {
-		if i > 0 {
-			b.WriteByte(',')
+	args := []any{consumer, keys}
+	if s.sql.Lookup.SQL == "" {
+		args = make([]any, 0, 1+len(keys))
+		args = append(args, consumer)
+		for _, k := range keys {
+			args = append(args, k)
 		}
-		args = append(args, k)
-		b.WriteString(s.dialect.placeholder(len(args)))
 	}
-	b.WriteByte(')')
-	rows, err := tx.QueryContext(ctx, b.String(), args...)
+	rows, err := tx.QueryContext(ctx, s.sql.Lookup.Build(len(keys)), args...)
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var m idem.Marker
-		var at any
-		if err := rows.Scan(&m.Key, &m.MessageID, &m.BodySHA256, &at); err != nil {
+		var at, until any
+		if err := rows.Scan(&m.Key, &m.MessageID, &m.BodySHA256, &at, &until); err != nil {
 			return err
 		}
-		if m.ProcessedAt, err = s.dialect.scanTime(at); err != nil {
+		if m.ProcessedAt, err = s.sql.ScanTime(at); err != nil {
+			return err
+		}
+		if m.KeepUntil, err = s.sql.ScanTime(until); err != nil {
 			return err
 		}
 		out[m.Key] = m
@@ -274,9 +342,68 @@ func (s *Store) lookupChunk(ctx context.Context, tx *sql.Tx, consumer string, ke
 	return rows.Err()
 }
 
+// Extend raises the keep-until time of markers to the given times where
+// they are later than the stored ones, in one statement (per chunk of the
+// dialect's parameter limit) that writes nothing where nothing grows
+// ([idem.Extender]). A key given twice keeps its latest time.
+func (s *Store) Extend(ctx context.Context, tx *sql.Tx, consumer string, ext []idem.Extension) error {
+	keys, times := extensions(ext)
+	if s.sql.Extend.SQL != "" {
+		if len(keys) == 0 {
+			return nil
+		}
+		ts := make([]pgtype.Timestamptz, len(times))
+		for i, t := range times {
+			ts[i] = timestamptz(t)
+		}
+		if _, err := tx.ExecContext(ctx, s.sql.Extend.SQL, consumer, keys, ts); err != nil {
+			return fmt.Errorf("extending inbox markers: %w", err)
+		}
+		return nil
+	}
+	chunk := (s.dialect.maxParams() - 1) / s.sql.Extend.RowParams
+	for start := 0; start < len(keys); start += chunk {
+		end := min(start+chunk, len(keys))
+		args := make([]any, 0, 1+2*(end-start))
+		for i := start; i < end; i++ {
+			args = append(args, keys[i], s.sql.TimeArg(times[i]))
+		}
+		args = append(args, consumer)
+		if _, err := tx.ExecContext(ctx, s.sql.Extend.Build(end-start), args...); err != nil {
+			return fmt.Errorf("extending inbox markers: %w", err)
+		}
+	}
+	return nil
+}
+
+// extensions returns each key once, in key order (so that two extending
+// transactions lock rows in the same order), with its latest time; zero
+// times are skipped.
+func extensions(ext []idem.Extension) ([]string, []time.Time) {
+	latest := make(map[string]time.Time, len(ext))
+	for _, e := range ext {
+		if e.KeepUntil.IsZero() {
+			continue
+		}
+		if t, ok := latest[e.Key]; !ok || e.KeepUntil.After(t) {
+			latest[e.Key] = e.KeepUntil
+		}
+	}
+	keys := make([]string, 0, len(latest))
+	for k := range latest {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	times := make([]time.Time, len(keys))
+	for i, k := range keys {
+		times[i] = latest[k]
+	}
+	return keys, times
+}
+
 // Classify tells transient from permanent errors by driver error type and
-// code: on PostgreSQL SQLSTATE classes 22 (data) and 23 (constraint) are
-// permanent; on SQLite SQLITE_CONSTRAINT, SQLITE_MISMATCH and SQLITE_TOOBIG.
+// code: on PostgreSQL by SQLSTATE (see package internal/pgerr); on SQLite
+// SQLITE_CONSTRAINT, SQLITE_MISMATCH and SQLITE_TOOBIG are permanent.
 // Everything else, including errors that are not the database's, is
 // transient.
 func (s *Store) Classify(err error) idem.ErrorClass { return s.dialect.classify(err) }

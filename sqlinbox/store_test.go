@@ -32,8 +32,8 @@ func TestMigrateTwiceIsNoOp(t *testing.T) {
 				t.Fatalf("second migrate changed the inbox: %d rows, want 1", n)
 			}
 			var v int
-			if err := db.QueryRow(`SELECT version FROM idem_migrations WHERE table_name = '"idem_inbox"'`).Scan(&v); err != nil || v != 1 {
-				t.Fatalf("recorded version %d (%v), want 1", v, err)
+			if err := db.QueryRow(`SELECT version FROM idem_migrations WHERE table_name = '"idem_inbox"'`).Scan(&v); err != nil || v != 2 {
+				t.Fatalf("recorded version %d (%v), want 2", v, err)
 			}
 			if n := countRows(t, db, "idem_migrations"); n != 1 {
 				t.Fatalf("%d bookkeeping rows, want 1", n)
@@ -322,7 +322,7 @@ func TestClassifyPostgres(t *testing.T) {
 		{"not null 23502", `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256) VALUES ('billing', 'x', NULL, '')`, idem.ClassPermanent},
 		{"division by zero 22012", `SELECT 1/0`, idem.ClassPermanent},
 		{"bad timestamp 22007", `SELECT 'yesterday-ish'::timestamptz`, idem.ClassPermanent},
-		{"undefined table 42P01", `SELECT * FROM no_such_table`, idem.ClassTransient},
+		{"undefined table 42P01", `SELECT * FROM no_such_table`, idem.ClassConfig},
 		{"serialization 40001", `DO $$BEGIN RAISE EXCEPTION USING ERRCODE = '40001'; END$$`, idem.ClassTransient},
 		{"deadlock 40P01", `DO $$BEGIN RAISE EXCEPTION USING ERRCODE = '40P01'; END$$`, idem.ClassTransient},
 	}

@@ -7,33 +7,40 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/inboxdb"
 	"github.com/idemkit/idem/pgxinbox"
 	"github.com/idemkit/idem/retention"
 	"github.com/idemkit/idem/sqlinbox"
 )
 
 func init() {
-	register(command{name: "inbox", summary: "inbox retention: prune, partitions ensure|drop, stats", run: runInbox})
+	register(command{name: "inbox", summary: "inbox retention: prune, partitions ensure|drop, stats, window show|set", run: runInbox})
 }
 
-const inboxUsage = `usage: idem inbox <prune|partitions ensure|partitions drop|stats> [flags]
+const inboxUsage = `usage: idem inbox <prune|partitions ensure|partitions drop|stats|window show|window set> [flags]
 
-Markers are kept for --window (default 336h, 14 days), counted from the later
-of a marker's event time and its write time. Consumers must use the same
-window in idem.Horizon, so that a message older than it is Expired instead of
-applied again once its marker is gone.
+Markers are kept for the retention window stored with the inbox table (written
+by its migration, 14 days by default), counted from a marker's keep_until: the
+latest of its write time and the event times of the messages that met it
+(partitioned tables: its partition time). Every consumer, prune and command
+reads the stored window; a prune or drop with a shorter --window is refused.
 
   prune             delete markers past the window in batches (plain table), or
                     drop the daily partitions past it (partitioned table)
   partitions ensure create daily partitions ahead (run it daily)
   partitions drop   drop the daily partitions past the window
   stats             rows, oldest marker, window headroom (--json)
+  window show       the stored layout and window, and the consumers' horizons
+  window set <dur>  change the stored window (logged; --force under 1h or
+                    below a consumer's horizon)
 
 The layout is read from the database. Run 'idem inbox <subcommand> -h' for flags.
 `
@@ -48,6 +55,19 @@ func runInbox(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return inboxPrune(ctx, rest, stdout, stderr)
 	case "stats":
 		return inboxStats(ctx, rest, stdout, stderr)
+	case "window":
+		if len(rest) == 0 {
+			fmt.Fprint(stderr, inboxUsage)
+			return &exitError{code: 2}
+		}
+		switch rest[0] {
+		case "show":
+			return inboxWindowShow(ctx, rest[1:], stdout, stderr)
+		case "set":
+			return inboxWindowSet(ctx, rest[1:], stdout, stderr)
+		}
+		fmt.Fprintf(stderr, "idem inbox window: unknown subcommand %q\n\n%s", rest[0], inboxUsage)
+		return &exitError{code: 2}
 	case "partitions":
 		if len(rest) == 0 {
 			fmt.Fprint(stderr, inboxUsage)
@@ -78,17 +98,18 @@ type inboxFlags struct {
 	table    string
 	window   time.Duration
 	jsonOut  bool
+	logger   *slog.Logger
 }
 
 func newInboxFlags(name, doc string, stderr io.Writer, sqliteOK bool) *inboxFlags {
-	f := &inboxFlags{fs: flag.NewFlagSet("idem inbox "+name, flag.ContinueOnError)}
+	f := &inboxFlags{fs: flag.NewFlagSet("idem inbox "+name, flag.ContinueOnError), logger: slog.New(slog.NewTextHandler(stderr, nil))}
 	f.fs.SetOutput(stderr)
 	f.fs.StringVar(&f.database, "database", "", databaseFlagHelp)
 	if sqliteOK {
 		f.fs.StringVar(&f.sqlite, "sqlite", "", "SQLite database file, instead of --database")
 	}
 	f.fs.StringVar(&f.table, "table", "idem_inbox", "inbox table, optionally schema-qualified")
-	f.fs.DurationVar(&f.window, "window", retention.DefaultWindow, "retention window: the consumers' idem.Horizon.Window")
+	f.fs.DurationVar(&f.window, "window", 0, "retention window to remove markers by (default the window stored with the table; a shorter one is refused)")
 	f.fs.BoolVar(&f.jsonOut, "json", false, "print JSON")
 	f.fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: idem inbox %s [flags]\n\n%s\n\nflags:\n", name, doc)
@@ -107,7 +128,7 @@ func (f *inboxFlags) parse(args []string) error {
 	if f.fs.NArg() > 0 {
 		return &exitError{code: 2, msg: "unexpected arguments: " + strings.Join(f.fs.Args(), " ")}
 	}
-	if f.window <= 0 {
+	if f.window < 0 {
 		return &exitError{code: 2, msg: "--window must be positive"}
 	}
 	return nil
@@ -133,7 +154,7 @@ func (f *inboxFlags) pgStore(ctx context.Context) (*pgxinbox.Store, func(), erro
 	if *kind == "p" {
 		layout = pgxinbox.Partitioned
 	}
-	store, err := pgxinbox.New(pool, &pgxinbox.Config{Table: f.table, Layout: layout, Window: f.window})
+	store, err := pgxinbox.New(pool, &pgxinbox.Config{Table: f.table, Layout: layout, Logger: f.logger})
 	if err != nil {
 		pool.Close()
 		return nil, nil, err
@@ -149,7 +170,7 @@ func (f *inboxFlags) sqliteStore() (*sqlinbox.Store, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	store, err := sqlinbox.New(db, sqlinbox.SQLite, &sqlinbox.Config{Table: f.table})
+	store, err := sqlinbox.New(db, sqlinbox.SQLite, &sqlinbox.Config{Table: f.table, Logger: f.logger})
 	if err != nil {
 		_ = db.Close()
 		return nil, nil, err
@@ -292,7 +313,7 @@ func inboxStats(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			return err
 		}
 		defer closeDB()
-		if st, err = store.Stats(ctx, f.window, nil); err != nil {
+		if st, err = store.Stats(ctx); err != nil {
 			return err
 		}
 	} else {
@@ -327,6 +348,115 @@ func inboxStats(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err == nil && len(st.Partitions) > 0 {
 		_, err = fmt.Fprintf(stdout, "partitions %d: %s … %s\n", len(st.Partitions), st.Partitions[0], st.Partitions[len(st.Partitions)-1])
 	}
+	return err
+}
+
+// windowStore is what the window commands need of either store.
+type windowStore interface {
+	Table() string
+	Layout() idem.Layout
+	Settings(ctx context.Context) (idem.Settings, error)
+	SetWindow(ctx context.Context, w time.Duration, force bool) (time.Duration, error)
+	Horizons(ctx context.Context) ([]inboxdb.Horizon, error)
+}
+
+// openWindowStore opens the store the flags name, for the window commands.
+func (f *inboxFlags) openWindowStore(ctx context.Context) (windowStore, string, func(), error) {
+	if f.sqlite != "" {
+		s, closeDB, err := f.sqliteStore()
+		if err != nil {
+			return nil, "", nil, err
+		}
+		return s, s.Table(), closeDB, nil
+	}
+	s, closeDB, err := f.pgStore(ctx)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	return s, f.table, closeDB, nil
+}
+
+func inboxWindowShow(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	f := newInboxFlags("window show", "Prints the layout and retention window stored with the inbox table, and the horizon\neach consumer last recorded (longest first).", stderr, true)
+	if err := f.parse(args); err != nil {
+		return err
+	}
+	store, table, closeDB, err := f.openWindowStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	set, err := store.Settings(ctx)
+	if err != nil {
+		return err
+	}
+	hs, err := store.Horizons(ctx)
+	if err != nil {
+		return err
+	}
+	if f.jsonOut {
+		horizons := make([]map[string]any, len(hs))
+		for i, h := range hs {
+			horizons[i] = map[string]any{"consumer": h.Consumer, "horizon_seconds": h.Window.Seconds(), "seen_at": h.SeenAt}
+		}
+		return printJSON(stdout, map[string]any{"table": table, "layout": set.Layout.String(), "window_seconds": set.Window.Seconds(), "horizons": horizons})
+	}
+	if _, err := fmt.Fprintf(stdout, "table    %s (%s)\nwindow   %s\n", table, set.Layout, set.Window); err != nil {
+		return err
+	}
+	for _, h := range hs {
+		if _, err := fmt.Fprintf(stdout, "horizon  %s %s (recorded %s)\n", h.Consumer, h.Window, h.SeenAt.UTC().Format(time.RFC3339)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func inboxWindowSet(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	f := newInboxFlags("window set <duration>", "Changes the retention window stored with the inbox table, which every consumer, prune\nand command reads, and logs the old and new values. A window under 1h, or shorter than\nthe horizon a consumer recorded, is refused unless --force. Markers older than the old\nwindow may already be gone: after lengthening, wait the difference before a consumer\nguards with the new window.", stderr, true)
+	force := f.fs.Bool("force", false, "set a window under 1h or below a consumer's horizon anyway")
+	// The duration may come before or after the flags.
+	var dur string
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		dur, args = args[0], args[1:]
+	}
+	if err := f.fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return &exitError{code: 2}
+	}
+	rest := f.fs.Args()
+	if dur == "" && len(rest) > 0 {
+		dur, rest = rest[0], rest[1:]
+		if err := f.fs.Parse(rest); err != nil {
+			return &exitError{code: 2}
+		}
+		rest = f.fs.Args()
+	}
+	if len(rest) > 0 {
+		return &exitError{code: 2, msg: "unexpected arguments: " + strings.Join(rest, " ")}
+	}
+	if dur == "" {
+		return &exitError{code: 2, msg: "window set: want a duration, such as 720h"}
+	}
+	w, err := time.ParseDuration(dur)
+	if err != nil || w <= 0 {
+		return &exitError{code: 2, msg: fmt.Sprintf("window set: %q is not a positive duration (such as 720h)", dur)}
+	}
+	store, table, closeDB, err := f.openWindowStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	old, err := store.SetWindow(ctx, w, *force)
+	if err != nil {
+		return err
+	}
+	if f.jsonOut {
+		return printJSON(stdout, map[string]any{"table": table, "old_window_seconds": old.Seconds(), "window_seconds": w.Seconds(), "forced": *force})
+	}
+	_, err = fmt.Fprintf(stdout, "%s: window %s -> %s\n", table, old, w)
 	return err
 }
 

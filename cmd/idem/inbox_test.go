@@ -50,8 +50,12 @@ func seedInbox(t *testing.T, layout pgxinbox.Layout) (string, *pgxpool.Pool) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := pool.Exec(ctx, `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256, event_time, processed_at)
-SELECT 'ledger', k, k, '\x00', t, t FROM (VALUES
+	partCol, partVal := "", ""
+	if layout == pgxinbox.Partitioned {
+		partCol, partVal = ", partition_time", ", t"
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256, event_time, processed_at, keep_until`+partCol+`)
+SELECT 'ledger', k, k, '\x00', t, t, t`+partVal+` FROM (VALUES
   ('old-1', now() - interval '20 days'), ('old-2', now() - interval '19 days'),
   ('old-3', now() - interval '18 days'), ('young', now() - interval '1 day')) v(k, t)`); err != nil {
 		t.Fatal(err)
@@ -150,8 +154,8 @@ func TestInboxPruneSQLite(t *testing.T) {
 	}
 	f := "2006-01-02T15:04:05.000000Z"
 	old, young := time.Now().UTC().AddDate(0, 0, -20).Format(f), time.Now().UTC().Format(f)
-	if _, err := db.ExecContext(ctx, `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256, event_time, processed_at)
-VALUES ('ledger', 'a', 'a', x'00', ?1, ?1), ('ledger', 'b', 'b', x'00', NULL, ?1), ('ledger', 'c', 'c', x'00', ?2, ?2)`, old, young); err != nil {
+	if _, err := db.ExecContext(ctx, `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256, event_time, processed_at, keep_until)
+VALUES ('ledger', 'a', 'a', x'00', ?1, ?1, ?1), ('ledger', 'b', 'b', x'00', NULL, ?1, ?1), ('ledger', 'c', 'c', x'00', ?2, ?2, ?2)`, old, young); err != nil {
 		t.Fatal(err)
 	}
 	if out := inboxRun(t, 0, "stats", "--sqlite", path); !strings.Contains(out, "prunable   2") {
@@ -165,4 +169,123 @@ VALUES ('ledger', 'a', 'a', x'00', ?1, ?1), ('ledger', 'b', 'b', x'00', NULL, ?1
 		t.Fatalf("rows after prune: %d %v", n, err)
 	}
 	inboxRun(t, 1, "prune", "--sqlite", filepath.Join(t.TempDir(), "missing.db"))
+}
+
+// inboxRunErr runs `idem inbox args...` and returns stdout and stderr,
+// failing the test on an exit status other than want.
+func inboxRunErr(t *testing.T, want int, args ...string) (string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), append([]string{"inbox"}, args...), &out, &errb); code != want {
+		t.Fatalf("idem inbox %s: exit %d, want %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), code, want, out.String(), errb.String())
+	}
+	return out.String(), errb.String()
+}
+
+// TestInboxPruneShorterWindowRefused pins issue 11's third situation: a
+// prune asked for a window shorter than the one stored with the table is
+// refused with both numbers and deletes nothing. Before, the store took the
+// flag's window as its own, and --window 1s deleted every marker.
+func TestInboxPruneShorterWindowRefused(t *testing.T) {
+	t.Parallel()
+	for _, layout := range []pgxinbox.Layout{pgxinbox.Plain, pgxinbox.Partitioned} {
+		t.Run(layout.String(), func(t *testing.T) {
+			t.Parallel()
+			url, pool := seedInbox(t, layout)
+			for _, args := range [][]string{
+				{"prune", "--database", url, "--window", "1s"},
+				{"prune", "--database", url, "--window", "1s", "--dry-run"},
+				{"prune", "--database", url, "--window", "335h"},
+			} {
+				_, stderr := inboxRunErr(t, 1, args...)
+				if !strings.Contains(stderr, "shorter than the window stored with table idem_inbox, 336h0m0s") || !strings.Contains(stderr, "idem inbox window set") {
+					t.Fatalf("%v: stderr %q, want both windows named and the command that changes the stored one", args, stderr)
+				}
+			}
+			if layout == pgxinbox.Partitioned {
+				if _, stderr := inboxRunErr(t, 1, "partitions", "drop", "--database", url, "--window", "1s"); !strings.Contains(stderr, "336h0m0s") {
+					t.Fatalf("partitions drop --window 1s: %q", stderr)
+				}
+			}
+			if n := rows(t, pool); n != 4 {
+				t.Fatalf("%d markers left after refused prunes, want all 4", n)
+			}
+			// The stored window still prunes what is past it.
+			inboxRun(t, 0, "prune", "--database", url)
+			if n := rows(t, pool); n != 1 {
+				t.Fatalf("%d markers left after the prune by the stored window, want 1", n)
+			}
+		})
+	}
+}
+
+// TestInboxWindow: window show and set, on PostgreSQL and SQLite. Setting
+// logs old and new; a window under an hour or below a consumer's recorded
+// horizon is refused unless forced; prune and stats then use the new one.
+func TestInboxWindow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, pool := seedInbox(t, pgxinbox.Plain)
+	path := filepath.Join(t.TempDir(), "inbox.db")
+	db, err := sqlinbox.OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	lite, err := sqlinbox.New(db, sqlinbox.SQLite, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lite.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pg, err := pgxinbox.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		target []string
+		record func(consumer string, h time.Duration) error
+	}{
+		{"postgres", []string{"--database", url}, func(c string, h time.Duration) error { return pg.RecordHorizon(ctx, c, h) }},
+		{"sqlite", []string{"--sqlite", path}, func(c string, h time.Duration) error { return lite.RecordHorizon(ctx, c, h) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := func(a ...string) []string { return append(a, tc.target...) }
+			if out := inboxRun(t, 0, args("window", "show")...); !strings.Contains(out, "window   336h0m0s") || !strings.Contains(out, "(plain)") {
+				t.Fatalf("window show: %q", out)
+			}
+			out, stderr := inboxRunErr(t, 0, args("window", "set", "720h")...)
+			if !strings.Contains(out, "window 336h0m0s -> 720h0m0s") || !strings.Contains(stderr, "old=336h0m0s new=720h0m0s") {
+				t.Fatalf("window set: stdout %q stderr %q, want old and new printed and logged", out, stderr)
+			}
+			if _, stderr := inboxRunErr(t, 1, args("window", "set", "30m")...); !strings.Contains(stderr, "under 1h0m0s") {
+				t.Fatalf("window set 30m: %q, want it refused", stderr)
+			}
+			if err := tc.record("ledger", 500*time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			if _, stderr := inboxRunErr(t, 1, args("window", "set", "400h")...); !strings.Contains(stderr, "consumer ledger guards with a horizon of 500h0m0s") {
+				t.Fatalf("window set below a horizon: %q, want it refused naming the consumer", stderr)
+			}
+			if out := inboxRun(t, 0, args("window", "show")...); !strings.Contains(out, "window   720h0m0s") || !strings.Contains(out, "horizon  ledger 500h0m0s") {
+				t.Fatalf("window show after set: %q", out)
+			}
+			// The flag may come first; forced, it goes through, with a warning.
+			out, stderr = inboxRunErr(t, 0, append([]string{"window", "set", "--force"}, append(tc.target, "400h")...)...)
+			if !strings.Contains(out, "720h0m0s -> 400h0m0s") || !strings.Contains(stderr, "level=WARN") || !strings.Contains(stderr, "forced=true") {
+				t.Fatalf("forced window set: stdout %q stderr %q", out, stderr)
+			}
+			var st struct {
+				WindowSeconds float64 `json:"window_seconds"`
+			}
+			if err := json.Unmarshal([]byte(inboxRun(t, 0, args("stats", "--json")...)), &st); err != nil || st.WindowSeconds != 400*3600 {
+				t.Fatalf("stats after set: %+v %v, want the new window", st, err)
+			}
+			inboxRun(t, 2, args("window", "set", "soon")...)
+			inboxRun(t, 2, args("window", "set")...)
+			inboxRun(t, 2, "window", "bogus")
+		})
+	}
 }

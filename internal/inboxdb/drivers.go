@@ -55,6 +55,15 @@ func (p pgxDriver) Begin(ctx context.Context) (Tx, error) {
 	return pgxTx{pgxConn{tx}, tx}, nil
 }
 
+func (p pgxDriver) Read(ctx context.Context, f func(Conn) error) error {
+	tx, err := p.db.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	return f(pgxConn{tx})
+}
+
 // BeginMigration begins; the dialect's first bookkeeping statement takes
 // the migration lock.
 func (p pgxDriver) BeginMigration(ctx context.Context) (Tx, error) { return p.Begin(ctx) }
@@ -147,6 +156,10 @@ func (s sqlDriver) Begin(ctx context.Context) (Tx, error) {
 		}
 		return nil
 	}}, nil
+}
+
+func (s sqlDriver) Read(ctx context.Context, f func(Conn) error) error {
+	return f(sqlConn{s.db})
 }
 
 func (s sqlDriver) BeginMigration(ctx context.Context) (Tx, error) {

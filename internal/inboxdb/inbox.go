@@ -82,14 +82,9 @@ func (b *Inbox) Settings(ctx context.Context) (idem.Settings, error) {
 	return s, nil
 }
 
-// read runs f in a transaction that is then rolled back.
+// read runs f for reads.
 func (b *Inbox) read(ctx context.Context, f func(Conn) error) error {
-	tx, err := b.Driver.Begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	return f(tx)
+	return b.Driver.Read(ctx, f)
 }
 
 // now reads the database's clock on c: every instance prunes by the clock

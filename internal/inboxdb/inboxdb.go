@@ -47,8 +47,12 @@ type Driver interface {
 	// run in, serialized against every other migrator of the database (an
 	// advisory lock on PostgreSQL, BEGIN IMMEDIATE on SQLite).
 	BeginMigration(ctx context.Context) (Tx, error)
-	// Begin opens a plain transaction, for reads and small writes.
+	// Begin opens a plain transaction, for small writes.
 	Begin(ctx context.Context) (Tx, error)
+	// Read runs f on a connection for reads that take no write lock: on
+	// SQLite a transaction would (every one begins IMMEDIATE there), and
+	// wait behind a caller's open transaction.
+	Read(ctx context.Context, f func(Conn) error) error
 	// Lead elects one pruning instance per table: it returns a session on
 	// which the dialect's prune statements run in autocommit (each DELETE
 	// its own short transaction), and release, which gives the election
