@@ -1,33 +1,28 @@
 // Package idemprom exports idem's metrics to Prometheus. The core package
-// never imports Prometheus; wire this observer in to get:
+// never imports Prometheus; Metrics implements every idem hook (and the
+// retention hooks), so one value wired in gives:
 //
 //	idem_messages_total{consumer,outcome}   every result, by outcome
 //	idem_process_seconds{consumer}          time of the transaction that carried it
 //	idem_key_conflicts_total{consumer}      duplicates whose body differed from the winner's
+//	idem_untimed_total{consumer}            messages with no usable event time (no guard past the window)
+//	idem_attempts_failed_total{consumer,class,batch}  failed tries, by error class (transient, permanent, unavailable, config)
+//	idem_settled_total{consumer,action}     what the adapters told the broker (ack, redeliver, hold, dead_letter)
+//	idem_dead_letters_total{consumer,result}  dead letters written (ok) or refused by their destination (error)
 //	idem_redelivered_total{consumer}        deliveries the broker flagged as redelivered
 //	idem_inbox_markers_pruned_total{table}  markers removed by prune
 //	idem_inbox_partitions_dropped_total{table}
 //	idem_inbox_oldest_marker_age_seconds{table}  read by stats; against the window it shows prune falling behind
 //
-// Metrics also implements retention.Hooks: pass it as pgxinbox.Config.Hooks
-// (or PruneOptions.Hooks). Expired messages are counted by
-// idem_messages_total{outcome="expired"}.
-//
 // Usage:
 //
 //	m := idemprom.New(prometheus.DefaultRegisterer)
-//	proc, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{..., Observer: m})
+//	proc, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{..., Hooks: []idem.Hook{m}})
+//	store, err := pgxinbox.New(pool, &pgxinbox.Config{Hooks: m})
 //
-// idem_redelivered_total is fed by a broker adapter's hooks; for RabbitMQ
-// (Kafka has no redelivered flag), a three-line adapter keeps this package
-// free of broker clients:
-//
-//	type hooks struct {
-//		idemrabbitmq.NopHooks
-//		m *idemprom.Metrics
-//	}
-//
-//	func (h hooks) Redelivered(queue string) { h.m.Redelivered(queue) }
+// The broker adapters take the processor's hooks, so settlements, dead
+// letters and redeliveries reach the same Metrics. Expired messages are
+// counted by idem_messages_total{outcome="expired"}.
 package idemprom
 
 import (
@@ -46,6 +41,10 @@ type Metrics struct {
 	seconds     *prometheus.HistogramVec
 	conflicts   *prometheus.CounterVec
 	redelivered *prometheus.CounterVec
+	untimed     *prometheus.CounterVec
+	attempts    *prometheus.CounterVec
+	settled     *prometheus.CounterVec
+	deadLetters *prometheus.CounterVec
 	pruned      *prometheus.CounterVec
 	dropped     *prometheus.CounterVec
 	oldest      *prometheus.GaugeVec
@@ -74,6 +73,22 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "idem_redelivered_total",
 			Help: "Deliveries flagged by the broker as redelivered (informative; the inbox decides).",
 		}, []string{"consumer"}),
+		untimed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idem_untimed_total",
+			Help: "Messages with no usable event time: their markers are kept a window after they were written, and a replay after that is not recognised.",
+		}, []string{"consumer"}),
+		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idem_attempts_failed_total",
+			Help: "Failed transaction tries, by error class (transient, permanent, unavailable, config) and whether the try carried a batch.",
+		}, []string{"consumer", "class", "batch"}),
+		settled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idem_settled_total",
+			Help: "Deliveries settled with the broker, by action (ack, redeliver, hold, dead_letter).",
+		}, []string{"consumer", "action"}),
+		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idem_dead_letters_total",
+			Help: "Dead letters written to their destination (result ok) or refused by it (result error; the message comes again).",
+		}, []string{"consumer", "result"}),
 		pruned: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_inbox_markers_pruned_total",
 			Help: "Inbox markers removed by prune, by table.",
@@ -95,6 +110,10 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.seconds = register(reg, m.seconds)
 		m.conflicts = register(reg, m.conflicts)
 		m.redelivered = register(reg, m.redelivered)
+		m.untimed = register(reg, m.untimed)
+		m.attempts = register(reg, m.attempts)
+		m.settled = register(reg, m.settled)
+		m.deadLetters = register(reg, m.deadLetters)
 	}
 	return m
 }
@@ -112,20 +131,59 @@ func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
 	return c
 }
 
-// Observe implements idem.Observer.
-func (m *Metrics) Observe(consumer string, r idem.Result, elapsed time.Duration) {
+// OnOutcome implements idem.OutcomeHook.
+func (m *Metrics) OnOutcome(consumer string, r idem.Result, elapsed time.Duration) {
 	m.messages.WithLabelValues(consumer, r.Outcome.String()).Inc()
 	m.seconds.WithLabelValues(consumer).Observe(elapsed.Seconds())
 	if r.Conflict {
 		m.conflicts.WithLabelValues(consumer).Inc()
 	}
+	if r.Untimed {
+		m.untimed.WithLabelValues(consumer).Inc()
+	}
 }
 
-// Redelivered counts one delivery the broker flagged as redelivered. Broker
-// adapters call it through their hooks.
-func (m *Metrics) Redelivered(consumer string) {
+// Observe implements idem.Observer, for processors configured with
+// Config.Observer.
+func (m *Metrics) Observe(consumer string, r idem.Result, elapsed time.Duration) {
+	m.OnOutcome(consumer, r, elapsed)
+}
+
+var classNames = map[idem.ErrorClass]string{
+	idem.ClassTransient: "transient", idem.ClassPermanent: "permanent",
+	idem.ClassUnavailable: "unavailable", idem.ClassConfig: "config",
+}
+
+// OnAttempt implements idem.AttemptHook.
+func (m *Metrics) OnAttempt(consumer string, a idem.Attempt) {
+	batch := "false"
+	if a.Batch {
+		batch = "true"
+	}
+	m.attempts.WithLabelValues(consumer, classNames[a.Class], batch).Inc()
+}
+
+// OnSettle implements idem.SettleHook.
+func (m *Metrics) OnSettle(consumer, _ string, d idem.Disposition, _ idem.Result) {
+	m.settled.WithLabelValues(consumer, d.Action.String()).Inc()
+}
+
+// OnDeadLetter implements idem.DeadLetterHook.
+func (m *Metrics) OnDeadLetter(consumer, _ string, _ idem.Result, err error) {
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	m.deadLetters.WithLabelValues(consumer, result).Inc()
+}
+
+// OnRedelivered implements idem.RedeliveredHook.
+func (m *Metrics) OnRedelivered(consumer, _ string) {
 	m.redelivered.WithLabelValues(consumer).Inc()
 }
+
+// Redelivered counts one delivery the broker flagged as redelivered.
+func (m *Metrics) Redelivered(consumer string) { m.OnRedelivered(consumer, "") }
 
 // MessagesCounter returns idem_messages_total, for tests and dashboards
 // built in code.
@@ -148,3 +206,11 @@ func (m *Metrics) OldestMarker(table string, age time.Duration) {
 
 // PrunedCounter returns idem_inbox_markers_pruned_total, for tests.
 func (m *Metrics) PrunedCounter() *prometheus.CounterVec { return m.pruned }
+
+var (
+	_ idem.OutcomeHook     = (*Metrics)(nil)
+	_ idem.AttemptHook     = (*Metrics)(nil)
+	_ idem.SettleHook      = (*Metrics)(nil)
+	_ idem.DeadLetterHook  = (*Metrics)(nil)
+	_ idem.RedeliveredHook = (*Metrics)(nil)
+)

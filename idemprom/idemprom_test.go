@@ -2,7 +2,10 @@ package idemprom_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
@@ -73,8 +76,8 @@ func TestRetentionMetrics(t *testing.T) {
 	if err := store.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256, processed_at)
-SELECT 'ledger', 'old-' || g, 'old-' || g, '\x00', now() - interval '20 days' FROM generate_series(1, 7) g`); err != nil {
+	if _, err := pool.Exec(ctx, `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256, processed_at, keep_until)
+SELECT 'ledger', 'old-' || g, 'old-' || g, '\x00', now() - interval '20 days', now() - interval '20 days' FROM generate_series(1, 7) g`); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := store.Stats(ctx); err != nil {
@@ -83,10 +86,60 @@ SELECT 'ledger', 'old-' || g, 'old-' || g, '\x00', now() - interval '20 days' FR
 	if _, err := store.Prune(ctx, pgxinbox.PruneOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if got := testutil.ToFloat64(m.PrunedCounter().WithLabelValues(store.Table())); got != 7 {
+	if got := testutil.ToFloat64(m.PrunedCounter().WithLabelValues("idem_inbox")); got != 7 {
 		t.Fatalf("idem_inbox_markers_pruned_total = %v, want 7", got)
 	}
 	if n, err := testutil.GatherAndCount(reg, "idem_inbox_oldest_marker_age_seconds"); err != nil || n != 1 {
 		t.Fatalf("oldest marker gauge: %d series (%v)", n, err)
+	}
+}
+
+// TestHooks wires Metrics in as the processor's one hook and reads back
+// what the processor reports through it: untimed messages and failed tries
+// by class.
+func TestHooks(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	store, err := pgxinbox.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	m := idemprom.New(reg)
+	failed := false
+	p, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{
+		Consumer: "ledger", Key: idem.ByMessageID, Hooks: []idem.Hook{m},
+		Retry: idem.RetryPolicy{InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond},
+		Handler: func(context.Context, pgx.Tx, idem.Message) error {
+			if !failed {
+				failed = true
+				return errors.New("gateway timed out")
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := p.Process(ctx, idem.Message{ID: "evt-untimed"}); r.Outcome != idem.Applied || !r.Untimed {
+		t.Fatalf("untimed message: %v untimed=%v", r.Outcome, r.Untimed)
+	}
+	p.Process(ctx, idem.Message{ID: "evt-timed", Time: time.Now(), TimeSource: idem.TimeFromHeader})
+	if got := testutil.ToFloat64(m.MessagesCounter().WithLabelValues("ledger", "applied")); got != 2 {
+		t.Errorf("applied = %v, want 2", got)
+	}
+	if n, err := testutil.GatherAndCount(reg, "idem_untimed_total"); err != nil || n != 1 {
+		t.Fatalf("untimed series %d (%v)", n, err)
+	}
+	want := "\n# HELP idem_untimed_total Messages with no usable event time: their markers are kept a window after they were written, and a replay after that is not recognised.\n# TYPE idem_untimed_total counter\nidem_untimed_total{consumer=\"ledger\"} 1\n"
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "idem_untimed_total"); err != nil {
+		t.Fatal(err)
+	}
+	wantAttempts := "\n# HELP idem_attempts_failed_total Failed transaction tries, by error class (transient, permanent, unavailable, config) and whether the try carried a batch.\n# TYPE idem_attempts_failed_total counter\nidem_attempts_failed_total{batch=\"false\",class=\"transient\",consumer=\"ledger\"} 1\n"
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(wantAttempts), "idem_attempts_failed_total"); err != nil {
+		t.Fatal(err)
 	}
 }
