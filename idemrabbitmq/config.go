@@ -106,7 +106,11 @@ type Config struct {
 	AMQP *amqp.Config
 	// Logger receives connection events. Defaults to slog.Default().
 	Logger *slog.Logger
-	// Hooks receives deliveries, settlements and reconnects, for metrics.
+	// Hooks receives deliveries, settlements and reconnects, for tests and
+	// broker-specific metrics. The processor's hooks (idem.Config.Hooks)
+	// receive the same settlements (idem.SettleHook), dead letters
+	// (idem.DeadLetterHook) and redeliveries (idem.RedeliveredHook): that is
+	// the seam for metrics, and package idemprom implements it.
 	// Optional.
 	Hooks Hooks
 	// Faults injects failures at the adapter's fault points, for tests and

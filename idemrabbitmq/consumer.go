@@ -383,6 +383,7 @@ func (l *loop[TTx]) run(ctx context.Context, tag string, deliveries <-chan amqp.
 			if d.Redelivered {
 				l.c.stats.redelivered.Add(1)
 				cfg.Hooks.Redelivered(cfg.Queue)
+				idem.Each(l.c.proc.Hooks(), func(h idem.RedeliveredHook) { h.OnRedelivered(l.c.proc.Consumer(), cfg.Queue) })
 			}
 			l.s.deliver(d, Message(&d, cfg.Queue, cfg.IDHeader), time.Now())
 		case <-timer.C:
@@ -458,7 +459,17 @@ func (l *loop[TTx]) publish(ls []letter) {
 	l.wg.Add(1)
 	go func() {
 		defer l.wg.Done()
-		l.publications <- publication{letters: ls, err: l.dl.publish(l.bctx, ls)}
+		err := l.dl.publish(l.bctx, ls)
+		dest := l.dl.key
+		if l.dl.exchange != "" {
+			dest = l.dl.exchange + "/" + l.dl.key
+		}
+		for i := range ls {
+			idem.Each(l.c.proc.Hooks(), func(h idem.DeadLetterHook) {
+				h.OnDeadLetter(l.c.proc.Consumer(), dest, ls[i].d.res, err)
+			})
+		}
+		l.publications <- publication{letters: ls, err: err}
 	}()
 }
 
@@ -511,6 +522,7 @@ func (l *loop[TTx]) send(ops []op) error {
 				st.applied.Add(1)
 			}
 			cfg.Hooks.Settled(cfg.Queue, d.verb, d.res)
+			idem.Each(l.c.proc.Hooks(), func(h idem.SettleHook) { h.OnSettle(l.c.proc.Consumer(), cfg.Queue, d.disp, d.res) })
 		}
 	}
 	return nil

@@ -11,9 +11,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemprom"
 	"github.com/idemkit/idem/idemrabbitmq"
 )
 
@@ -77,13 +80,27 @@ func TestDeadLettersWithoutDLXAreKept(t *testing.T) {
 	cfg := config(t, q)
 	rec := newSettlements()
 	cfg.Hooks = rec
-	c, err := idemrabbitmq.NewConsumer(d.processor(t, permanentOn(msgID(2))), cfg)
+	reg := prometheus.NewRegistry()
+	m := idemprom.New(reg)
+	c, err := idemrabbitmq.NewConsumer(d.processor(t, permanentOn(msgID(2)), func(c *idem.Config[pgx.Tx]) { c.Hooks = []idem.Hook{m} }), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	stop := run(t, c)
 	rec.waitUntil(t, 30*time.Second, "every message settled", func() bool { return rec.distinctAcked() == 4 && rec.deadLettered() == 1 })
 	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	// The processor's one hook value saw the consumer's side too.
+	if n, err := testutil.GatherAndCount(reg, "idem_dead_letters_total"); err != nil || n != 1 {
+		t.Fatalf("idem_dead_letters_total: %d series (%v)", n, err)
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP idem_settled_total Deliveries settled with the broker, by action (ack, redeliver, hold, dead_letter).
+# TYPE idem_settled_total counter
+idem_settled_total{action="ack",consumer="billing-invoice"} 4
+idem_settled_total{action="dead_letter",consumer="billing-invoice"} 1
+`), "idem_settled_total"); err != nil {
 		t.Fatal(err)
 	}
 	dead := drain(t, conn, q+".dlq")

@@ -77,25 +77,15 @@
 //
 // # Metrics
 //
-// The processor's observer counts outcomes; [Hooks] adds what only the
-// broker knows. To feed Prometheus' idem_redelivered_total from package
-// idemprom, whose Metrics is the processor's observer and has
-// Redelivered(consumer), a hooks adapter of a few lines does:
-//
-//	type promHooks struct {
-//		idemrabbitmq.NopHooks
-//		m        *idemprom.Metrics
-//		consumer string
-//	}
-//
-//	func (h promHooks) Redelivered(queue string) { h.m.Redelivered(h.consumer) }
+// One hook value serves the processor and the consumer: the consumer
+// calls the processor's hooks (idem.Config.Hooks) for each settlement
+// (idem.SettleHook), dead letter (idem.DeadLetterHook) and redelivered
+// delivery (idem.RedeliveredHook). Package idemprom's Metrics implements
+// them all:
 //
 //	m := idemprom.New(prometheus.DefaultRegisterer)
-//	proc, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{ /* ... */ Observer: m})
-//	c, err := idemrabbitmq.NewConsumer(proc, &idemrabbitmq.Config{
-//		// ...
-//		Hooks: promHooks{m: m, consumer: proc.Consumer()},
-//	})
+//	proc, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{ /* ... */ Hooks: []idem.Hook{m}})
+//	c, err := idemrabbitmq.NewConsumer(proc, &idemrabbitmq.Config{ /* ... */ })
 //
 // The label is the consumer (the processor's name), as on every idem
 // series, not the queue.
