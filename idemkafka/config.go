@@ -90,8 +90,11 @@ type Config struct {
 	// RebalanceGrace plus CommitTimeout must not exceed half the rebalance
 	// timeout, so the member rejoins in time and keeps its place.
 	RebalanceGrace time.Duration
-	// Hooks receives commits, retries and dead letters, for metrics.
-	// Optional. [Consumer.Stats] counts the same events.
+	// Hooks receives offset commits, retries and dead letters with their
+	// records, for tests and drills. Optional. Metrics belong in the
+	// processor's hooks (idem.Config.Hooks), which the consumer calls too:
+	// idem.SettleHook for every record settled and idem.DeadLetterHook for
+	// every dead letter. [Consumer.Stats] counts the same events.
 	Hooks Hooks
 	// Faults injects crashes between the database commit and the offset
 	// commit, for tests and drills. Optional; see [FaultFunc].

@@ -79,6 +79,7 @@ func (c *Consumer[TTx]) deadLetter(ctx context.Context, r *kgo.Record, res idem.
 		if c.cfg.Hooks != nil {
 			c.cfg.Hooks.OnDeadLetter(r, res, err)
 		}
+		idem.Each(c.proc.Hooks(), func(h idem.DeadLetterHook) { h.OnDeadLetter(c.proc.Consumer(), dl.Topic, res, err) })
 		if err == nil {
 			c.cfg.Logger.Debug("dead letter produced", "consumer", c.proc.Consumer(), "origin", origin(r),
 				"message_id", res.MessageID, "dead_letter_topic", dl.Topic)

@@ -3,6 +3,7 @@ package idemkafka_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -103,7 +104,9 @@ func TestPermanentErrorDeadLetteredAtOnce(t *testing.T) {
 		return write(ctx, tx, m)
 	}
 	hooks := &countRetries{commits: newCommits(t, map[int32]int64{0: 3})}
-	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), d.processor(t, nil, handler), &idemkafka.Config{Hooks: hooks})
+	seam := &idemHooks{}
+	withHooks := func(c *idem.Config[pgx.Tx]) { c.Hooks = []idem.Hook{seam} }
+	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), d.processor(t, nil, handler, withHooks), &idemkafka.Config{Hooks: hooks})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,6 +126,17 @@ func TestPermanentErrorDeadLetteredAtOnce(t *testing.T) {
 	if header(dl, idemkafka.DefaultIDHeader) != "bad" || header(dl, idemkafka.HeaderAttempts) != strconv.Itoa(hooks.attempts) || hooks.attempts > 2 ||
 		!strings.Contains(header(dl, idemkafka.HeaderReason), "unknown customer") {
 		t.Errorf("dead letter headers %v; want bad, %d attempts (at most 2), the handler's error", dl.Headers, hooks.attempts)
+	}
+	// The processor's hooks hear of every settlement and of the dead
+	// letter once it is durable.
+	seam.mu.Lock()
+	settles, dls := fmt.Sprint(seam.settles), fmt.Sprint(seam.dls)
+	seam.mu.Unlock()
+	if want := "[ack dead_letter ack]"; settles != want {
+		t.Errorf("settle hook saw %s, want %s", settles, want)
+	}
+	if want := fmt.Sprintf("[%s.dlq <nil>]", topic); dls != want {
+		t.Errorf("dead-letter hook saw %s, want %s", dls, want)
 	}
 	groups, err := kadm.NewClient(k.client(t)).DescribeGroups(context.Background(), group)
 	if err != nil {
@@ -147,3 +161,22 @@ func (h *countRetries) OnDeadLetter(r *kgo.Record, res idem.Result, err error) {
 }
 
 func (h *countRetries) OnRetry(*kgo.Record, int, idem.Result) { h.retries.Add(1) }
+
+// idemHooks implements the processor's settle and dead-letter hooks.
+type idemHooks struct {
+	mu      sync.Mutex
+	settles []string
+	dls     []string
+}
+
+func (h *idemHooks) OnSettle(_, _ string, d idem.Disposition, _ idem.Result) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.settles = append(h.settles, d.Action.String())
+}
+
+func (h *idemHooks) OnDeadLetter(_, destination string, _ idem.Result, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.dls = append(h.dls, destination, fmt.Sprint(err))
+}

@@ -34,9 +34,13 @@ func (c *Consumer[TTx]) runPartition(ctx context.Context, stop <-chan struct{}, 
 			n = 1
 		}
 		batch := recs[:n]
-		s := c.settler.settle(ctx, batch, c.process(ctx, batch, runs))
+		results := c.process(ctx, batch, runs)
+		s := c.settler.settle(ctx, batch, results)
 		if s.n > 0 {
 			c.commit(ctx, batch[s.n-1])
+			for i, d := range s.done {
+				c.onSettle(batch[i], d, results[i])
+			}
 			runs = 0
 		}
 		recs = recs[s.n:]
@@ -44,6 +48,7 @@ func (c *Consumer[TTx]) runPartition(ctx context.Context, stop <-chan struct{}, 
 		case s.halt:
 			return recs
 		case s.retry:
+			c.onSettle(recs[0], s.d, s.res)
 			runs++
 			if c.cfg.Hooks != nil {
 				c.cfg.Hooks.OnRetry(recs[0], runs+1, s.res)
@@ -70,14 +75,17 @@ type settler struct {
 }
 
 // settled is what a batch's settlement came to: its first n records are
-// done with (their offset may be committed); then either all are, or the
-// next one is to be retried after delay (res is its result), or the
-// worker must stop (halt: a dead letter could not be produced before the
-// context ended).
+// done with (their offset may be committed; done holds their
+// dispositions); then either all are, or the next one is to be retried
+// after delay (d and res are its disposition and result), or the worker
+// must stop (halt: a dead letter could not be produced before the context
+// ended).
 type settled struct {
 	n     int
+	done  []idem.Disposition
 	retry bool
 	delay time.Duration
+	d     idem.Disposition
 	res   idem.Result
 	halt  bool
 }
@@ -86,6 +94,7 @@ type settled struct {
 // record that is not done with. It decides nothing: verbFor maps the
 // processor's disposition.
 func (s *settler) settle(ctx context.Context, recs []*kgo.Record, results []idem.Result) settled {
+	done := make([]idem.Disposition, 0, len(results))
 	for i, res := range results {
 		d := s.dispose(res)
 		switch verbFor(d) {
@@ -97,7 +106,7 @@ func (s *settler) settle(ctx context.Context, recs []*kgo.Record, results []idem
 			}
 		case deadLetter:
 			if err := s.deadLetter(ctx, recs[i], res); err != nil {
-				return settled{n: i, halt: true}
+				return settled{n: i, done: done, halt: true}
 			}
 			s.stats.deadLettered.Add(1)
 			if errors.Is(res.Err, ErrBadTime) {
@@ -115,10 +124,17 @@ func (s *settler) settle(ctx context.Context, recs []*kgo.Record, results []idem
 			if delay <= 0 {
 				delay = s.minDelay
 			}
-			return settled{n: i, retry: true, delay: delay, res: res}
+			return settled{n: i, done: done, retry: true, delay: delay, d: d, res: res}
 		}
+		done = append(done, d)
 	}
-	return settled{n: len(results)}
+	return settled{n: len(results), done: done}
+}
+
+// onSettle tells the processor's hooks (idem.SettleHook) what was done
+// with r: for a record done with, once its offset commit was sent.
+func (c *Consumer[TTx]) onSettle(r *kgo.Record, d idem.Disposition, res idem.Result) {
+	idem.Each(c.proc.Hooks(), func(h idem.SettleHook) { h.OnSettle(c.proc.Consumer(), source(r.Topic, r.Partition), d, res) })
 }
 
 // process runs one batch through the processor, in order: when a record
