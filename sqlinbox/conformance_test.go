@@ -26,6 +26,12 @@ func TestConformance(t *testing.T) {
 }
 
 func env(t *testing.T, b backend) inboxtest.Env[*sql.Tx] {
+	e, _ := envDB(t, b)
+	return e
+}
+
+// envDB is env with its database.
+func envDB(t *testing.T, b backend) (inboxtest.Env[*sql.Tx], *sql.DB) {
 	ctx := context.Background()
 	db := b.open(t)
 	store := migrated(t, db, b.dialect, nil)
@@ -55,5 +61,5 @@ func env(t *testing.T, b backend) inboxtest.Env[*sql.Tx] {
 		Begin:    store.Begin,
 		Commit:   func(_ context.Context, tx *sql.Tx) error { return tx.Commit() },
 		Rollback: func(_ context.Context, tx *sql.Tx) error { return tx.Rollback() },
-	}
+	}, db
 }
