@@ -67,6 +67,16 @@ type Config[TTx any] struct {
 	// cannot be told from a new message. Off by default: untimed messages
 	// are applied, counted (Result.Untimed) and logged once a minute.
 	RefuseUntimed bool
+	// RefuseLate refuses a message whose key a prune deleted (the store
+	// keeps summaries of pruned keys, see [PrunedSummaryStore]): it is
+	// probably a late duplicate, a replay older than the window or an
+	// untimed message come back after its marker went. Its outcome is
+	// Expired, wrapping [ErrMarkerPruned], with the day of the prune. Off
+	// by default: such a message is applied, flagged (Result.PrunedOn) and
+	// logged once a minute. A summary answers yes for about one key in a
+	// million it never saw, so a refused message may be new: redrive it on
+	// purpose to a consumer without RefuseLate.
+	RefuseLate bool
 	// TxTimeout bounds one transaction, from BEGIN to the handler's end, so
 	// that a half-open connection cannot stall a worker until TCP gives up.
 	// Defaults to 30s. -1 leaves it unbounded.

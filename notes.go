@@ -17,7 +17,7 @@ const noteInterval = time.Minute
 // lines instead of 100,000.
 type notes struct {
 	mu                      sync.Mutex
-	dups, untimedN, futureN summary
+	dups, untimedN, futureN, lateN summary
 }
 
 type summary struct {

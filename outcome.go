@@ -70,6 +70,10 @@ type Result struct {
 	// Config.RefuseUntimed), and TimeSource says where its time came from.
 	Untimed    bool
 	TimeSource TimeSource
+	// PrunedOn is set when the key was among the markers a prune deleted
+	// that day (see Config.RefuseLate): an Applied message with PrunedOn is
+	// probably applied a second time; an Expired one was refused for it.
+	PrunedOn time.Time
 }
 
 // Marker is a row of the inbox: the claim of one key by one consumer.

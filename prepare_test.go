@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 )
@@ -159,5 +160,41 @@ func TestStoredWindowRules(t *testing.T) {
 	store.s.Window = 7 * 24 * time.Hour
 	if err := p.ready(ctx, true); err != nil || p.horizon().Window != 7*24*time.Hour {
 		t.Fatalf("after the window was shortened: %v, %v", p.horizon().Window, err)
+	}
+}
+
+// prunedStore reports one summary of pruned keys.
+type prunedStore struct {
+	nopStore
+	day  time.Time
+	keys map[string]bool
+}
+
+func (s *prunedStore) PrunedSummaries(context.Context, string) ([]PrunedSummary, error) {
+	return []PrunedSummary{{Day: s.day, Has: func(k string) bool { return s.keys[k] }}}, nil
+}
+
+func TestLateDuplicatesRefused(t *testing.T) {
+	ctx := context.Background()
+	day := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	store := &prunedStore{day: day, keys: map[string]bool{"evt-old": true}}
+	p := procFor(t, store, func(c *Config[struct{}]) { c.RefuseLate = true })
+	if err := p.ready(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	it := p.prepare(Message{ID: "evt-old"})
+	if it.res.Outcome != Expired || !errors.Is(it.res.Err, ErrMarkerPruned) || !errors.Is(it.res.Err, ErrExpired) ||
+		!it.res.PrunedOn.Equal(day) || !strings.Contains(it.res.Err.Error(), "2026-03-01") {
+		t.Fatalf("pruned key: %v (%v), pruned on %v; want Expired naming the day", it.res.Outcome, it.res.Err, it.res.PrunedOn)
+	}
+	if it := p.prepare(Message{ID: "evt-new"}); it.res.Outcome != 0 {
+		t.Fatalf("a key never pruned: %v %v", it.res.Outcome, it.res.Err)
+	}
+	lax := procFor(t, store, nil)
+	if err := lax.ready(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if it := lax.prepare(Message{ID: "evt-old"}); it.res.Outcome != 0 {
+		t.Fatalf("without RefuseLate the message goes on to its claim: %v", it.res.Outcome)
 	}
 }

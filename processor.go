@@ -297,6 +297,7 @@ func (p *Processor[TTx]) prepare(msg Message) *item {
 			return it
 		}
 	}
+	p.lateRefused(it)
 	return it
 }
 
@@ -601,6 +602,7 @@ func (p *Processor[TTx]) claimAndExtend(ctx context.Context, tx TTx, items []*it
 			fresh = append(fresh, it)
 		}
 	}
+	p.markLate(fresh)
 	return fresh, extended, nil
 }
 

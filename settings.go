@@ -19,6 +19,7 @@ type inboxState struct {
 	mu      sync.Mutex
 	next    atomic.Int64 // unix nanoseconds of the next read; 0: never read
 	horizon atomic.Pointer[Horizon]
+	pruned  atomic.Pointer[[]PrunedSummary]
 }
 
 // horizon is the guard in force.
@@ -31,7 +32,8 @@ func (p *Processor[TTx]) horizon() *Horizon { return p.inbox.horizon.Load() }
 // store's. force reads them now.
 func (p *Processor[TTx]) ready(ctx context.Context, force bool) error {
 	ss, ok := p.store.(SettingsStore)
-	if !ok {
+	_, hasPruned := p.store.(PrunedSummaryStore)
+	if !ok && !hasPruned {
 		return nil
 	}
 	if !force && time.Now().UnixNano() < p.inbox.next.Load() {
@@ -42,19 +44,24 @@ func (p *Processor[TTx]) ready(ctx context.Context, force bool) error {
 	if !force && time.Now().UnixNano() < p.inbox.next.Load() {
 		return nil // another call read them meanwhile
 	}
-	s, err := ss.Settings(ctx)
-	if err != nil {
-		return wrapStep(stepSettings, err)
+	if ok {
+		s, err := ss.Settings(ctx)
+		if err != nil {
+			return wrapStep(stepSettings, err)
+		}
+		h, err := p.horizonFor(s)
+		if err != nil {
+			return err
+		}
+		if old := p.horizon(); old.Window != h.Window {
+			p.cfg.Logger.Info("inbox retention window in force", "consumer", p.cfg.Consumer,
+				"window", s.Window, "horizon", h.Window, "previous_horizon", old.Window)
+		}
+		p.inbox.horizon.Store(&h)
 	}
-	h, err := p.horizonFor(s)
-	if err != nil {
+	if err := p.loadPruned(ctx); err != nil {
 		return err
 	}
-	if old := p.horizon(); old.Window != h.Window {
-		p.cfg.Logger.Info("inbox retention window in force", "consumer", p.cfg.Consumer,
-			"window", s.Window, "horizon", h.Window, "previous_horizon", old.Window)
-	}
-	p.inbox.horizon.Store(&h)
 	p.inbox.next.Store(time.Now().Add(settingsTTL).UnixNano())
 	return nil
 }

@@ -6,6 +6,7 @@
 //	idem_process_seconds{consumer}          time of the transaction that carried it
 //	idem_key_conflicts_total{consumer}      duplicates whose body differed from the winner's
 //	idem_untimed_total{consumer}            messages with no usable event time (no guard past the window)
+//	idem_late_duplicates_total{consumer,outcome}  messages whose key a prune had deleted: applied (probably twice) or expired (refused)
 //	idem_attempts_failed_total{consumer,class,batch}  failed tries, by error class (transient, permanent, unavailable, config)
 //	idem_settled_total{consumer,action}     what the adapters told the broker (ack, redeliver, hold, dead_letter)
 //	idem_dead_letters_total{consumer,result}  dead letters written (ok) or refused by their destination (error)
@@ -42,6 +43,7 @@ type Metrics struct {
 	conflicts   *prometheus.CounterVec
 	redelivered *prometheus.CounterVec
 	untimed     *prometheus.CounterVec
+	late        *prometheus.CounterVec
 	attempts    *prometheus.CounterVec
 	settled     *prometheus.CounterVec
 	deadLetters *prometheus.CounterVec
@@ -77,6 +79,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "idem_untimed_total",
 			Help: "Messages with no usable event time: their markers are kept a window after they were written, and a replay after that is not recognised.",
 		}, []string{"consumer"}),
+		late: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idem_late_duplicates_total",
+			Help: "Messages whose key was among the markers a prune deleted: probable late duplicates, applied again or refused (Config.RefuseLate).",
+		}, []string{"consumer", "outcome"}),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_attempts_failed_total",
 			Help: "Failed transaction tries, by error class (transient, permanent, unavailable, config) and whether the try carried a batch.",
@@ -111,6 +117,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.conflicts = register(reg, m.conflicts)
 		m.redelivered = register(reg, m.redelivered)
 		m.untimed = register(reg, m.untimed)
+		m.late = register(reg, m.late)
 		m.attempts = register(reg, m.attempts)
 		m.settled = register(reg, m.settled)
 		m.deadLetters = register(reg, m.deadLetters)
@@ -140,6 +147,9 @@ func (m *Metrics) OnOutcome(consumer string, r idem.Result, elapsed time.Duratio
 	}
 	if r.Untimed {
 		m.untimed.WithLabelValues(consumer).Inc()
+	}
+	if !r.PrunedOn.IsZero() {
+		m.late.WithLabelValues(consumer, r.Outcome.String()).Inc()
 	}
 }
 

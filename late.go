@@ -1,0 +1,101 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// ErrMarkerPruned is wrapped, with [ErrExpired], by the error of a message
+// refused as a probable late duplicate (Config.RefuseLate): its key was
+// among the markers a prune deleted.
+var ErrMarkerPruned = errors.New("marker pruned")
+
+// PrunedSummary is a compact record of the keys whose markers a prune
+// deleted for one consumer: a Bloom filter, which may answer yes for a key
+// it never saw (at its false-positive rate) but never no for one it did.
+type PrunedSummary struct {
+	// Day is the UTC day of the prune.
+	Day time.Time
+	// Has reports whether key was probably among the pruned markers.
+	Has func(key string) bool
+}
+
+// PrunedSummaryStore is a store whose prune keeps summaries of the keys it
+// deleted (see package retention). A processor over one loads its
+// consumer's summaries with the settings and checks every fresh key in
+// memory: a hit is a message whose marker is gone — a replay older than
+// the window, or an untimed message redelivered after its marker was
+// pruned — which no inbox can otherwise tell from a new one.
+type PrunedSummaryStore interface {
+	PrunedSummaries(ctx context.Context, consumer string) ([]PrunedSummary, error)
+}
+
+// loadPruned reads the consumer's pruned-key summaries, newest first.
+func (p *Processor[TTx]) loadPruned(ctx context.Context) error {
+	ps, ok := p.store.(PrunedSummaryStore)
+	if !ok || p.cfg.Natural {
+		return nil
+	}
+	sums, err := ps.PrunedSummaries(ctx, p.cfg.Consumer)
+	if err != nil {
+		return wrapStep(stepSettings, fmt.Errorf("reading pruned-key summaries: %w", err))
+	}
+	p.inbox.pruned.Store(&sums)
+	return nil
+}
+
+// prunedOn returns the day a prune deleted key's marker, if a summary says
+// it probably did.
+func (p *Processor[TTx]) prunedOn(key string) (time.Time, bool) {
+	sums := p.inbox.pruned.Load()
+	if sums == nil {
+		return time.Time{}, false
+	}
+	for _, s := range *sums {
+		if s.Has(key) {
+			return s.Day, true
+		}
+	}
+	return time.Time{}, false
+}
+
+// lateRefused makes it Expired when its key was pruned and the consumer
+// refuses late duplicates, and reports whether it did.
+func (p *Processor[TTx]) lateRefused(it *item) bool {
+	if !p.cfg.RefuseLate {
+		return false
+	}
+	day, ok := p.prunedOn(it.claim.Key)
+	if !ok {
+		return false
+	}
+	it.res.PrunedOn = day
+	it.res.Outcome = Expired
+	it.res.Err = fmt.Errorf("%w: %w on %s: the key's marker is gone, so this is probably a late duplicate (Config.RefuseLate; redrive it to a consumer without RefuseLate to apply it on purpose)",
+		ErrExpired, ErrMarkerPruned, day.Format(time.DateOnly))
+	return true
+}
+
+// markLate flags fresh items whose keys were pruned: applied, but probably
+// a second time.
+func (p *Processor[TTx]) markLate(fresh []*item) {
+	for _, it := range fresh {
+		if day, ok := p.prunedOn(it.claim.Key); ok {
+			it.res.PrunedOn = day
+			p.notes.late(p.cfg.Logger, p.cfg.Consumer, it.msg.ID, it.claim.Key, day)
+		}
+	}
+}
+
+func (n *notes) late(log *slog.Logger, consumer, id, key string, day time.Time) {
+	n.mu.Lock()
+	count, due := n.lateN.due(time.Now())
+	n.mu.Unlock()
+	if due {
+		log.Warn("probable late duplicates applied: their keys' markers were pruned, so the inbox could not recognise them (reconcile by hand, or set Config.RefuseLate)",
+			"consumer", consumer, "count", count, "example_message_id", id, "example_key", key, "pruned_on", day.Format(time.DateOnly))
+	}
+}
