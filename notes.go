@@ -16,7 +16,7 @@ const noteInterval = time.Minute
 // since the last line, so a run of 100,000 redeliveries prints a handful of
 // lines instead of 100,000.
 type notes struct {
-	mu                      sync.Mutex
+	mu                             sync.Mutex
 	dups, untimedN, futureN, lateN summary
 }
 
