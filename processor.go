@@ -90,6 +90,9 @@ type item struct {
 	claim Claim
 	res   Result
 	fresh bool // claimed by this transaction: the handler must run
+	// skipped: not attempted, because a message before it in the batch
+	// ended the walk; it is not reported and comes again.
+	skipped bool
 }
 
 // Process applies one message in its own transaction, retrying transient
@@ -126,85 +129,6 @@ func (p *Processor[TTx]) ProcessBatch(ctx context.Context, msgs []Message) []Res
 // Dead-lettered messages do not stop the walk: they leave the stream.
 func (p *Processor[TTx]) ProcessBatchInOrder(ctx context.Context, msgs []Message) []Result {
 	return p.batch(ctx, msgs, true)
-}
-
-func (p *Processor[TTx]) batch(ctx context.Context, msgs []Message, inOrder bool) []Result {
-	start := time.Now()
-	if err := p.readyWait(ctx); err != nil {
-		results := make([]Result, len(msgs))
-		for i, m := range msgs {
-			results[i] = notReadyResult(m, err)
-			p.report(results[i], time.Since(start))
-		}
-		return results
-	}
-	items := make([]*item, len(msgs))
-	valid := make([]*item, 0, len(msgs))
-	for i, m := range msgs {
-		items[i] = p.prepare(m)
-		if items[i].res.Outcome == 0 {
-			valid = append(valid, items[i])
-		}
-	}
-	var stop *item // the message whose Retry ends the walk
-	switch len(valid) {
-	case 0:
-	case 1:
-		p.processOne(ctx, valid[0], 0)
-		if inOrder && valid[0].res.Outcome == Retry {
-			stop = valid[0]
-		}
-	default:
-		// The batch is tried once; only an outage at BEGIN or the claim is
-		// waited out (for the whole batch at once, not once per message).
-		policy := p.cfg.Retry
-		policy.MaxAttempts = 1
-		v, ok := p.attempt(ctx, valid, p.retrier(policy), 0)
-		if ok {
-			break
-		}
-		if v.whole {
-			for _, it := range valid {
-				it.res.Outcome, it.res.Err, it.res.Blameless = Retry, fmt.Errorf("%w: %w", ErrBatchFailed, v.err), v.blameless
-			}
-			if inOrder {
-				stop = valid[0]
-			}
-			break
-		}
-		// Something in the batch failed, perhaps one poison message: apply
-		// each message alone so its neighbours still go through. A Retry
-		// that is no message's doing (the database went down meanwhile)
-		// ends the walk: the others would only wait for it in turn.
-		for _, it := range valid {
-			p.processOne(ctx, it, it.res.Attempts)
-			if it.res.Outcome == Retry && (inOrder || it.res.Blameless) {
-				stop = it
-				break
-			}
-		}
-	}
-	if stop != nil {
-		// The messages after it are not processed now, nor reported: they
-		// come again. In order, bad input after it waits its turn too.
-		after := false
-		for _, it := range items {
-			if after && (inOrder || it.res.Outcome != DeadLettered && it.res.Outcome != Expired) {
-				it.res = Result{Outcome: Retry, MessageID: it.msg.ID, Key: it.res.Key, Blameless: true,
-					Err: fmt.Errorf("%w: message %s before it must be retried first", ErrNotAttempted, stop.msg.ID)}
-			}
-			after = after || it == stop
-		}
-	}
-	elapsed := time.Since(start)
-	results := make([]Result, len(items))
-	for i, it := range items {
-		if !errors.Is(it.res.Err, ErrNotAttempted) {
-			p.report(it.res, elapsed)
-		}
-		results[i] = it.res
-	}
-	return results
 }
 
 // ProcessTx claims msg's key and runs the handler inside tx, a transaction

@@ -1,0 +1,115 @@
+package idem
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// batch is ProcessBatch and ProcessBatchInOrder.
+//
+// Invariant: each message ends in exactly one of two states. Either it has
+// its own outcome, which is reported once (bad input and expired messages
+// without touching the database; the others from the shared transaction or,
+// after it failed, from a transaction of their own); or it is skipped: not
+// attempted because a message before it ended the walk, given a blameless
+// Retry wrapping [ErrNotAttempted], and not reported, since it comes again.
+// A message is skipped only when it stands after the one that ended the
+// walk; out of order, bad input and expired messages are never skipped
+// (they leave the stream whatever happens before them).
+func (p *Processor[TTx]) batch(ctx context.Context, msgs []Message, inOrder bool) []Result {
+	start := time.Now()
+	if err := p.readyWait(ctx); err != nil {
+		results := make([]Result, len(msgs))
+		for i, m := range msgs {
+			results[i] = notReadyResult(m, err)
+			p.report(results[i], time.Since(start))
+		}
+		return results
+	}
+	items := make([]*item, len(msgs))
+	valid := make([]*item, 0, len(msgs))
+	for i, m := range msgs {
+		items[i] = p.prepare(m)
+		if items[i].res.Outcome == 0 {
+			valid = append(valid, items[i])
+		}
+	}
+	if stop := p.runBatch(ctx, valid, inOrder); stop != nil {
+		skipAfter(items, stop, inOrder)
+	}
+	elapsed := time.Since(start)
+	results := make([]Result, len(items))
+	for i, it := range items {
+		if !it.skipped {
+			p.report(it.res, elapsed)
+		}
+		results[i] = it.res
+	}
+	return results
+}
+
+// runBatch processes the valid messages of a batch and returns the one
+// whose Retry ends the walk, or nil when every message has its outcome.
+// The batch is tried once in one transaction (only an outage at BEGIN or the
+// claim is waited out, for the whole batch at once). A batch that fails as
+// a whole (the caller gave up, the database stayed down) fails every
+// message with it; one that fails otherwise, perhaps through one poison
+// message, is retried one message at a time.
+func (p *Processor[TTx]) runBatch(ctx context.Context, valid []*item, inOrder bool) *item {
+	switch len(valid) {
+	case 0:
+		return nil
+	case 1:
+		p.processOne(ctx, valid[0], 0)
+		if inOrder && valid[0].res.Outcome == Retry {
+			return valid[0]
+		}
+		return nil
+	}
+	once := p.cfg.Retry
+	once.MaxAttempts = 1
+	v, ok := p.attempt(ctx, valid, p.retrier(once), 0)
+	switch {
+	case ok:
+		return nil
+	case v.whole:
+		for _, it := range valid {
+			it.res.Outcome, it.res.Err, it.res.Blameless = Retry, fmt.Errorf("%w: %w", ErrBatchFailed, v.err), v.blameless
+		}
+		if inOrder {
+			return valid[0]
+		}
+		return nil
+	}
+	return p.oneByOne(ctx, valid, inOrder)
+}
+
+// oneByOne applies each message in a transaction of its own, so that its
+// neighbours go through whatever it does, and returns the message whose
+// Retry ends the walk: in order, any Retry (nothing may be applied ahead of
+// it); out of order, a blameless one (the database went down meanwhile:
+// the others would only wait for it in turn).
+func (p *Processor[TTx]) oneByOne(ctx context.Context, valid []*item, inOrder bool) *item {
+	for _, it := range valid {
+		p.processOne(ctx, it, it.res.Attempts)
+		if it.res.Outcome == Retry && (inOrder || it.res.Blameless) {
+			return it
+		}
+	}
+	return nil
+}
+
+// skipAfter marks the messages after stop as not attempted. In order, bad
+// input after it waits its turn too; out of order it leaves the stream now.
+func skipAfter(items []*item, stop *item, inOrder bool) {
+	after := false
+	for _, it := range items {
+		if after && (inOrder || it.res.Outcome != DeadLettered && it.res.Outcome != Expired) {
+			it.skipped = true
+			it.res = Result{Outcome: Retry, MessageID: it.msg.ID, Key: it.res.Key, Blameless: true,
+				Err: fmt.Errorf("%w: message %s before it must be retried first", ErrNotAttempted, stop.msg.ID)}
+		}
+		after = after || it == stop
+	}
+}
