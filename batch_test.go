@@ -6,7 +6,9 @@ import (
 )
 
 func TestSkipAfter(t *testing.T) {
-	mk := func(id string, o Outcome) *item { return &item{msg: Message{ID: id}, res: Result{MessageID: id, Outcome: o}} }
+	mk := func(id string, o Outcome) *item {
+		return &item{msg: Message{ID: id}, res: Result{MessageID: id, Outcome: o}}
+	}
 	for _, inOrder := range []bool{false, true} {
 		a, b, bad, c := mk("a", Applied), mk("b", Retry), mk("bad", DeadLettered), mk("c", 0)
 		items := []*item{a, b, bad, c}
