@@ -2,7 +2,6 @@ package idemkafka_test
 
 import (
 	"context"
-	"io"
 	"net"
 	"net/url"
 	"sync"
@@ -14,7 +13,8 @@ import (
 
 // pgProxy stands between pgx and PostgreSQL, to make outages the real way:
 // once stopped, it answers no new connection (the client's connect_timeout
-// runs out) and cuts the open ones, as a database host that went away does.
+// runs out) and cuts the open ones, as a database host that went away does;
+// once frozen, the open connections go silent too, without being cut.
 type pgProxy struct {
 	ln     net.Listener
 	target string
@@ -69,9 +69,43 @@ func (p *pgProxy) serve(c net.Conn) {
 	p.mu.Lock()
 	p.conns[c], p.conns[u] = struct{}{}, struct{}{}
 	p.mu.Unlock()
-	go func() { _, _ = io.Copy(u, c); _ = u.Close() }()
-	_, _ = io.Copy(c, u)
+	go func() { p.pipe(u, c); _ = u.Close() }()
+	p.pipe(c, u)
 	_ = c.Close()
+}
+
+// pipe copies from src to dst; while the proxy is frozen or stopped, what
+// it read waits.
+func (p *pgProxy) pipe(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			up := p.up
+			p.mu.Unlock()
+			<-up
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// freeze makes the proxy stop answering without cutting anything: the open
+// connections go silent (half-open, as behind a dead switch) and new ones
+// are left unanswered.
+func (p *pgProxy) freeze() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.up:
+		p.up = make(chan struct{})
+	default:
+	}
 }
 
 // stop makes the proxy stop answering: open connections are cut, new ones

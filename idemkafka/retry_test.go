@@ -282,3 +282,54 @@ func TestBlockingFaultHoldsOnlyItsPartition(t *testing.T) {
 		t.Errorf("effects: %d rows, %d distinct; want %d of each", rows, distinct, n)
 	}
 }
+
+// A connection that goes silent under the handler (half-open: the proxy
+// freezes, nothing is cut) is an outage too: the processor's transaction
+// deadline ends the try, the record is held, and nothing reaches the
+// dead-letter topic; once the database answers again every record is
+// applied once.
+func TestHalfOpenConnectionUnderHandler(t *testing.T) {
+	t.Parallel()
+	const n, parts = 12, 2
+	k := newKafka(t)
+	topic := k.topic(t, "halfopen", parts)
+	d := newDB(t)
+	store, proxy := d.throughProxy(t)
+	out := newOutcomes()
+	hooks := newHolds(newCommits(t, ends(n, parts)))
+	var once sync.Once
+	handler := func(ctx context.Context, tx pgx.Tx, m idem.Message) error {
+		if m.ID == msgID(5) {
+			once.Do(proxy.freeze) // the effect's INSERT below never gets an answer
+		}
+		return write(ctx, tx, m)
+	}
+	proc, err := idem.NewProcessor[pgx.Tx](store, &idem.Config[pgx.Tx]{
+		Consumer: "kafka-test", Key: idem.ByMessageID, Handler: handler, Observer: out, Logger: testLogger,
+		TxTimeout: 500 * time.Millisecond, CommitTimeout: 500 * time.Millisecond,
+		Retry: idem.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
+			WaitUnavailable: 100 * time.Millisecond},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := idemkafka.NewConsumer(k.groupClient(t, k.group("halfopen"), []string{topic}), proc, &idemkafka.Config{MaxBatch: 1, Hooks: hooks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	held := hooks.holds.reached(4)
+	produce(t, k.client(t), topic, parts, 0, n, msgID)
+	wait(t, held, 60*time.Second, "records held while the connection is silent")
+	proxy.start()
+	wait(t, hooks.done, 60*time.Second, "every partition committed once the database answers")
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if rows, distinct := d.effects(t); rows != n || distinct != n {
+		t.Errorf("effects: %d rows, %d distinct; want %d of each", rows, distinct, n)
+	}
+	if s := c.Stats(); out.get(idem.DeadLettered) != 0 || s.DeadLettered != 0 {
+		t.Errorf("%d dead-lettered, %d dead letters produced; want none (stats %+v)", out.get(idem.DeadLettered), s.DeadLettered, s)
+	}
+}
