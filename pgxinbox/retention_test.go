@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/inboxdb"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
 	"github.com/idemkit/idem/retention"
@@ -237,15 +238,16 @@ func TestPruneOneLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer other.Release()
+	lock := inboxdb.Postgres(inboxdb.Table{Name: "idem_inbox"}, pgxinbox.Plain)
 	var got bool
-	if err := other.QueryRow(ctx, retention.PostgresTryLock, store.Table()).Scan(&got); err != nil || !got {
+	if err := other.QueryRow(ctx, lock.TryLock, store.Table()).Scan(&got); err != nil || !got {
 		t.Fatalf("taking the lock as another instance: %v %v", got, err)
 	}
 	res, err := store.Prune(ctx, pgxinbox.PruneOptions{})
 	if err != nil || !res.Skipped || res.Markers != 0 || len(keys(t, pool)) != 1 {
 		t.Fatalf("prune beside a leader: %+v %v, want skipped with nothing deleted", res, err)
 	}
-	if _, err := other.Exec(ctx, retention.PostgresUnlock, store.Table()); err != nil {
+	if _, err := other.Exec(ctx, lock.Unlock, store.Table()); err != nil {
 		t.Fatal(err)
 	}
 	res, err = store.Prune(ctx, pgxinbox.PruneOptions{})

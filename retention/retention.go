@@ -1,6 +1,7 @@
 // Package retention is what the inbox stores share about forgetting markers
 // safely: the options and result of a prune, the metrics hooks, and the
-// prune SQL for every dialect (sql.go, the one place to read it).
+// invariant that makes forgetting safe. The prune SQL of every dialect lives
+// with the rest of the inbox SQL, in package internal/inboxdb.
 //
 // # The invariant
 //

@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
+	"github.com/idemkit/idem/retention"
 	"github.com/idemkit/idem/sqlinbox"
 )
 
@@ -40,7 +43,7 @@ func TestSameSchemaAsPgxinbox(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	for _, table := range []string{"idem_inbox", "idem_migrations"} {
+	for _, table := range []string{"idem_inbox", "idem_migrations", "idem_inbox_settings", "idem_inbox_horizons"} {
 		a, b := describe(t, db, pgxSchema, table), describe(t, db, sqlSchema, table)
 		t.Logf("%s: %v", table, a)
 		if !slices.Equal(a, b) {
@@ -97,4 +100,122 @@ FROM information_schema.columns WHERE table_schema = $1 AND table_name = $2 ORDE
 		t.Fatalf("table %s.%s not found", schema, table)
 	}
 	return out
+}
+
+// labelRecorder records the table label of every retention metric.
+type labelRecorder struct {
+	mu     sync.Mutex
+	labels []string
+}
+
+func (r *labelRecorder) add(l string) { r.mu.Lock(); r.labels = append(r.labels, l); r.mu.Unlock() }
+
+func (r *labelRecorder) MarkersPruned(table string, _ int64)        { r.add("pruned " + table) }
+func (r *labelRecorder) PartitionsDropped(table string, _ int)      { r.add("dropped " + table) }
+func (r *labelRecorder) OldestMarker(table string, _ time.Duration) { r.add("oldest " + table) }
+
+// TestSameMetricLabels: both stores label retention metrics with the table
+// name as written (pgxinbox used to label it quoted, "\"idem_inbox\"", so
+// one table had two series), on every dialect.
+func TestSameMetricLabels(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	collect := func(prune func() error, stats func() error) {
+		t.Helper()
+		if err := prune(); err != nil {
+			t.Fatal(err)
+		}
+		if err := stats(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got [][]string
+	// pgxinbox
+	{
+		rec := &labelRecorder{}
+		pool := pgtest.Pool(t)
+		s, err := pgxinbox.New(pool, &pgxinbox.Config{Hooks: rec})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256) VALUES ('ledger', 'k', 'k', '\x00')`); err != nil {
+			t.Fatal(err)
+		}
+		collect(func() error { _, err := s.Prune(ctx, retention.Options{}); return err }, func() error { _, err := s.Stats(ctx); return err })
+		got = append(got, rec.labels)
+	}
+	for _, b := range backends {
+		rec := &labelRecorder{}
+		db := b.open(t)
+		s := migrated(t, db, b.dialect, &sqlinbox.Config{Hooks: rec})
+		claimOne(t, s, "ledger", "k")
+		collect(func() error { _, err := s.Prune(ctx, retention.Options{}); return err }, func() error { _, err := s.Stats(ctx); return err })
+		got = append(got, rec.labels)
+	}
+	want := []string{"pruned idem_inbox", "oldest idem_inbox"}
+	for i, g := range got {
+		if !slices.Equal(g, want) {
+			t.Errorf("store %d labelled %q, want %q", i, g, want)
+		}
+	}
+}
+
+// TestLongTableNameIndexes: a 63-byte table name leaves no room for an index
+// suffix, and PostgreSQL cuts longer names silently, to the table's own
+// name, which CREATE INDEX IF NOT EXISTS then skipped: pgxinbox created no
+// processed_at index and the prune scanned the table. On both stores and
+// dialects the table now gets its processed_at and keep_until indexes, and
+// two long names sharing a prefix get distinct ones.
+func TestLongTableNameIndexes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	names := []string{strings.Repeat("x", 63), strings.Repeat("x", 62) + "y"}
+	// indexes counts t's indexes whose definition ends with each column.
+	type counter func(table, column string) int
+	check := func(store string, count counter) {
+		t.Helper()
+		for _, n := range names {
+			for _, col := range []string{"processed_at", "keep_until"} {
+				if c := count(n, col); c != 1 {
+					t.Errorf("%s: table %s… has %d indexes on %s, want 1", store, n[:8], c, col)
+				}
+			}
+		}
+	}
+	pool := pgtest.Pool(t)
+	for _, n := range names {
+		s, err := pgxinbox.New(pool, &pgxinbox.Config{Table: n})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("pgxinbox", func(table, col string) (c int) {
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_indexes WHERE schemaname = current_schema() AND tablename = $1 AND indexdef LIKE '%(' || $2 || ')'`, table, col).Scan(&c); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	})
+	for _, b := range backends {
+		db := b.open(t)
+		for _, n := range names {
+			s := migrated(t, db, b.dialect, &sqlinbox.Config{Table: n})
+			claimOne(t, s, "billing", "k1")
+		}
+		q := `SELECT count(*) FROM pg_indexes WHERE schemaname = current_schema() AND tablename = $1 AND indexdef LIKE '%(' || $2 || ')'`
+		if b.dialect == sqlinbox.SQLite {
+			q = `SELECT count(*) FROM sqlite_master WHERE type = 'index' AND tbl_name = ?1 AND sql LIKE '%(' || ?2 || ')'`
+		}
+		check("sqlinbox "+b.name, func(table, col string) (c int) {
+			if err := db.QueryRowContext(ctx, q, table, col).Scan(&c); err != nil {
+				t.Fatal(err)
+			}
+			return c
+		})
+	}
 }
