@@ -3,49 +3,70 @@
 // message was already applied.
 //
 //	store, err := pgxinbox.New(pool, &pgxinbox.Config{Window: 14 * 24 * time.Hour})
-//	err = store.Migrate(ctx)
+//	err = store.Migrate(ctx) // stores the window with the table, once
 //	proc, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{
 //		Consumer: "ledger",
 //		Key:      idem.ByMessageID,
 //		Handler:  apply,
-//		Horizon:  store.Horizon(), // the same window as the prune
-//	})
+//	}) // guards with the stored window
 //
 // # Retention
 //
 // Markers cannot be kept forever, and forgetting one too early lets an old
-// duplicate through. Two rules make it safe (package retention has the
-// proof):
+// duplicate through. Package retention has the proof; in short:
 //
+//   - The window is stored with the table (idem_inbox_settings, written by
+//     [Store.Migrate] from Config.Window, 14 days by default). Processors,
+//     [Store.Prune], [Store.DropPartitions], [Store.Stats] and every
+//     `idem inbox` command read it; a prune shorter than it is refused, and
+//     it changes only with [Store.SetWindow] (`idem inbox window set`),
+//     which logs the change and refuses to go under an hour or below a
+//     consumer's recorded horizon unless forced.
 //   - The consumer's horizon guard refuses (outcome Expired, dead-lettered
 //     by default) any message whose event time is older than the window
 //     minus a skew margin: its marker may be gone, so it cannot be proven new.
-//   - The prune removes a marker only when both its event time and its write
-//     time are older than the window, by the database's clock.
+//   - Each marker has a keep_until: the later of its write time and its
+//     message's event time, raised by every later Duplicate with a newer
+//     event time ([Store.Extend]). The plain layout's prune removes a marker
+//     only when its keep_until is older than the window, by the database's
+//     clock, in batches driven by the keep_until index.
 //
-// Give consumers [Store.Horizon] (or an idem.Horizon with the same Window)
-// and run `idem inbox prune` (or [Store.Prune]) every hour or so, from as
-// many instances as you like: one leads, the others skip. Messages need an
-// event time (Message.Time) for the guard to judge them: a producer's time
-// header, the time in a UUIDv7 message ID ([idem.TimeFromUUIDv7]), or the
-// broker's timestamp when it is stable across redeliveries (a Kafka record's
-// timestamp is; a republished copy's is not). A message without one passes
-// the guard on the plain layout: its marker is kept a window after it was
-// written, but a replay later than that is applied again.
+// Run `idem inbox prune` (or [Store.Prune]) every hour or so, from as many
+// instances as you like: one leads, the others skip. Messages need an event
+// time (Message.Time) for the guard to judge them: the time in a UUIDv7
+// message ID, a producer's time header, or the broker's timestamp, in that
+// order of stability. A message without one passes the guard on the plain
+// layout: its marker is kept a window after it was written, but a replay
+// later than that is applied again.
 //
 // # Layouts
 //
 // [Plain] (the default) is one table, pruned by batched DELETE: simple, and
 // fine up to some millions of markers a day. [Partitioned] partitions the
-// table by day of event time and drops whole days: no per-row WAL, no dead
-// tuples, no vacuum debt (see the README for measured figures). The
-// partition column must be in the primary key, which is why it is the
-// message's own time and never the time of processing: a message first
-// processed at 23:59 and redelivered at 00:01 would otherwise land in two
-// partitions and be applied twice. The partitioned layout therefore refuses
-// messages without an event time (dead-lettered, [ErrNoEventTime]), and run
-// `idem inbox partitions ensure` daily so that tomorrow's partition exists
-// (a claim with no partition is retried, [ErrNoPartition]).
+// table by day of partition time and drops whole days: no per-row WAL, no
+// dead tuples, no vacuum debt (see the README for measured figures). The
+// partition column must be in the primary key, which is why it is a
+// function of the key alone, and never the time of processing or a
+// timestamp a copy of the message carries: a message first processed at
+// 23:59 and redelivered at 00:01, or republished with a fresh timestamp,
+// would otherwise land on another key and be applied twice. The processor
+// derives it (idem.Claim.PartitionTime): by default the time inside a
+// UUIDv7 message ID, or Config.PartitionTime for a business key that names
+// its period. A claim without one is refused (dead-lettered,
+// idem.ErrNoPartitionTime), and the guard also expires a message whose
+// partition time is older than the window. Run `idem inbox partitions
+// ensure` daily so that tomorrow's partition exists (a claim with no
+// partition is retried, [ErrNoPartition]).
+//
+// Tables of the previous release are upgraded in place by Migrate: the
+// partition column event_time is renamed partition_time (PostgreSQL renames
+// a partition key column without moving a row), so markers written before
+// keep the event time they were partitioned by as their partition time;
+// for UUIDv7 message IDs that is the same time the processor now derives.
+// Markers of messages whose event time came from elsewhere (a header, the
+// broker) are met only by a copy whose partition time happens to agree,
+// until they age out: upgrade such a consumer to UUIDv7 IDs or a
+// Config.PartitionTime that matches, or drain it before upgrading.
 //
 // # Choosing the window
 //
@@ -68,13 +89,19 @@
 //
 // Take the longest of these, add a margin (a day), and prefer a round number
 // of days for the partitioned layout, where markers are kept up to a day
-// longer than the window. Fourteen days, the default, covers a seven-day
+// longer than the window. Lengthening the stored window later is safe for
+// what is written from then on; markers older than the old window may be
+// gone already. Fourteen days, the default, covers a seven-day
 // topic with a week to spare. A longer window costs only disk: markers are
 // about 275 bytes each with their indexes (32-character keys, measured).
 //
 // # Metrics
 //
 // [Config.Hooks] receives markers pruned, partitions dropped and the age of
-// the oldest marker (on [Store.Stats]); messages refused by the guard are
+// the oldest marker (on [Store.Stats]), labelled with the table's name as
+// written, as sqlinbox labels them; messages refused by the guard are
 // counted by the processor's idem.Observer with outcome Expired.
+//
+// The SQL is in package internal/inboxdb, one file per dialect, shared with
+// sqlinbox: the migrations, the claim, the prune and the settings.
 package pgxinbox

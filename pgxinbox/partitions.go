@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/retention"
 )
 
@@ -286,5 +285,3 @@ func missingPartition(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "23514" && pgErr.ConstraintName == ""
 }
-
-var _ idem.Store[pgx.Tx] = (*Store)(nil)

@@ -6,28 +6,82 @@
 // # The invariant
 //
 // A marker is never removed while a message that maps to it can still be
-// accepted. The processor's horizon guard ([idem.Horizon]) accepts a message
-// at time t only if its event time E satisfies
+// accepted. Three rules make it true:
 //
-//	E >= t - (Window - Skew)
+//   - The window W is stored with the inbox table (written by its
+//     migration, changed only by an explicit, logged SetWindow). Every
+//     consumer guards with a horizon no longer than W; every prune and
+//     partition drop removes by a window no shorter than W.
+//   - The processor's horizon guard ([idem.Horizon]) accepts a message at
+//     time t only if its event time E satisfies E >= t - (W - Skew), and,
+//     on the partitioned layout, only if its partition time P satisfies
+//     P >= t - (W - Skew) as well. Event times more than an hour ahead of
+//     the consumer's clock are not trusted (the message is treated as
+//     untimed), so no marker is kept arbitrarily far into the future.
+//   - The Skew (5 minutes by default) absorbs what separates the clocks:
+//     the consumer's running behind the database's, and the time a message
+//     spends between the guard and its claim. Both must stay below it.
 //
-// and a prune running at time p removes a marker only if
+// # Plain layout: keep_until
 //
-//	greatest(E, processed_at) < p - Window
+// Each marker carries keep_until, the time its retention is counted from.
+// The claim writes keep_until = greatest(now, E) for the message that wrote
+// it; a later message that meets the marker (a Duplicate) with a newer
+// event time E' raises it to E' ([idem.Extender]: only upward, and with no
+// write when nothing grows). So at any moment
 //
-// Every delivery of a message carries the same event time E as the marker it
-// claimed, so once a prune at p removed the marker, any later delivery (t >= p)
-// has E < p - Window <= t - Window + Skew and is Expired, never applied
-// again. The Skew (5 minutes by default) absorbs what separates the two
-// clocks: the consumer host's clock running behind the database's, and the
-// time a message spends between the guard and its claim (retries, lock
-// waits). Both must stay below Skew.
+//	keep_until >= E  for every message accepted so far that maps to the marker.
 //
-// Pruning on the later of the event time and the write time is stricter than
-// the guard needs, on purpose: a marker also lives a whole Window after it was
-// written, which covers markers with no event time (the guard cannot judge
-// those messages) and business keys, where a later message with a newer event
-// time maps to an older marker.
+// A prune running at p removes a marker only if keep_until < p - W, by the
+// database's clock, in batches driven by the keep_until index. Suppose a
+// prune at p removed the marker of key k, and a delivery of a message m
+// that was already seen (a redelivery, a republish, a replay) comes at
+// t >= p. m met the marker when it was first seen, so keep_until >= E(m),
+// hence E(m) < p - W <= t - W < t - W + Skew, and the guard expires m: it is
+// never applied twice. The same holds for every message seen before the
+// prune, whichever of them wrote the marker: that is what the extension
+// buys a business key, whose later messages map to an older marker.
+//
+// What the window cannot cover is a message never seen before whose key's
+// marker is gone: a business key is deduplicated for W after the newest
+// message that met it, and a first message for it later than that is a new
+// effect to the inbox. The seeds call such late messages a case for
+// reconciliation; a consumer that cannot afford one keeps W longer than
+// the longest gap between messages for one key.
+//
+// The day-0/13/14.5/15 sequence is the case the extension exists for: day 0
+// m1 (invoice:c1:2026-03) is applied; day 13 m2, another message for the
+// same invoice, is a Duplicate and raises keep_until to day 13; the prune
+// at day 14.5 (cut-off day 0.5) keeps the marker; day 15 the replay of m2
+// (event time day 13, inside the horizon) is a Duplicate again. Without the
+// extension the prune would have gone by m1's times and m2 applied twice.
+//
+// A message without an event time cannot be judged by the guard: its
+// marker is kept W after it was written, and a replay later than that is
+// applied again. Such messages are counted and logged, and a consumer can
+// refuse them.
+//
+// # Partitioned layout: partition time
+//
+// The partitioned inbox's primary key is (consumer, key, partition_time),
+// and whole days are dropped by partition time: a day [d, d+24h) goes only
+// when d + 24h <= p - W. The partition time P is a function of the key
+// alone (the time inside a UUIDv7 message ID, or a period the business key
+// names), never of a timestamp a copy carries, so every copy of a message —
+// redelivered, republished with a fresh timestamp, replayed — computes the
+// same P and meets the same row. A marker cannot move partition, so it
+// cannot be extended the way keep_until is (keep_until is kept, for
+// reporting only). Instead the horizon guard also expires a message whose
+// P is older than the window. Suppose a drop at p removed the day holding
+// the marker of key k, so P(k) < p - W, and a message m with key k comes at
+// t >= p. The guard accepts m only if P(k) >= t - W + Skew > p - W:
+// contradiction, so m is Expired, never applied twice. This holds for every
+// message of key k whatever its event time, which is why the partitioned
+// layout needs no extension: a business key's messages all share its
+// period's partition time, and the last of them is guarded as long as the
+// period is inside the window. The price is that a business key is
+// accepted only while its period is inside the window; choose the period's
+// end as its partition time and a window longer than the period.
 package retention
 
 import (

@@ -27,18 +27,27 @@
 // # What it writes
 //
 // [Store.Migrate] creates the inbox table (consumer, key, message_id,
-// body_sha256, event_time, processed_at; primary key (consumer, key); an
-// index on processed_at for retention) from embedded, versioned migrations,
-// and records the version in idem_migrations next to it. On PostgreSQL the
-// table and the bookkeeping are exactly those of package pgxinbox (plain
-// layout), so a service can move between the two stores. Concurrent
-// migrators wait for each other. On SQLite, times are stored as fixed-width
-// UTC text (2006-01-02T15:04:05.000000Z) so that they sort and compare as
-// text.
+// body_sha256, event_time, processed_at, keep_until; primary key
+// (consumer, key); indexes on processed_at and keep_until) from embedded,
+// versioned migrations, records the version in idem_migrations and the
+// layout and retention window in idem_inbox_settings next to it. The stored
+// window is what [Store.Prune], [Store.Stats], processors and the CLI use;
+// it changes only with [Store.SetWindow]. On PostgreSQL the tables and the
+// bookkeeping are exactly those of package pgxinbox (plain layout; both
+// stores run the same migrations from package internal/inboxdb), so a
+// service can move between the two stores. Concurrent migrators wait for
+// each other. On SQLite, times are stored as fixed-width UTC text
+// (2006-01-02T15:04:05.000000Z) so that they sort and compare as text.
+//
+// keep_until is the later of a marker's write time and its message's event
+// time, raised by [Store.Extend] when a later Duplicate carries a newer
+// event time; the prune removes a marker only when its keep_until is past
+// the window (package retention has the proof).
 //
 // [Store.Claim] inserts a whole batch of markers with one INSERT … ON
-// CONFLICT (consumer, key) DO NOTHING RETURNING key, split only when a batch
-// would exceed the dialect's parameter limit. On PostgreSQL a concurrent
+// CONFLICT (consumer, key) DO NOTHING RETURNING key: on PostgreSQL over
+// arrays (unnest), on SQLite as rows split only when a batch would exceed
+// the parameter limit. On PostgreSQL a concurrent
 // claim of the same key waits on the primary key, bounded by lock_timeout; on
 // SQLite writers queue for the database lock, bounded by busy_timeout (see
 // [OpenSQLite] for why every transaction there takes the lock at BEGIN).
