@@ -5,9 +5,11 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inboxtest"
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
 )
 
@@ -19,28 +21,51 @@ func TestConformance(t *testing.T) {
 // with a layout; wrap may adapt the store (see TestPartitionedConformance).
 // The effects table has no unique constraint, so a double application shows.
 func conformance(t *testing.T, layout pgxinbox.Layout, wrap func(*pgxinbox.Store) idem.Store[pgx.Tx]) {
+	env := func(pool *pgxpool.Pool, store *pgxinbox.Store) inboxtest.Env[pgx.Tx] {
+		return inboxtest.Env[pgx.Tx]{
+			Store: wrap(store),
+			Apply: func(ctx context.Context, tx pgx.Tx, consumer, key, id string) error {
+				_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1, $2, $3)`, consumer, key, id)
+				return err
+			},
+			Effects: func(ctx context.Context, consumer, key string) (n int, err error) {
+				err = pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE consumer = $1 AND ($2 = '' OR key = $2)`, consumer, key).Scan(&n)
+				return n, err
+			},
+			Markers: func(ctx context.Context, consumer string) (n int, err error) {
+				err = pool.QueryRow(ctx, `SELECT count(*) FROM idem_inbox WHERE consumer = $1`, consumer).Scan(&n)
+				return n, err
+			},
+			Begin:    store.Begin,
+			Commit:   func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) },
+			Rollback: func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) },
+		}
+	}
 	inboxtest.Run(t, inboxtest.Harness[pgx.Tx]{
 		LockTimeout: true,
 		Open: func(t *testing.T) inboxtest.Env[pgx.Tx] {
-			pool, store := openLayout(t, layout, nil)
-			return inboxtest.Env[pgx.Tx]{
-				Store: wrap(store),
-				Apply: func(ctx context.Context, tx pgx.Tx, consumer, key, id string) error {
-					_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1, $2, $3)`, consumer, key, id)
-					return err
-				},
-				Effects: func(ctx context.Context, consumer, key string) (n int, err error) {
-					err = pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE consumer = $1 AND ($2 = '' OR key = $2)`, consumer, key).Scan(&n)
-					return n, err
-				},
-				Markers: func(ctx context.Context, consumer string) (n int, err error) {
-					err = pool.QueryRow(ctx, `SELECT count(*) FROM idem_inbox WHERE consumer = $1`, consumer).Scan(&n)
-					return n, err
-				},
-				Begin:    store.Begin,
-				Commit:   func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) },
-				Rollback: func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) },
-			}
+			return env(openLayout(t, layout, nil))
+		},
+		OpenBehindFault: func(t *testing.T) (inboxtest.Env[pgx.Tx], inboxtest.Fault) {
+			pool, proxy := pgtest.PoolBehindFault(t)
+			return env(pool, migrated(t, pool, layout)), proxy
 		},
 	})
+}
+
+// migrated is a store of layout on pool, migrated, with the effects table.
+func migrated(t *testing.T, pool *pgxpool.Pool, layout pgxinbox.Layout) *pgxinbox.Store {
+	t.Helper()
+	ctx := context.Background()
+	store, err := pgxinbox.New(pool, &pgxinbox.Config{Layout: layout, Window: window})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE effects (consumer text, key text, message_id text)`); err != nil {
+		t.Fatal(err)
+	}
+	return store
 }

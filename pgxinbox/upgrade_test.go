@@ -203,3 +203,44 @@ func TestExtendWritesNothingWhenNotGrowing(t *testing.T) {
 		t.Fatalf("an extension that grows did not write")
 	}
 }
+
+// TestLengthenRamps: after lengthening the stored window, markers older
+// than the old window may be gone, so processors may guard only with the
+// old window at first, more as time passes, the new one once the
+// difference has passed; the prune keeps markers for the new window at
+// once.
+func TestLengthenRamps(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, store := openLayout(t, pgxinbox.Plain, nil)
+	if _, err := store.SetWindow(ctx, 30*24*time.Hour, false); err != nil {
+		t.Fatal(err)
+	}
+	stored, guard, err := store.WindowStatus(ctx)
+	if err != nil || stored != 30*24*time.Hour || guard < window || guard > window+time.Minute {
+		t.Fatalf("right after lengthening: stored %v guard %v (%v), want 720h and about 336h", stored, guard, err)
+	}
+	if set, err := store.Settings(ctx); err != nil || set.Window < guard || set.Window > guard+time.Minute {
+		t.Fatalf("settings %+v %v, want the guard window, %v", set, err, guard)
+	}
+	// Eight days later the guard has grown by eight days.
+	if _, err := pool.Exec(ctx, `UPDATE idem_inbox_settings SET changed_at = changed_at - interval '8 days'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, guard, _ := store.WindowStatus(ctx); guard < 22*24*time.Hour || guard > 22*24*time.Hour+time.Minute {
+		t.Fatalf("eight days on: guard %v, want about 528h", guard)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE idem_inbox_settings SET changed_at = changed_at - interval '10 days'`); err != nil {
+		t.Fatal(err)
+	}
+	if set, err := store.Settings(ctx); err != nil || set.Window != 30*24*time.Hour {
+		t.Fatalf("once the difference has passed: %+v %v, want the new window", set, err)
+	}
+	// Shortening takes effect for the guard at once.
+	if _, err := store.SetWindow(ctx, 20*24*time.Hour, false); err != nil {
+		t.Fatal(err)
+	}
+	if set, err := store.Settings(ctx); err != nil || set.Window != 20*24*time.Hour {
+		t.Fatalf("after shortening: %+v %v", set, err)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/inboxtest"
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/sqlinbox"
 )
 
@@ -18,10 +19,32 @@ func TestConformance(t *testing.T) {
 			inboxtest.Run(t, inboxtest.Harness[*sql.Tx]{
 				// SQLite serializes writers on the database lock (busy_timeout)
 				// instead of waiting on a row lock.
-				LockTimeout: b.dialect == sqlinbox.Postgres,
-				Open:        func(t *testing.T) inboxtest.Env[*sql.Tx] { return env(t, b) },
+				LockTimeout:     b.dialect == sqlinbox.Postgres,
+				Open:            func(t *testing.T) inboxtest.Env[*sql.Tx] { return env(t, b) },
+				OpenBehindFault: behindFault(b),
 			})
 		})
+	}
+}
+
+// behindFault opens PostgreSQL through a proxy the suite can stop; SQLite
+// has no network to fail.
+func behindFault(b backend) func(*testing.T) (inboxtest.Env[*sql.Tx], inboxtest.Fault) {
+	if b.dialect != sqlinbox.Postgres {
+		return nil
+	}
+	return func(t *testing.T) (inboxtest.Env[*sql.Tx], inboxtest.Fault) {
+		url, proxy := pgtest.SchemaBehindFault(t)
+		b := b // the subtests run in parallel
+		b.open = func(t testing.TB) *sql.DB {
+			db, err := sql.Open("pgx", url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = db.Close() })
+			return db
+		}
+		return env(t, b), proxy
 	}
 }
 

@@ -143,6 +143,13 @@ func (s *Store) SetWindow(ctx context.Context, w time.Duration, force bool) (tim
 	return old, err
 }
 
+// WindowStatus reads the window stored with the table and the guard window
+// processors may use now: the same, except after a lengthening, when the
+// guard grows from the old window as markers age into the new one.
+func (s *Store) WindowStatus(ctx context.Context) (stored, guard time.Duration, err error) {
+	return s.inbox.Stored(ctx)
+}
+
 // RecordHorizon records the horizon consumer guards with, beside the
 // settings ([idem.HorizonRecorder]).
 func (s *Store) RecordHorizon(ctx context.Context, consumer string, horizon time.Duration) error {

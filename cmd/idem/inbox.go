@@ -357,6 +357,7 @@ type windowStore interface {
 	Layout() idem.Layout
 	Settings(ctx context.Context) (idem.Settings, error)
 	SetWindow(ctx context.Context, w time.Duration, force bool) (time.Duration, error)
+	WindowStatus(ctx context.Context) (stored, guard time.Duration, err error)
 	Horizons(ctx context.Context) ([]inboxdb.Horizon, error)
 }
 
@@ -390,6 +391,10 @@ func inboxWindowShow(ctx context.Context, args []string, stdout, stderr io.Write
 	if err != nil {
 		return err
 	}
+	window, guard, err := store.WindowStatus(ctx)
+	if err != nil {
+		return err
+	}
 	hs, err := store.Horizons(ctx)
 	if err != nil {
 		return err
@@ -399,10 +404,18 @@ func inboxWindowShow(ctx context.Context, args []string, stdout, stderr io.Write
 		for i, h := range hs {
 			horizons[i] = map[string]any{"consumer": h.Consumer, "horizon_seconds": h.Window.Seconds(), "seen_at": h.SeenAt}
 		}
-		return printJSON(stdout, map[string]any{"table": table, "layout": set.Layout.String(), "window_seconds": set.Window.Seconds(), "horizons": horizons})
+		return printJSON(stdout, map[string]any{"table": table, "layout": set.Layout.String(), "window_seconds": window.Seconds(),
+			"guard_window_seconds": guard.Seconds(), "horizons": horizons})
 	}
-	if _, err := fmt.Fprintf(stdout, "table    %s (%s)\nwindow   %s\n", table, set.Layout, set.Window); err != nil {
+	if _, err := fmt.Fprintf(stdout, "table    %s (%s)\nwindow   %s\n", table, set.Layout, window); err != nil {
 		return err
+	}
+	if guard < window {
+		// After a lengthening, markers older than the old window may be
+		// gone: consumers may guard with more only as time passes.
+		if _, err := fmt.Fprintf(stdout, "guard    %s (grows to the window in %s)\n", guard.Round(time.Second), (window - guard).Round(time.Second)); err != nil {
+			return err
+		}
 	}
 	for _, h := range hs {
 		if _, err := fmt.Fprintf(stdout, "horizon  %s %s (recorded %s)\n", h.Consumer, h.Window, h.SeenAt.UTC().Format(time.RFC3339)); err != nil {

@@ -39,12 +39,23 @@ type Inbox struct {
 // the same for both stores.
 func (b *Inbox) Label() string { return b.D.Table.String() }
 
+// stored is what the settings table holds for an inbox.
+type stored struct {
+	idem.Settings
+	// Guard is the longest horizon a consumer may guard with now: the
+	// window, except while a lengthening ramps up (see SetWindow).
+	Guard time.Duration
+	// ramping: Guard is still below Window.
+	ramping bool
+}
+
 // readSettings reads the stored settings; found is false when the table has
 // none (not migrated by a build that stores them).
-func (b *Inbox) readSettings(ctx context.Context, c Conn) (s idem.Settings, found bool, err error) {
+func (b *Inbox) readSettings(ctx context.Context, c Conn) (s stored, found bool, err error) {
 	var layout string
 	var ms int64
-	err = c.QueryRow(ctx, b.D.ReadSettings, b.D.Table.Quoted()).Scan(&layout, &ms)
+	var prev, since *int64
+	err = c.QueryRow(ctx, b.D.ReadSettings, b.D.Table.Quoted()).Scan(&layout, &ms, &prev, &since)
 	switch {
 	case isNoRows(err):
 		return s, false, nil
@@ -60,14 +71,39 @@ func (b *Inbox) readSettings(ctx context.Context, c Conn) (s idem.Settings, foun
 		return s, true, fmt.Errorf("%w: table %s is recorded with an unknown layout %q", idem.ErrConfig, b.D.Table, layout)
 	}
 	s.Window = time.Duration(ms) * time.Millisecond
+	s.Guard = s.Window
+	if prev != nil && since != nil {
+		// Markers older than the previous window may be gone: the guard
+		// grows from it one second per second, up to the new window.
+		if g := time.Duration(*prev+max(*since, 0)) * time.Millisecond; g < s.Window {
+			s.Guard, s.ramping = g, true
+		}
+	}
 	return s, true, nil
 }
 
-// Settings reads the settings stored with the table. A table without them
-// is a configuration error: its store's Migrate has not run since they
-// exist.
+// Settings reads the settings stored with the table, for processors: the
+// layout, and as Window the longest horizon a consumer may guard with now,
+// which is the stored window except while a lengthening ramps up (see
+// SetWindow). A table without settings is a configuration error: its
+// store's Migrate has not run since they exist.
 func (b *Inbox) Settings(ctx context.Context) (idem.Settings, error) {
-	var s idem.Settings
+	s, err := b.stored(ctx)
+	if err != nil {
+		return idem.Settings{}, err
+	}
+	return idem.Settings{Layout: s.Layout, Window: s.Guard}, nil
+}
+
+// Stored reads the stored window and the guard window in force (shorter
+// while a lengthening ramps up).
+func (b *Inbox) Stored(ctx context.Context) (window, guard time.Duration, err error) {
+	s, err := b.stored(ctx)
+	return s.Window, s.Guard, err
+}
+
+func (b *Inbox) stored(ctx context.Context) (stored, error) {
+	var s stored
 	var found bool
 	err := b.read(ctx, func(c Conn) (err error) {
 		s, found, err = b.readSettings(ctx, c)
@@ -111,7 +147,7 @@ func (b *Inbox) PruneWindow(ctx context.Context, requested time.Duration) (time.
 	if requested < 0 {
 		return 0, fmt.Errorf("window %v must be positive", requested)
 	}
-	s, err := b.Settings(ctx)
+	s, err := b.stored(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -185,7 +221,7 @@ func (b *Inbox) Prune(ctx context.Context, opts retention.Options) (res retentio
 // the next drop of whole days removes.
 func (b *Inbox) Stats(ctx context.Context) (retention.Stats, error) {
 	st := retention.Stats{Table: b.Label()}
-	set, err := b.Settings(ctx)
+	set, err := b.stored(ctx)
 	if err != nil {
 		return st, fmt.Errorf("reading inbox stats: %w", err)
 	}
@@ -280,9 +316,12 @@ func (b *Inbox) horizons(ctx context.Context, c Conn) ([]Horizon, error) {
 // than the longest horizon a consumer recorded: that consumer would accept
 // messages whose markers the prune removes. It returns the old window.
 //
-// Lengthening is always allowed, but markers older than the old window may
-// already be gone: until the difference has passed, a consumer guarding
-// with the new window can accept a message whose marker was pruned.
+// Lengthening is always allowed, and the prune keeps markers for the new
+// window at once; but markers older than the old window may already be
+// gone, so the guard window processors read ([Inbox.Settings]) grows from
+// the old window one second per second until it reaches the new one: no
+// consumer accepts a message whose marker a prune by the old window
+// removed.
 func (b *Inbox) SetWindow(ctx context.Context, w time.Duration, force bool) (old time.Duration, err error) {
 	if w <= 0 {
 		return 0, fmt.Errorf("setting the window of %s: %v must be positive", b.D.Table, w)
@@ -322,7 +361,11 @@ func (b *Inbox) SetWindow(ctx context.Context, w time.Duration, force bool) (old
 			"it would accept messages whose markers the prune removes; shorten its horizon first, or force it",
 			b.D.Table, w, old, h.Consumer, h.Window, h.SeenAt.UTC().Format(time.RFC3339))
 	}
-	if _, err := tx.Exec(ctx, b.D.UpdateWindow, b.D.Table.Quoted(), w.Milliseconds()); err != nil {
+	var prev any // no ramp: a shorter window guards less at once
+	if w > set.Guard {
+		prev = set.Guard.Milliseconds()
+	}
+	if _, err := tx.Exec(ctx, b.D.UpdateWindow, b.D.Table.Quoted(), w.Milliseconds(), prev); err != nil {
 		return old, fmt.Errorf("setting the window of %s: %w", b.D.Table, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -332,6 +375,10 @@ func (b *Inbox) SetWindow(ctx context.Context, w time.Duration, force bool) (old
 	if w < old {
 		level = slog.LevelWarn
 	}
-	b.Logger.Log(ctx, level, "inbox retention window changed", "table", b.Label(), "old", old, "new", w, "forced", force)
+	attrs := []any{"table", b.Label(), "old", old, "new", w, "forced", force}
+	if prev != nil {
+		attrs = append(attrs, "guard_reaches_new_window_in", w-set.Guard)
+	}
+	b.Logger.Log(ctx, level, "inbox retention window changed", attrs...)
 	return old, nil
 }

@@ -153,9 +153,9 @@ type Dialect struct {
 	ReadVersion    string   // $1 table → version
 	WriteVersion   string   // $1 table, $2 version
 	Relkind        string   // $1 table → relkind (PostgreSQL; "" elsewhere)
-	ReadSettings   string   // $1 table → layout, window_ms
+	ReadSettings   string   // $1 table → layout, window_ms, previous_window_ms, ms since changed_at
 	InsertSettings string   // $1 table, $2 layout, $3 window_ms
-	UpdateWindow   string   // $1 table, $2 window_ms
+	UpdateWindow   string   // $1 table, $2 window_ms, $3 previous_window_ms (NULL: no ramp)
 	RecordHorizon  string   // $1 table, $2 consumer, $3 horizon_ms
 	Horizons       string   // $1 table → consumer, horizon_ms, seen_at; longest first
 }

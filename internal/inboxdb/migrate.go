@@ -124,7 +124,8 @@ func splitStatements(script string) []string {
 // (DefaultWindow when 0). A table that has them keeps them: a different
 // non-zero window is refused with both numbers and the command that changes
 // the stored one, so that no process guards or prunes by a window of its
-// own. It returns the stored settings.
+// own. It returns the stored settings, with the window processors may guard
+// with now (see [Inbox.Settings]).
 func (b *Inbox) Migrate(ctx context.Context) (idem.Settings, error) {
 	s, err := b.migrate(ctx)
 	if err != nil {
@@ -184,7 +185,7 @@ func (b *Inbox) migrate(ctx context.Context) (idem.Settings, error) {
 			return set, fmt.Errorf("recording schema version: %w", err)
 		}
 	}
-	set, found, err := b.readSettings(ctx, tx)
+	st, found, err := b.readSettings(ctx, tx)
 	if err != nil {
 		return set, err
 	}
@@ -197,12 +198,14 @@ func (b *Inbox) migrate(ctx context.Context) (idem.Settings, error) {
 		if _, err := tx.Exec(ctx, d.InsertSettings, key, set.Layout.String(), set.Window.Milliseconds()); err != nil {
 			return set, fmt.Errorf("recording the inbox settings: %w", err)
 		}
-	case set.Layout != d.Layout:
-		return set, fmt.Errorf("%w: table %s is recorded with the %s layout, not %s", idem.ErrConfig, d.Table, set.Layout, d.Layout)
-	case b.Window != 0 && b.Window != set.Window:
+	case st.Layout != d.Layout:
+		return set, fmt.Errorf("%w: table %s is recorded with the %s layout, not %s", idem.ErrConfig, d.Table, st.Layout, d.Layout)
+	case b.Window != 0 && b.Window != st.Window:
 		return set, fmt.Errorf("%w: the configured window %v differs from the window stored with table %s, %v; "+
 			"leave the window unset to use the stored one, or change it for every consumer with: idem inbox window set %v --table %s",
-			idem.ErrConfig, b.Window, d.Table, set.Window, b.Window, d.Table)
+			idem.ErrConfig, b.Window, d.Table, st.Window, b.Window, d.Table)
+	default:
+		set = idem.Settings{Layout: st.Layout, Window: st.Guard}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return set, fmt.Errorf("committing migration: %w", err)

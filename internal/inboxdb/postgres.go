@@ -106,7 +106,10 @@ FROM ` + q
     table_name text PRIMARY KEY,
     layout     text   NOT NULL,
     window_ms  bigint NOT NULL CHECK (window_ms > 0),
-    updated_at timestamptz NOT NULL DEFAULT now()
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    -- After a lengthening: the window before it, and when it happened.
+    previous_window_ms bigint,
+    changed_at         timestamptz
 )`,
 		`CREATE TABLE IF NOT EXISTS ` + horizons + ` (
     table_name text   NOT NULL,
@@ -120,9 +123,12 @@ FROM ` + q
 	d.WriteVersion = `INSERT INTO ` + book + ` (table_name, version) VALUES ($1, $2)
 ON CONFLICT (table_name) DO UPDATE SET version = EXCLUDED.version, applied_at = now()`
 	d.Relkind = `SELECT relkind::text FROM pg_class WHERE oid = $1::regclass`
-	d.ReadSettings = `SELECT layout, window_ms FROM ` + settings + ` WHERE table_name = $1`
+	d.ReadSettings = `SELECT layout, window_ms, previous_window_ms, (extract(epoch FROM now() - changed_at) * 1000)::bigint
+FROM ` + settings + ` WHERE table_name = $1`
 	d.InsertSettings = `INSERT INTO ` + settings + ` (table_name, layout, window_ms) VALUES ($1, $2, $3)`
-	d.UpdateWindow = `UPDATE ` + settings + ` SET window_ms = $2, updated_at = now() WHERE table_name = $1`
+	d.UpdateWindow = `UPDATE ` + settings + ` SET window_ms = $2, previous_window_ms = $3,
+    changed_at = CASE WHEN $3::bigint IS NULL THEN NULL ELSE now() END, updated_at = now()
+WHERE table_name = $1`
 	d.RecordHorizon = `INSERT INTO ` + horizons + ` (table_name, consumer, horizon_ms) VALUES ($1, $2, $3)
 ON CONFLICT (table_name, consumer) DO UPDATE SET horizon_ms = EXCLUDED.horizon_ms, seen_at = now()`
 	d.Horizons = `SELECT consumer, horizon_ms, seen_at FROM ` + horizons + ` WHERE table_name = $1 ORDER BY horizon_ms DESC, consumer`

@@ -83,7 +83,10 @@ FROM ` + q
     table_name TEXT PRIMARY KEY,
     layout     TEXT    NOT NULL,
     window_ms  INTEGER NOT NULL CHECK (window_ms > 0),
-    updated_at TEXT    NOT NULL DEFAULT (` + sqliteNow + `)
+    updated_at TEXT    NOT NULL DEFAULT (` + sqliteNow + `),
+    -- After a lengthening: the window before it, and when it happened.
+    previous_window_ms INTEGER,
+    changed_at         TEXT
 )`,
 		`CREATE TABLE IF NOT EXISTS ` + horizons + ` (
     table_name TEXT    NOT NULL,
@@ -96,9 +99,12 @@ FROM ` + q
 	d.ReadVersion = `SELECT version FROM ` + book + ` WHERE table_name = ?1`
 	d.WriteVersion = `INSERT INTO ` + book + ` (table_name, version) VALUES (?1, ?2)
 ON CONFLICT (table_name) DO UPDATE SET version = excluded.version, applied_at = excluded.applied_at`
-	d.ReadSettings = `SELECT layout, window_ms FROM ` + settings + ` WHERE table_name = ?1`
+	d.ReadSettings = `SELECT layout, window_ms, previous_window_ms, CAST((julianday('now') - julianday(changed_at)) * 86400000 AS INTEGER)
+FROM ` + settings + ` WHERE table_name = ?1`
 	d.InsertSettings = `INSERT INTO ` + settings + ` (table_name, layout, window_ms) VALUES (?1, ?2, ?3)`
-	d.UpdateWindow = `UPDATE ` + settings + ` SET window_ms = ?2, updated_at = ` + sqliteNow + ` WHERE table_name = ?1`
+	d.UpdateWindow = `UPDATE ` + settings + ` SET window_ms = ?2, previous_window_ms = ?3,
+    changed_at = CASE WHEN ?3 IS NULL THEN NULL ELSE ` + sqliteNow + ` END, updated_at = ` + sqliteNow + `
+WHERE table_name = ?1`
 	d.RecordHorizon = `INSERT INTO ` + horizons + ` (table_name, consumer, horizon_ms) VALUES (?1, ?2, ?3)
 ON CONFLICT (table_name, consumer) DO UPDATE SET horizon_ms = excluded.horizon_ms, seen_at = excluded.seen_at`
 	d.Horizons = `SELECT consumer, horizon_ms, seen_at FROM ` + horizons + ` WHERE table_name = ?1 ORDER BY horizon_ms DESC, consumer`
