@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -43,6 +44,23 @@ type Harness[TTx any] struct {
 	// concurrent holder of the same key (PostgreSQL does; SQLite serializes
 	// writers instead).
 	LockTimeout bool
+	// OpenBehindFault, when set, returns an Env whose database connections
+	// go through a network fault the suite can trigger (a proxy that stops
+	// answering), so that outages are tested the way they happen: the
+	// store's own errors, classified by the store. Stores without a network
+	// (SQLite) leave it nil and skip those checks.
+	OpenBehindFault func(t *testing.T) (Env[TTx], Fault)
+}
+
+// Fault is a network fault between a store and its database.
+type Fault interface {
+	// Stop makes the database unreachable: open connections are cut and new
+	// ones are never answered (a connect timeout must run out).
+	Stop()
+	// Freeze makes it silent: open connections stay open and carry nothing.
+	Freeze()
+	// Restore brings it back.
+	Restore()
 }
 
 // Run runs the whole suite as subtests of t.
@@ -75,6 +93,8 @@ func Run[TTx any](t *testing.T, h Harness[TTx]) {
 		{"UnavailableKeepsBudget", s.unavailableKeepsBudget},
 		{"DefaultHorizon", s.defaultHorizon},
 		{"OutageDuringFallback", s.outageDuringFallback},
+		{"RealOutageKeepsBudget", s.realOutageKeepsBudget},
+		{"SilentDatabaseIsBounded", s.silentDatabaseIsBounded},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -784,14 +804,23 @@ func (s suite[TTx]) crashAfterCommitBatch(t *testing.T) {
 // not the message's fault), up to RetryPolicy.WaitUnavailable.
 func (s suite[TTx]) unavailableKeepsBudget(t *testing.T) {
 	ctx := context.Background()
-	env, f, p := s.faulty(t, func(c *idem.Config[TTx]) { c.Retry.MaxAttempts = 1 })
-	f.beginDown.Store(3)
+	env, p, down, up := s.outage(t, nil, func(c *idem.Config[TTx]) { c.Retry.MaxAttempts = 1 })
+	want(t, p.Process(ctx, msg("evt-warm")), idem.Applied)
+	down()
+	restored := make(chan struct{})
+	go func() {
+		defer close(restored)
+		time.Sleep(1500 * time.Millisecond) // past a connect timeout of 1s
+		up()
+	}()
 	r := p.Process(ctx, msg("evt-1"))
-	if r.Outcome != idem.Applied || r.Attempts != 4 {
-		t.Fatalf("after a short outage: %v after %d runs (%v), want Applied after 4 with a budget of 1", r.Outcome, r.Attempts, r.Err)
+	<-restored
+	if r.Outcome != idem.Applied || r.Attempts < 2 {
+		t.Fatalf("after a short outage: %v after %d runs (%v), want Applied after several with a budget of 1", r.Outcome, r.Attempts, r.Err)
 	}
-	_, f, p = s.faulty(t, func(c *idem.Config[TTx]) { c.Retry.WaitUnavailable = 30 * time.Millisecond })
-	f.beginDown.Store(1 << 30)
+	_, p, down, _ = s.outage(t, nil, func(c *idem.Config[TTx]) { c.Retry.WaitUnavailable = 30 * time.Millisecond })
+	want(t, p.Process(ctx, msg("evt-warm")), idem.Applied)
+	down()
 	r = p.Process(ctx, msg("evt-2"))
 	if r.Outcome != idem.Retry || !errors.Is(r.Err, idem.ErrUnavailable) || !r.Blameless {
 		t.Fatalf("during a long outage: %v (%v, blameless %v), want a blameless Retry with ErrUnavailable", r.Outcome, r.Err, r.Blameless)
@@ -803,21 +832,46 @@ func (s suite[TTx]) unavailableKeepsBudget(t *testing.T) {
 			t.Fatalf("batch during a long outage: %s %v (%v), want a blameless Retry for the whole batch", r.MessageID, r.Outcome, r.Err)
 		}
 	}
-	if c := count(t, env.Effects, "ledger", ""); c != 1 {
-		t.Fatalf("effects = %d, want 1", c)
+	if c := count(t, env.Effects, "ledger", ""); c != 2 {
+		t.Fatalf("effects = %d, want 2", c)
 	}
-	// The same unreachable-server error from the handler (its payment
-	// gateway is down) is the message's failure: it spends attempts, ends
-	// in the dead-letter path's budget, and does not wait.
-	_, _, p = s.faulty(t, func(c *idem.Config[TTx]) {
+	// A real "connection refused" from the handler (its payment gateway is
+	// down) is the message's failure: it spends attempts, ends in the
+	// dead-letter path once they are spent, and does not wait.
+	p = s.proc(t, s.h.Open(t), "ledger", nil, func(c *idem.Config[TTx]) {
 		c.Retry.MaxAttempts = 2
-		c.Handler = func(context.Context, TTx, idem.Message) error { return errDown }
+		c.Handler = func(ctx context.Context, _ TTx, _ idem.Message) error {
+			conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", "127.0.0.1:1")
+			if err == nil {
+				_ = conn.Close()
+				return errors.New("port 1 answered")
+			}
+			return fmt.Errorf("calling the payment gateway: %w", err)
+		}
 	})
 	r = p.Process(ctx, msg("evt-3"))
 	if r.Outcome != idem.DeadLettered || !errors.Is(r.Err, idem.ErrRetriesExhausted) || r.Attempts != 2 || r.Blameless {
 		t.Fatalf("handler's own unreachable service: %v after %d (%v, blameless %v), want a dead letter after 2 with ErrRetriesExhausted",
 			r.Outcome, r.Attempts, r.Err, r.Blameless)
 	}
+}
+
+// outage opens an env whose database the test can take down and bring
+// back: through the harness's network fault when the store has a network
+// (the store's own errors, classified by the store), else (SQLite, a file)
+// by failing BEGIN with an error the wrapper calls unavailable, the only
+// way to have a file-backed database "unreachable".
+func (s suite[TTx]) outage(t *testing.T, before func(idem.Message) error, mod func(*idem.Config[TTx])) (env Env[TTx], p *idem.Processor[TTx], down, up func()) {
+	t.Helper()
+	if s.h.OpenBehindFault != nil {
+		env, fault := s.h.OpenBehindFault(t)
+		return env, s.proc(t, env, "ledger", before, mod), fault.Stop, fault.Restore
+	}
+	env = s.h.Open(t)
+	f := &faultyStore[TTx]{Store: env.Store}
+	fenv := env
+	fenv.Store = f
+	return env, s.proc(t, fenv, "ledger", before, mod), func() { f.beginDown.Store(1 << 30) }, func() { f.beginDown.Store(0) }
 }
 
 // defaultHorizon pins DESIGN 8 under the default configuration: a store
@@ -868,14 +922,11 @@ func (s suite[TTx]) outageDuringFallback(t *testing.T) {
 	ctx := context.Background()
 	obs := &countObserver{}
 	var poisoned atomic.Int32
-	env := s.h.Open(t)
-	f := &faultyStore[TTx]{Store: env.Store}
-	fenv := env
-	fenv.Store = f
-	p := s.proc(t, fenv, "ledger", func(m idem.Message) error {
+	var down func()
+	_, p, d, _ := s.outage(t, func(m idem.Message) error {
 		if m.ID == "poison" {
 			if poisoned.Add(1) == 2 { // its own try, after the batch's
-				f.beginDown.Store(1 << 30)
+				down()
 			}
 			return idem.Permanent(errors.New("cannot parse amount"))
 		}
@@ -884,6 +935,7 @@ func (s suite[TTx]) outageDuringFallback(t *testing.T) {
 		c.Retry.WaitUnavailable = 30 * time.Millisecond
 		c.Observer = obs
 	})
+	down = d
 	rs := p.ProcessBatch(ctx, []idem.Message{msg("poison"), msg("a"), msg("b"), msg("c")})
 	if rs[0].Outcome != idem.DeadLettered {
 		t.Fatalf("poison: %v (%v)", rs[0].Outcome, rs[0].Err)
@@ -900,5 +952,77 @@ func (s suite[TTx]) outageDuringFallback(t *testing.T) {
 	defer obs.mu.Unlock()
 	if obs.n[idem.DeadLettered] != 1 || obs.n[idem.Retry] != 1 || len(obs.n) != 2 {
 		t.Fatalf("observed %v, want one dead letter and one retry: messages not attempted are not reported", obs.n)
+	}
+}
+
+// realOutageKeepsBudget is unavailableKeepsBudget with a real outage: the
+// database stops answering (connections cut, reconnects hang until their
+// connect timeout). The store's own classification must make it an outage:
+// the message keeps its whole budget of one attempt, is held blameless while
+// the database is down, and is applied once it is back.
+func (s suite[TTx]) realOutageKeepsBudget(t *testing.T) {
+	if s.h.OpenBehindFault == nil {
+		t.Skip("store has no network to fail")
+	}
+	ctx := context.Background()
+	env, fault := s.h.OpenBehindFault(t)
+	p := s.proc(t, env, "ledger", nil, func(c *idem.Config[TTx]) {
+		c.Retry.MaxAttempts = 1
+		c.Retry.WaitUnavailable = 1500 * time.Millisecond
+	})
+	want(t, p.Process(ctx, msg("evt-warm")), idem.Applied)
+	fault.Stop()
+	r := p.Process(ctx, msg("evt-1"))
+	if r.Outcome != idem.Retry || !r.Blameless || !errors.Is(r.Err, idem.ErrUnavailable) {
+		t.Fatalf("database stopped: %v (%v, blameless %v), want a blameless Retry wrapping ErrUnavailable", r.Outcome, r.Err, r.Blameless)
+	}
+	if d := p.Dispose(r); d.Action != idem.ActionHold {
+		t.Fatalf("database stopped: disposition %v, want hold", d.Action)
+	}
+	fault.Restore()
+	want(t, p.Process(ctx, msg("evt-1")), idem.Applied)
+	if c := count(t, env.Effects, "ledger", ""); c != 2 {
+		t.Fatalf("effects = %d, want 2", c)
+	}
+}
+
+// silentDatabaseIsBounded: a database that goes silent mid-transaction (a
+// half-open connection) cannot hold a worker past the transaction timeout;
+// the try fails, is not the message's fault when it was the store's step,
+// and the message is applied once the database answers again.
+func (s suite[TTx]) silentDatabaseIsBounded(t *testing.T) {
+	if s.h.OpenBehindFault == nil {
+		t.Skip("store has no network to fail")
+	}
+	ctx := context.Background()
+	env, fault := s.h.OpenBehindFault(t)
+	p := s.proc(t, env, "ledger", nil, func(c *idem.Config[TTx]) {
+		c.Retry.MaxAttempts = 1
+		c.Retry.WaitUnavailable = 2 * time.Second
+		c.TxTimeout = 300 * time.Millisecond
+		c.CommitTimeout = 300 * time.Millisecond
+	})
+	want(t, p.Process(ctx, msg("evt-warm")), idem.Applied)
+	fault.Freeze()
+	done := make(chan idem.Result, 1)
+	go func() { done <- p.Process(ctx, msg("evt-1")) }()
+	select {
+	case r := <-done:
+		if r.Outcome == idem.DeadLettered || r.Outcome == idem.Applied {
+			t.Fatalf("silent database: %v (%v), want it held, never dead-lettered", r.Outcome, r.Err)
+		}
+		if !r.Blameless {
+			t.Fatalf("silent database: %v (%v) counted against the message", r.Outcome, r.Err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a silent database held Process past every deadline")
+	}
+	fault.Restore()
+	r := p.Process(ctx, msg("evt-1"))
+	if r.Outcome != idem.Applied && r.Outcome != idem.Duplicate {
+		t.Fatalf("after the database answered again: %v (%v)", r.Outcome, r.Err)
+	}
+	if c := count(t, env.Effects, "ledger", "evt-1"); c != 1 {
+		t.Fatalf("effects of evt-1 = %d, want 1", c)
 	}
 }

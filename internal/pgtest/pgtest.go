@@ -8,9 +8,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"net"
 	"net/url"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +20,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/internal/netfault"
 )
 
 // DefaultURL is used when IDEM_DATABASE_URL is unset.
@@ -134,4 +138,39 @@ func Pool(t testing.TB) *pgxpool.Pool {
 	}
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+// PoolBehindFault is Pool with every connection through a netfault proxy
+// and a one-second connect timeout, for tests of real outages: Stop or
+// Freeze the proxy and the pool meets what a database host that went away
+// gives.
+func PoolBehindFault(t testing.TB) (*pgxpool.Pool, *netfault.Proxy) {
+	t.Helper()
+	u, p := SchemaBehindFault(t)
+	pool, err := pgxpool.New(context.Background(), u)
+	if err != nil {
+		t.Fatalf("opening pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, p
+}
+
+// SchemaBehindFault is Schema reached through a netfault proxy, with a
+// one-second connect timeout.
+func SchemaBehindFault(t testing.TB) (string, *netfault.Proxy) {
+	t.Helper()
+	base := Schema(t)
+	cfg, err := pgx.ParseConfig(base)
+	if err != nil {
+		t.Fatalf("parsing %s: %v", base, err)
+	}
+	p := netfault.New(t, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
+	u, err := url.Parse(p.URL(t, base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("connect_timeout", "1")
+	u.RawQuery = q.Encode()
+	return u.String(), p
 }
