@@ -67,6 +67,7 @@ func RunRetention[TTx any](t *testing.T, h RetentionHarness[TTx]) {
 		{"ExtendOnlyGrows", s.extendOnlyGrows},
 		{"KeepUntilDrivesPrune", s.keepUntilDrivesPrune},
 		{"BusinessKeyOutlivesPrune", s.businessKeyOutlivesPrune},
+		{"FutureKeepUntilBounded", s.futureKeepUntilBounded},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -240,7 +241,7 @@ func (s retentionSuite[TTx]) extendOnlyGrows(t *testing.T) {
 	if got, _ := lookup(t, env.Env, "ledger", m.ID); !got.KeepUntil.Equal(base) {
 		t.Fatalf("an earlier keep-until moved it from %v to %v", base, got.KeepUntil)
 	}
-	later := base.Add(90 * time.Minute).Truncate(time.Millisecond)
+	later := base.Add(30 * time.Minute).Truncate(time.Millisecond)
 	extend(t, env, "ledger",
 		idem.Extension{Key: m.ID, KeepUntil: later.Add(-time.Minute)},
 		idem.Extension{Key: m.ID, KeepUntil: later},
@@ -398,4 +399,40 @@ func uuidv7(t time.Time) string {
 		out = append(out, hexdigits[x>>4], hexdigits[x&15])
 	}
 	return string(out)
+}
+
+// futureKeepUntilBounded: a claim or an extension with an event time far in
+// the future keeps its marker at most an hour past now (a clock gone wrong
+// must not write a marker no prune reaches).
+func (s retentionSuite[TTx]) futureKeepUntilBounded(t *testing.T) {
+	ctx := context.Background()
+	env := s.h.Open(t)
+	claim := func(key string, et time.Time) {
+		t.Helper()
+		tx, err := env.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pt := time.Time{}
+		if env.Store.Layout() == idem.LayoutPartitioned {
+			pt = time.Now()
+		}
+		if _, err := env.Store.Claim(ctx, tx, "ledger", []idem.Claim{{Key: key, MessageID: key, BodySHA256: []byte{0}, EventTime: et, PartitionTime: pt}}, 0); err != nil {
+			_ = env.Rollback(ctx, tx)
+			t.Fatal(err)
+		}
+		if err := env.Commit(ctx, tx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	limit := func() time.Time { return time.Now().Add(time.Hour + time.Minute) }
+	claim("far-future", time.Now().Add(30*24*time.Hour))
+	if m, _ := lookup(t, env.Env, "ledger", "far-future"); m.KeepUntil.After(limit()) || m.KeepUntil.Before(time.Now().Add(50*time.Minute)) {
+		t.Fatalf("keep-until %v for an event time 30 days ahead, want about an hour from now", m.KeepUntil)
+	}
+	claim("now", time.Now())
+	extend(t, env, "ledger", idem.Extension{Key: "now", KeepUntil: time.Now().Add(365 * 24 * time.Hour)})
+	if m, _ := lookup(t, env.Env, "ledger", "now"); m.KeepUntil.After(limit()) {
+		t.Fatalf("keep-until %v after extending a year ahead, want at most about an hour from now", m.KeepUntil)
+	}
 }

@@ -17,7 +17,9 @@
 //     on the partitioned layout, only if its partition time P satisfies
 //     P >= t - (W - Skew) as well. Event times more than an hour ahead of
 //     the consumer's clock are not trusted (the message is treated as
-//     untimed), so no marker is kept arbitrarily far into the future.
+//     untimed), and the stores bound keep_until to an hour past the
+//     database's now whatever they are given, so no marker is kept
+//     arbitrarily far into the future, and none is re-read by every prune.
 //   - The Skew (5 minutes by default) absorbs what separates the clocks:
 //     the consumer's running behind the database's, and the time a message
 //     spends between the guard and its claim. Both must stay below it.

@@ -26,7 +26,7 @@ func Postgres(t Table, layout idem.Layout) *Dialect {
 	// their row locks in the same order and cannot deadlock. ON CONFLICT
 	// names the primary key, so a user's other unique indexes on the inbox
 	// are never silently absorbed. keep_until starts at the later of now and
-	// the event time: the prune counts the window from it.
+	// the event time (see pgKeepUntil): the prune counts the window from it.
 	// $1 consumer, $2 keys, $3 message IDs, $4 body hashes, $5 event times
 	// (NULL when unknown), and on the partitioned layout $6 partition times.
 	conflict := "(consumer, key)"
@@ -40,7 +40,7 @@ func Postgres(t Table, layout idem.Layout) *Dialect {
 		partCol, partVal, partArr, partAs = ", partition_time", ", c.partition_time", ", $6::timestamptz[]", ", partition_time"
 	}
 	d.Claim = List{SQL: `INSERT INTO ` + q + ` AS i (consumer, key, message_id, body_sha256, event_time, keep_until` + partCol + `)
-SELECT $1, c.key, c.message_id, c.body_sha256, c.event_time, greatest(now(), c.event_time)` + partVal + `
+SELECT $1, c.key, c.message_id, c.body_sha256, c.event_time, ` + pgKeepUntil("c.event_time") + partVal + `
 FROM unnest($2::text[], $3::text[], $4::bytea[], $5::timestamptz[]` + partArr + `) WITH ORDINALITY
      AS c(key, message_id, body_sha256, event_time` + partAs + `, n)
 ORDER BY c.n
@@ -55,7 +55,7 @@ WHERE consumer = $1 AND key = ANY($2::text[])`}
 	// nothing where it is not: a plain redelivery costs no write. $1
 	// consumer, $2 keys (each once), $3 keep-until times.
 	d.Extend = List{SQL: `UPDATE ` + q + ` AS i SET keep_until = e.keep_until
-FROM unnest($2::text[], $3::timestamptz[]) AS e(key, keep_until)
+FROM (SELECT key, least(t, ` + pgAhead + `) FROM unnest($2::text[], $3::timestamptz[]) AS u(key, t)) AS e(key, keep_until)
 WHERE i.consumer = $1 AND i.key = e.key AND i.keep_until < e.keep_until`}
 
 	d.Now = `SELECT now()`
@@ -134,6 +134,23 @@ ON CONFLICT (table_name, consumer) DO UPDATE SET horizon_ms = EXCLUDED.horizon_m
 	d.Horizons = `SELECT consumer, horizon_ms, seen_at FROM ` + horizons + ` WHERE table_name = $1 ORDER BY horizon_ms DESC, consumer`
 	return d
 }
+
+// MaxAhead bounds keep_until: at most this far past the database's now,
+// whatever event time a claim or an extension carries. The processor
+// already treats an event time further ahead as no time at all (a clock
+// gone wrong); the bound keeps a caller that does not from writing markers
+// no prune would ever reach.
+const MaxAhead = time.Hour
+
+// pgKeepUntil is the keep_until of a marker met by a message with event
+// time et (NULL when unknown): the later of now and et, at most MaxAhead
+// past now.
+func pgKeepUntil(et string) string {
+	return `least(greatest(now(), ` + et + `), ` + pgAhead + `)`
+}
+
+// pgAhead is now plus MaxAhead.
+var pgAhead = `now() + interval '` + fmt.Sprint(int(MaxAhead/time.Second)) + ` seconds'`
 
 func scanPostgresTime(v any) (time.Time, error) {
 	switch t := v.(type) {

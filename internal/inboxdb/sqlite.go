@@ -32,12 +32,10 @@ func SQLite(t Table) *Dialect {
 		migrations: "migrations/sqlite",
 	}
 	// Per claim: consumer, key, message ID, body hash, event time, and the
-	// event time again for keep_until, the later of now and the event time
-	// (max() of text is NULL when one argument is, hence the coalesce; ''
-	// sorts before every time).
+	// event time again for keep_until (see sqliteKeepUntil).
 	d.Claim = List{
 		Head:      `INSERT INTO ` + q + ` (consumer, key, message_id, body_sha256, event_time, keep_until) VALUES `,
-		Row:       `(?, ?, ?, ?, ?, max(` + sqliteNow + `, coalesce(?, '')))`,
+		Row:       `(?, ?, ?, ?, ?, ` + sqliteKeepUntil("?") + `)`,
 		RowParams: 6,
 		Tail:      ` ON CONFLICT (consumer, key) DO NOTHING RETURNING key`,
 	}
@@ -49,10 +47,10 @@ func SQLite(t Table) *Dialect {
 		Tail:      `)`,
 	}
 	// One (key, keep-until) per row, each key once, then the consumer.
-	// Writes only where keep_until grows.
+	// Writes only where keep_until grows; at most MaxAhead past now.
 	d.Extend = List{
 		Head:      `UPDATE ` + q + ` SET keep_until = e.column2 FROM (VALUES `,
-		Row:       `(?, ?)`,
+		Row:       `(?, min(?, ` + sqliteAhead + `))`,
 		RowParams: 2,
 		Tail:      `) AS e WHERE ` + q + `.consumer = ? AND ` + q + `.key = e.column1 AND ` + q + `.keep_until < e.column2`,
 	}
@@ -110,6 +108,16 @@ ON CONFLICT (table_name, consumer) DO UPDATE SET horizon_ms = excluded.horizon_m
 	d.Horizons = `SELECT consumer, horizon_ms, seen_at FROM ` + horizons + ` WHERE table_name = ?1 ORDER BY horizon_ms DESC, consumer`
 	return d
 }
+
+// sqliteKeepUntil is [pgKeepUntil] for SQLite: the later of now and the
+// event time et, at most MaxAhead past now. max() of text is NULL when one
+// argument is, hence the coalesce ('' sorts before every time).
+func sqliteKeepUntil(et string) string {
+	return `min(max(` + sqliteNow + `, coalesce(` + et + `, '')), ` + sqliteAhead + `)`
+}
+
+// sqliteAhead is now plus MaxAhead.
+var sqliteAhead = `strftime('%Y-%m-%dT%H:%M:%f000Z', 'now', '+` + fmt.Sprint(int(MaxAhead/time.Second)) + ` seconds')`
 
 func scanSQLiteTime(v any) (time.Time, error) {
 	switch t := v.(type) {
