@@ -111,7 +111,8 @@ ON CONFLICT (table_name, consumer) DO UPDATE SET horizon_ms = excluded.horizon_m
 
 // sqliteKeepUntil is [pgKeepUntil] for SQLite: the later of now and the
 // event time et, at most MaxAhead past now. max() of text is NULL when one
-// argument is, hence the coalesce (” sorts before every time).
+// argument is, hence the coalesce (the empty string sorts before every
+// time).
 func sqliteKeepUntil(et string) string {
 	return `min(max(` + sqliteNow + `, coalesce(` + et + `, '')), ` + sqliteAhead + `)`
 }
