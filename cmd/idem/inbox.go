@@ -118,6 +118,16 @@ func newInboxFlags(name, doc string, stderr io.Writer, sqliteOK bool) *inboxFlag
 	return f
 }
 
+// noWindow refuses --window on a command that only reads or sets the
+// stored window: a window of its own would be ignored, or mistaken for the
+// one consumers use.
+func (f *inboxFlags) noWindow(cmd string) error {
+	if f.window != 0 {
+		return &exitError{code: 2, msg: cmd + " uses the window stored with the table (see idem inbox window show); --window applies to prune and partitions drop"}
+	}
+	return nil
+}
+
 func (f *inboxFlags) parse(args []string) error {
 	if err := f.fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -243,6 +253,9 @@ func inboxEnsure(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err := f.parse(args); err != nil {
 		return err
 	}
+	if err := f.noWindow("partitions ensure"); err != nil {
+		return err
+	}
 	start := time.Now().UTC()
 	if *from != "" {
 		var err error
@@ -303,6 +316,9 @@ func printDropped(w io.Writer, table string, res retention.Result) error {
 func inboxStats(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	f := newInboxFlags("stats", "Reads rows, the oldest marker and the window headroom: how long until the oldest\nmarker may be pruned (negative: the prune is late by that much). Scans the table once.", stderr, true)
 	if err := f.parse(args); err != nil {
+		return err
+	}
+	if err := f.noWindow("stats"); err != nil {
 		return err
 	}
 	var st retention.Stats
@@ -382,6 +398,9 @@ func inboxWindowShow(ctx context.Context, args []string, stdout, stderr io.Write
 	if err := f.parse(args); err != nil {
 		return err
 	}
+	if err := f.noWindow("window show"); err != nil {
+		return err
+	}
 	store, table, closeDB, err := f.openWindowStore(ctx)
 	if err != nil {
 		return err
@@ -449,6 +468,9 @@ func inboxWindowSet(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	if len(rest) > 0 {
 		return &exitError{code: 2, msg: "unexpected arguments: " + strings.Join(rest, " ")}
+	}
+	if err := f.noWindow("window set"); err != nil {
+		return err
 	}
 	if dur == "" {
 		return &exitError{code: 2, msg: "window set: want a duration, such as 720h"}

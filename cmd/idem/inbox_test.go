@@ -284,6 +284,8 @@ func TestInboxWindow(t *testing.T) {
 				t.Fatalf("stats after set: %+v %v, want the new window", st, err)
 			}
 			inboxRun(t, 2, args("window", "set", "soon")...)
+			inboxRun(t, 2, args("window", "set", "500h", "--window", "1h")...)
+			inboxRun(t, 2, args("stats", "--window", "1h")...)
 			inboxRun(t, 2, args("window", "set")...)
 			inboxRun(t, 2, "window", "bogus")
 		})
