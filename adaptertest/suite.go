@@ -1,0 +1,462 @@
+package adaptertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/netfault"
+	"github.com/idemkit/idem/pgxinbox"
+)
+
+// settle bounds how long a check waits for messages to be settled; far
+// more than any of them needs on a loaded machine, so that a timeout means
+// a consumer that stopped, not a slow one.
+const settle = 20 * time.Second
+
+// path is a way messages go through the processor: in batches sharing a
+// transaction (the adapter's default batch size), or one at a time.
+type path struct {
+	name  string
+	batch int
+}
+
+var paths = []path{{"batch", 0}, {"single", 1}}
+
+// Run runs every check of the suite against h, each as a parallel subtest
+// with its own topic and PostgreSQL schema. Each check fails when the
+// adapter breaks the contract it names (DESIGN.md, sections 1-6, 11, 12).
+func Run(t *testing.T, h Harness) {
+	t.Helper()
+	each := func(name string, check func(t *testing.T, h Harness, p path)) {
+		t.Run(name, func(t *testing.T) {
+			for _, p := range paths {
+				t.Run(p.name, func(t *testing.T) {
+					t.Parallel()
+					check(t, h, p)
+				})
+			}
+		})
+	}
+	one := func(name string, check func(t *testing.T, h Harness)) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			check(t, h)
+		})
+	}
+	each("SameIDTwice", sameIDTwice)
+	each("CrashAfterCommit", crashAfterCommit)
+	each("MissingID", missingID)
+	each("Poison", poison)
+	each("TransientExhausted", transientExhausted)
+	one("OutageStopped", func(t *testing.T, h Harness) { outage(t, h, (*netfault.Proxy).Stop) })
+	one("OutageFrozen", func(t *testing.T, h Harness) { outage(t, h, (*netfault.Proxy).Freeze) })
+	one("MissingInboxTable", missingInboxTable)
+	one("InboxTableGone", inboxTableGone)
+	one("ShutdownDuringOutage", shutdownDuringOutage)
+	one("NoDeadLetterDestination", noDeadLetterDestination)
+	each("Ordered", ordered)
+	each("PartitionedRepublish", partitionedRepublish)
+	one("ConnectionCut", connectionCut)
+}
+
+// msg is a message whose body names its ID.
+func msg(id string) Message {
+	return Message{ID: id, Body: []byte("body of " + id), Timestamp: time.Now()}
+}
+
+func msgs(ids ...string) []Message {
+	out := make([]Message, len(ids))
+	for i, id := range ids {
+		out[i] = msg(id)
+	}
+	return out
+}
+
+func seq(prefix string, n int) []string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("%s-%02d", prefix, i)
+	}
+	return ids
+}
+
+// The same ID delivered twice, in one batch and long after, has one
+// effect: the second copy is a Duplicate, acked, never applied
+// (DESIGN.md 1, 3).
+func sameIDTwice(t *testing.T, h Harness, p path) {
+	e := newEnv(t, h, pgxinbox.Plain)
+	e.publish(msgs("a", "b", "a")...)
+	e.start(e.consumer(e.processor(procOptions{}), ConsumerOptions{BatchSize: p.batch}))
+	e.waitFor(settle, "a acked twice and b once", func() bool { return e.rec.acks("a") >= 2 && e.rec.acks("b") >= 1 })
+	e.publish(msg("a"))
+	e.waitFor(settle, "the late copy of a acked", func() bool { return e.rec.acks("a") >= 3 })
+	if got := e.rec.outcomesOf("a"); slices.Index(got, idem.Applied) < 0 || countOf(got, idem.Duplicate) != 2 {
+		t.Errorf("outcomes of a: %v; want one Applied and two Duplicates", got)
+	}
+	e.wantEffects("a", "b")
+	e.wantNoDeadLetters()
+}
+
+func countOf[T comparable](s []T, v T) int {
+	n := 0
+	for _, x := range s {
+		if x == v {
+			n++
+		}
+	}
+	return n
+}
+
+// A crash between the database commit and the ack (the processor's
+// AfterCommit fault, once) leaves the message to redelivery, which finds
+// its marker: one effect (DESIGN.md 4).
+func crashAfterCommit(t *testing.T, h Harness, p path) {
+	e := newEnv(t, h, pgxinbox.Plain)
+	var fired atomic.Bool
+	faults := func(_ context.Context, point idem.FaultPoint, ms []idem.Message) error {
+		if point == idem.AfterCommit && slices.ContainsFunc(ms, func(m idem.Message) bool { return m.ID == "crash" }) &&
+			fired.CompareAndSwap(false, true) {
+			return errors.New("process died between commit and ack")
+		}
+		return nil
+	}
+	e.publish(msgs("n1", "crash", "n2")...)
+	e.start(e.consumer(e.processor(procOptions{faults: faults}), ConsumerOptions{BatchSize: p.batch}))
+	e.acked(settle, "n1", "crash", "n2")
+	if !fired.Load() {
+		t.Fatal("the fault after commit never fired")
+	}
+	if got := e.rec.outcomesOf("crash"); !slices.Contains(got, idem.Retry) || !slices.Contains(got, idem.Duplicate) {
+		t.Errorf("outcomes of crash: %v; want a Retry (the crash) and then a Duplicate (the redelivery met its marker)", got)
+	}
+	e.wantEffects("n1", "crash", "n2")
+	e.wantNoDeadLetters()
+}
+
+// A message without an ID goes to the dead-letter destination with a
+// reason and is never applied; its neighbours are (DESIGN.md 1).
+func missingID(t *testing.T, h Harness, p path) {
+	e := newEnv(t, h, pgxinbox.Plain)
+	body := uniqueBody("no-id")
+	e.publish(msg("n1"), Message{Body: []byte(body)}, msg("n2"))
+	e.start(e.consumer(e.processor(procOptions{}), ConsumerOptions{BatchSize: p.batch}))
+	dl := e.deadLetterOf(settle, body)
+	e.acked(settle, "n1", "n2")
+	// Bad input is refused before any transaction: attempts 0.
+	e.wantHeaders(dl, idem.DeadLettered.String(), idem.ErrNoMessageID.Error(), 0)
+	if _, byBody := e.effects(); byBody[body] != 0 {
+		t.Errorf("the message without an ID was applied %d times; want never", byBody[body])
+	}
+	e.wantEffects("n1", "n2")
+	if n := copiesOf(e.deadLetters(), body); n != 1 {
+		t.Errorf("%d dead letters of the message without an ID; want 1", n)
+	}
+}
+
+// A handler's permanent error dead-letters the message at once, with
+// reason, consumer, attempts, outcome and origin; it is never applied,
+// each poison message is dead-lettered once, and its neighbours are
+// applied (DESIGN.md 5, 6, 12).
+func poison(t *testing.T, h Harness, p path) {
+	e := newEnv(t, h, pgxinbox.Plain)
+	fail := func(_ context.Context, m idem.Message, _ int) error {
+		if strings.HasPrefix(m.ID, "poison") {
+			return idem.Permanent(fmt.Errorf("%s names no such customer", m.ID))
+		}
+		return nil
+	}
+	e.publish(msgs("n1", "poison1", "n2", "poison2", "n3")...)
+	e.start(e.consumer(e.processor(procOptions{fail: fail}), ConsumerOptions{BatchSize: p.batch}))
+	e.acked(settle, "n1", "n2", "n3")
+	for _, id := range []string{"poison1", "poison2"} {
+		dl := e.deadLetterOf(settle, "body of "+id)
+		// x-idem-attempts counts the transactions the message was in, all
+		// of which failed: its own, and a shared batch's.
+		e.wantHeaders(dl, idem.DeadLettered.String(), id+" names no such customer", e.rec.failedTries(id, false))
+		if dl.ID != id {
+			t.Errorf("dead letter of %s carries ID %q; want the original's", id, dl.ID)
+		}
+		if p.batch == 1 {
+			if n := e.rec.handlerRuns(id); n != 1 {
+				t.Errorf("handler ran %d times for %s, whose error is permanent; want once", n, id)
+			}
+		}
+	}
+	e.wantEffects("n1", "n2", "n3")
+	e.waitFor(settle, "both poison messages settled", func() bool { return e.rec.deadLetterSettles() >= 2 })
+	dls := e.deadLetters()
+	for _, id := range []string{"poison1", "poison2"} {
+		if n := copiesOf(dls, "body of "+id); n != 1 {
+			t.Errorf("%d dead letters of %s; want 1:%s", n, id, describe(dls))
+		}
+	}
+	if len(dls) != 2 {
+		t.Errorf("%d dead letters; want 2:%s", len(dls), describe(dls))
+	}
+}
+
+// A handler error that is not permanent is retried, and the message is
+// dead-lettered after exactly RetryPolicy.MaxAttempts runs of the handler
+// in transactions of its own (a shared batch transaction it failed in
+// does not count), with x-idem-attempts saying how many transactions it
+// was in (DESIGN.md 5, 11).
+func transientExhausted(t *testing.T, h Harness, p path) {
+	e := newEnv(t, h, pgxinbox.Plain)
+	fail := func(_ context.Context, m idem.Message, _ int) error {
+		if m.ID == "flaky" {
+			return errors.New("payment gateway timed out")
+		}
+		return nil
+	}
+	e.publish(msgs("n1", "flaky", "n2")...)
+	e.start(e.consumer(e.processor(procOptions{fail: fail}), ConsumerOptions{BatchSize: p.batch}))
+	dl := e.deadLetterOf(settle, "body of flaky")
+	e.acked(settle, "n1", "n2")
+	own, all := e.rec.failedTries("flaky", true), e.rec.failedTries("flaky", false)
+	if own != maxAttempts {
+		t.Errorf("the handler ran %d times for flaky in transactions of its own; want RetryPolicy.MaxAttempts = %d", own, maxAttempts)
+	}
+	if runs := e.rec.handlerRuns("flaky"); runs != all {
+		t.Errorf("the handler ran %d times for flaky, in %d failed transactions; want one run each", runs, all)
+	}
+	if p.batch == 1 && all != maxAttempts {
+		t.Errorf("flaky was in %d transactions one at a time; want %d", all, maxAttempts)
+	}
+	e.wantHeaders(dl, idem.DeadLettered.String(), idem.ErrRetriesExhausted.Error(), all)
+	if !strings.Contains(dl.Headers[HeaderReason], "payment gateway timed out") {
+		t.Errorf("%s = %q; want the handler's error in it", HeaderReason, dl.Headers[HeaderReason])
+	}
+	e.wantEffects("n1", "n2")
+	if n := copiesOf(e.deadLetters(), "body of flaky"); n != 1 {
+		t.Errorf("%d dead letters of flaky; want 1", n)
+	}
+}
+
+// An outage of the inbox database made the real way (a proxy that stops
+// answering or goes silent, with connect_timeout=1) spends no message's
+// budget: messages are held past RetryPolicy.WaitUnavailable, nothing is
+// dead-lettered, and everything is applied once after the database comes
+// back (DESIGN.md 11).
+func outage(t *testing.T, h Harness, fail func(*netfault.Proxy)) {
+	e := newEnv(t, h, pgxinbox.Plain)
+	pool, proxy := e.proxiedPool()
+	e.start(e.consumer(e.processor(procOptions{store: e.store(pool, false)}), ConsumerOptions{}))
+	e.publish(msg("before"))
+	e.acked(settle, "before")
+	tries := len(e.rec.failures())
+	fail(proxy)
+	ids := seq("during", 4)
+	e.publish(msgs(ids...)...)
+	e.waitFor(settle, "messages held through the outage (failed tries, then a blameless Retry past WaitUnavailable)", func() bool {
+		return len(e.rec.failures()) >= tries+2 && e.rec.blamelessRetries() >= 1
+	})
+	proxy.Restore()
+	e.acked(settle, ids...)
+	e.wantEffects(append(ids, "before")...)
+	e.wantNoDeadLetters()
+}
+
+// Run refuses to start when the inbox table is missing, with an error
+// wrapping idem.ErrInboxNotReady, and takes nothing: a consumer started
+// after the migration applies every message once (DESIGN.md 11).
+func missingInboxTable(t *testing.T, h Harness) {
+	e := newEnv(t, h, pgxinbox.Plain)
+	bare := e.store(e.pool, true)
+	e.publish(msg("m1"))
+	err := e.refused(e.consumer(e.processor(procOptions{store: bare}), ConsumerOptions{}), settle)
+	if !errors.Is(err, idem.ErrInboxNotReady) {
+		t.Fatalf("Run = %v; want an error wrapping idem.ErrInboxNotReady", err)
+	}
+	t.Logf("Run refused: %v", err)
+	if n := e.rec.handlerRuns("m1"); n != 0 {
+		t.Errorf("a consumer that refused to start ran the handler %d times", n)
+	}
+	if err := bare.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	e.start(e.consumer(e.processor(procOptions{store: bare}), ConsumerOptions{}))
+	e.acked(settle, "m1")
+	e.wantEffects("m1")
+	e.wantNoDeadLetters()
+}
+
+// An inbox table that goes away under a running consumer (a deploy ahead
+// of its migration, a table renamed) is a configuration outage: messages
+// are held, nothing is dead-lettered, and all are applied once when the
+// table is back (DESIGN.md 11).
+func inboxTableGone(t *testing.T, h Harness) {
+	e := newEnv(t, h, pgxinbox.Plain)
+	e.start(e.consumer(e.processor(procOptions{}), ConsumerOptions{}))
+	e.publish(msg("before"))
+	e.acked(settle, "before")
+	ctx := context.Background()
+	if _, err := e.pool.Exec(ctx, `ALTER TABLE idem_inbox RENAME TO idem_inbox_away`); err != nil {
+		t.Fatal(err)
+	}
+	ids := seq("during", 3)
+	e.publish(msgs(ids...)...)
+	e.waitFor(settle, "messages held while the inbox table is gone (a configuration error, then a blameless Retry)", func() bool {
+		return e.rec.failedOfClass(idem.ClassConfig) >= 2 && e.rec.blamelessRetries() >= 1
+	})
+	if _, err := e.pool.Exec(ctx, `ALTER TABLE idem_inbox_away RENAME TO idem_inbox`); err != nil {
+		t.Fatal(err)
+	}
+	e.acked(settle, ids...)
+	e.wantEffects(append(ids, "before")...)
+	e.wantNoDeadLetters()
+}
+
+// Cancelling Run while the inbox database is unreachable returns within
+// the harness's StopWithin, dead-letters nothing, and leaves every
+// message to a later consumer, which applies each once (DESIGN.md 4, 11).
+func shutdownDuringOutage(t *testing.T, h Harness) {
+	e := newEnv(t, h, pgxinbox.Plain)
+	pool, proxy := e.proxiedPool()
+	r := e.start(e.consumer(e.processor(procOptions{store: e.store(pool, false)}), ConsumerOptions{}))
+	e.publish(msg("before"))
+	e.acked(settle, "before")
+	tries := len(e.rec.failures())
+	proxy.Stop()
+	ids := seq("during", 3)
+	e.publish(msgs(ids...)...)
+	e.waitFor(settle, "tries failing against the outage", func() bool { return len(e.rec.failures()) >= tries+2 })
+	if err := r.stop(); err != nil {
+		t.Errorf("Run = %v after a shutdown; want nil", err)
+	}
+	e.wantNoDeadLetters()
+	proxy.Restore()
+	e.start(e.consumer(e.processor(procOptions{}), ConsumerOptions{}))
+	e.acked(settle, ids...)
+	e.wantEffects(append(ids, "before")...)
+	e.wantNoDeadLetters()
+}
+
+// A consumer whose dead letters would have nowhere to go refuses to start
+// and takes nothing (DESIGN.md 12).
+func noDeadLetterDestination(t *testing.T, h Harness) {
+	e := newEnv(t, h, pgxinbox.Plain)
+	e.publish(msg("m1"))
+	err := e.refused(e.consumer(e.processor(procOptions{}), ConsumerOptions{NoDeadLetterDestination: true}), settle)
+	if want := h.Features().ErrNoDeadLetterDestination; want != nil && !errors.Is(err, want) {
+		t.Fatalf("Run = %v; want an error wrapping %v", err, want)
+	}
+	t.Logf("Run refused: %v", err)
+	if n := e.rec.handlerRuns("m1"); n != 0 {
+		t.Errorf("a consumer that refused to start ran the handler %d times", n)
+	}
+	e.start(e.consumer(e.processor(procOptions{}), ConsumerOptions{}))
+	e.acked(settle, "m1")
+	e.wantEffects("m1")
+	e.wantNoDeadLetters()
+}
+
+// Where the broker promises order, messages are applied in the order they
+// were published, a transient failure retried in the middle included
+// (DESIGN.md 6).
+func ordered(t *testing.T, h Harness, p path) {
+	if !h.Features().Ordered {
+		t.Skip("the broker promises no order (Features.Ordered is false)")
+	}
+	e := newEnv(t, h, pgxinbox.Plain)
+	ids := seq("m", 40)
+	fail := func(_ context.Context, m idem.Message, run int) error {
+		if m.ID == ids[12] && run == 1 {
+			return errors.New("deadlock detected, once")
+		}
+		return nil
+	}
+	e.publish(msgs(ids[:20]...)...)
+	e.start(e.consumer(e.processor(procOptions{fail: fail}), ConsumerOptions{BatchSize: p.batch}))
+	e.publish(msgs(ids[20:]...)...)
+	e.acked(settle, ids...)
+	if got := e.order(); !slices.Equal(got, ids) {
+		t.Errorf("applied in the order\n  %v\nwant the order published\n  %v", got, ids)
+	}
+	e.wantNoDeadLetters()
+}
+
+// On the partitioned inbox, the same UUIDv7 ID republished with other
+// timestamps (event-time header and broker timestamp a second later, a
+// day earlier) meets its marker whether it comes in the same batch or
+// long after: one effect. A message whose ID carries no time cannot be
+// placed and is dead-lettered, never applied (DESIGN.md 7; issue 11).
+func partitionedRepublish(t *testing.T, h Harness, p path) {
+	e := newEnv(t, h, pgxinbox.Partitioned)
+	now := time.Now().UTC()
+	x, y := UUIDv7(now.Add(-time.Minute)), UUIDv7(now.Add(-2*time.Minute))
+	at := func(id string, ts time.Time) Message {
+		return Message{ID: id, Body: []byte("body of " + id), EventTime: ts, Timestamp: ts}
+	}
+	e.start(e.consumer(e.processor(procOptions{}), ConsumerOptions{BatchSize: p.batch}))
+	// y twice back to back: one batch on the batch path.
+	e.publish(at(x, now.Add(-time.Minute)), at(y, now.Add(-2*time.Minute)), at(y, now.Add(-2*time.Minute+time.Second)))
+	e.waitFor(settle, "x acked, y acked twice", func() bool { return e.rec.acks(x) >= 1 && e.rec.acks(y) >= 2 })
+	// x again, after its first copy committed: a publisher whose confirm
+	// timed out republishes a second later, and a replay restamps it a
+	// day earlier.
+	e.publish(at(x, now.Add(-time.Minute+time.Second)))
+	e.waitFor(settle, "x republished a second later acked", func() bool { return e.rec.acks(x) >= 2 })
+	e.publish(at(x, now.Add(-25*time.Hour)))
+	e.waitFor(settle, "x restamped a day earlier acked", func() bool { return e.rec.acks(x) >= 3 })
+	for id, n := range map[string]int{x: 2, y: 1} {
+		if got := e.rec.outcomesOf(id); countOf(got, idem.Applied) != 1 || countOf(got, idem.Duplicate) != n {
+			t.Errorf("outcomes of %s: %v; want one Applied and %d Duplicates", id, got, n)
+		}
+	}
+	e.wantEffects(x, y)
+	e.wantNoDeadLetters()
+
+	untimed := "order-17"
+	e.publish(msg(untimed))
+	dl := e.deadLetterOf(settle, "body of "+untimed)
+	e.wantHeaders(dl, idem.DeadLettered.String(), "no partition time", 0)
+	e.wantEffects(x, y)
+}
+
+// A consumer whose broker connection is cut while a batch is in the
+// database loses nothing and doubles nothing: what committed is found in
+// the inbox when the broker redelivers it (the incident of the seeds).
+func connectionCut(t *testing.T, h Harness) {
+	e := newEnv(t, h, pgxinbox.Plain)
+	ids := seq("m", 20)
+	reached, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	fail := func(ctx context.Context, m idem.Message, run int) error {
+		if m.ID == ids[5] && run == 1 {
+			once.Do(func() { close(reached) })
+			select {
+			case <-release:
+			case <-ctx.Done():
+			case <-time.After(settle):
+			}
+		}
+		return nil
+	}
+	c := e.consumer(e.processor(procOptions{fail: fail}), ConsumerOptions{})
+	cut, ok := c.(Cutter)
+	if !ok {
+		t.Skip("the harness cannot cut the consumer's broker connection (its Consumer is no Cutter)")
+	}
+	e.publish(msgs(ids...)...)
+	e.start(c)
+	select {
+	case <-reached:
+	case <-time.After(settle):
+		t.Fatalf("the handler never reached %s\n%s", ids[5], e.rec.summary())
+	}
+	if !cut.Cut() {
+		t.Fatal("Cut found no connection to cut")
+	}
+	close(release)
+	e.acked(settle, ids...)
+	e.wantEffects(ids...)
+	e.wantNoDeadLetters()
+}
