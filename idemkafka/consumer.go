@@ -146,14 +146,22 @@ func (c *Consumer[TTx]) crashing() bool {
 // Before it takes a record, Run checks that the inbox can be used
 // (idem.Processor.Check: an error wraps idem.ErrInboxNotReady) and that
 // the dead-letter topic of every consumed topic exists (an error wraps
-// [ErrDeadLetterTopic]); it refuses to start otherwise.
+// [ErrDeadLetterTopic]); it refuses to start otherwise, and leaves the
+// group. An inbox database that does not answer within CommitTimeout is
+// an outage, not a reason to refuse: Run starts and holds the records
+// until it answers.
 func (c *Consumer[TTx]) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("idemkafka: Run called twice")
 	}
 	if err := c.start(ctx); err != nil {
+		// The client joined the group when it was built: leave it, or
+		// the partitions assigned to this member would wait for a poll
+		// that never comes.
 		if c.owned {
 			c.cl.Close()
+		} else {
+			c.cl.LeaveGroup()
 		}
 		return err
 	}
@@ -202,9 +210,24 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 	}
 }
 
-// start makes the checks Run makes before it takes a record.
+// start makes the checks Run makes before it takes a record. An inbox
+// database that does not answer is an outage, not a misconfiguration: the
+// consumer starts and holds its records until the database answers, as it
+// would for an outage met later (refusing would leave its partitions with
+// a member that never polls, or a process in a restart loop).
 func (c *Consumer[TTx]) start(ctx context.Context) error {
-	if err := c.proc.Check(ctx); err != nil {
+	cctx, cancel := context.WithTimeout(ctx, c.cfg.CommitTimeout)
+	err := c.proc.Check(cctx)
+	timedOut := cctx.Err() != nil
+	cancel()
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		return fmt.Errorf("idemkafka: not starting: %w", ctx.Err())
+	case errors.Is(err, idem.ErrUnavailable), timedOut:
+		c.cfg.Logger.Warn("inbox database unreachable at start; consuming, records are held until it answers",
+			"consumer", c.proc.Consumer(), "error", err)
+	default:
 		return fmt.Errorf("idemkafka: not starting: %w", err)
 	}
 	topics, _ := c.cl.OptValue(kgo.ConsumeTopics).([]string)

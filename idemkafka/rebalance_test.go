@@ -99,3 +99,65 @@ func TestRebalanceGivesUpSlowRecord(t *testing.T) {
 	}
 	t.Logf("new member owned partitions %v after joining; slow record ran %d times; first member %+v", took.Round(time.Millisecond), slowRuns.Load(), sa)
 }
+
+// A database outage holds the records, not the group: a member that joins
+// during the outage owns partitions well within the rebalance timeout,
+// nothing is dead-lettered, and every record is applied once the database
+// answers again.
+func TestRebalanceDuringOutage(t *testing.T) {
+	t.Parallel()
+	const n, parts = 8, 2
+	k := newKafka(t)
+	topic := k.topic(t, "outage-rb", parts)
+	group := k.group("outage-rb")
+	prod := k.client(t)
+	d := newDB(t)
+	store, proxy := d.throughProxy(t)
+	out := newOutcomes()
+	proc := outageProcessor(t, store, out)
+	hooks := newHolds(newCommits(t, ends(n, parts)))
+	a, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), proc, &idemkafka.Config{Hooks: hooks, RebalanceGrace: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopA := run(t, a)
+	produce(t, prod, topic, parts, 0, parts, msgID)
+	wait(t, hooks.reached(ends(parts, parts)), 30*time.Second, "the first records committed")
+	proxy.stop()
+	held := hooks.holds.reached(2)
+	produce(t, prod, topic, parts, parts, n-parts, msgID)
+	wait(t, held, 30*time.Second, "records held during the outage")
+
+	assigned := make(chan struct{})
+	var once atomic.Bool
+	bOpts := []kgo.Opt{kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+		for _, ps := range m {
+			if len(ps) > 0 && once.CompareAndSwap(false, true) {
+				close(assigned)
+			}
+		}
+	})}
+	b, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}, bOpts...), proc, &idemkafka.Config{Hooks: hooks, RebalanceGrace: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopB := run(t, b)
+	wait(t, assigned, 6*time.Second, "the new member to own partitions within the rebalance timeout")
+	proxy.start()
+	wait(t, hooks.done, 60*time.Second, "every partition committed once the database answers")
+	if err := stopB(); err != nil {
+		t.Errorf("second member's Run = %v", err)
+	}
+	if err := stopA(); err != nil {
+		t.Errorf("first member's Run = %v", err)
+	}
+	if rows, distinct := d.effects(t); rows != n || distinct != n {
+		t.Errorf("effects: %d rows, %d distinct; want %d of each", rows, distinct, n)
+	}
+	if dl := out.get(idem.DeadLettered); dl != 0 || a.Stats().DeadLettered+b.Stats().DeadLettered != 0 {
+		t.Errorf("%d dead-lettered during the outage; want none", dl)
+	}
+	if a.Stats().Rebalances == 0 {
+		t.Errorf("first member's stats %+v: want the rebalance counted", a.Stats())
+	}
+}

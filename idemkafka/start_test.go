@@ -61,6 +61,15 @@ func TestRunRefusesMissingDeadLetterTopic(t *testing.T) {
 	if rows, _ := d.effects(t); rows != 0 || c.Stats().Delivered != 0 {
 		t.Errorf("a consumer that refused to start applied %d records, took %d", rows, c.Stats().Delivered)
 	}
+	// Its client is the caller's, still open: it has left the group, so no
+	// partition waits for it.
+	groups, err := kadm.NewClient(k.client(t)).DescribeGroups(context.Background(), k.group("nodlq"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := groups[k.group("nodlq")]; len(g.Members) != 0 {
+		t.Errorf("the refused consumer's client is still one of the group's %d members", len(g.Members))
+	}
 }
 
 // With CreateDeadLetterTopics, Run creates the missing dead-letter topic
