@@ -44,7 +44,9 @@ type worker func(ctx context.Context, stop <-chan struct{}, k tp, recs []*kgo.Re
 //     at the first record not taken), so that a slow or retried record
 //     holds its own partition only;
 //   - an extra poll runs while some worker runs and the round is not
-//     stopping, so that the other partitions flow;
+//     stopping, so that the other partitions flow (after a poll that
+//     brought only errors, not before pollWait, and never once the client
+//     is closed);
 //   - once stopping (a rebalance waits for the round, or Run's context
 //     ended), no worker starts; the records left in the queues when the
 //     last worker returned are given up: their partition is rewound to the
@@ -73,6 +75,12 @@ type round struct {
 	polling bool
 	// cancelPoll ends the extra poll; nil once called or when none runs.
 	cancelPoll context.CancelFunc
+	// pollPause is set after an extra poll that brought only errors (a
+	// broker that keeps refusing answers at once): no poll starts until
+	// it fires. noPoll is set once the client is closed.
+	pollPause <-chan time.Time
+	noPoll    bool
+	pollWait  time.Duration
 
 	done   chan finished
 	polled chan kgo.Fetches
@@ -93,7 +101,7 @@ type finished struct {
 func newRound(ctx context.Context, fetch fetcher, work worker, maxPoll int, grace time.Duration, rebalance <-chan struct{}, log *slog.Logger, stats *counters) *round {
 	workCtx, cancel := context.WithCancel(ctx)
 	return &round{
-		fetch: fetch, work: work, maxPoll: maxPoll, grace: grace, log: log, stats: stats,
+		fetch: fetch, work: work, maxPoll: maxPoll, grace: grace, log: log, stats: stats, pollWait: 100 * time.Millisecond,
 		ctx: ctx, workCtx: workCtx, cancelWork: cancel, rebalance: rebalance,
 		stop:  make(chan struct{}),
 		parts: make(map[tp]*part),
@@ -115,6 +123,8 @@ func (r *round) run(fetches kgo.Fetches) {
 			r.finished(f)
 		case f := <-r.polled:
 			r.pollDone(f)
+		case <-r.pollPause:
+			r.pollPause = nil
 		case <-r.rebalance:
 			r.rebalance = nil
 			r.giveUp(true)
@@ -191,7 +201,7 @@ func (r *round) finished(f finished) {
 // none does or the round stops; what it returns meanwhile is queued all the
 // same.
 func (r *round) steerPoll() {
-	want := r.running > 0 && !r.stopping
+	want := r.running > 0 && !r.stopping && !r.noPoll && r.pollPause == nil
 	switch {
 	case want && !r.polling:
 		pctx, cancel := context.WithCancel(r.ctx)
@@ -208,6 +218,12 @@ func (r *round) pollDone(f kgo.Fetches) {
 	if r.cancelPoll != nil {
 		r.cancelPoll()
 		r.cancelPoll = nil
+	}
+	switch {
+	case f.IsClientClosed():
+		r.noPoll = true
+	case f.NumRecords() == 0 && len(f.Errors()) > 0 && r.ctx.Err() == nil:
+		r.pollPause = time.After(r.pollWait)
 	}
 	r.add(f)
 	r.launch()

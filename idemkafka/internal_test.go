@@ -290,3 +290,33 @@ func TestRebalanceSignalIgnoresLateCalls(t *testing.T) {
 		t.Error("a late call closed the next poll's channel")
 	}
 }
+
+// A poll that brings only errors (a broker refusing at once) is not
+// repeated at once while a worker runs; a closed client is not polled
+// again.
+func TestRoundDoesNotSpinOnFetchErrors(t *testing.T) {
+	fc := newFakeClient()
+	release := make(chan struct{})
+	work := func(context.Context, <-chan struct{}, tp, []*kgo.Record) []*kgo.Record {
+		<-release
+		return nil
+	}
+	r := newRound(context.Background(), fc, work, 100, time.Minute, nil, quiet, &counters{})
+	r.pollWait = time.Hour
+	go func() {
+		fc.fetches <- kgo.NewErrFetch(errors.New("not authorized"))
+		// Had the round polled again, this send would be taken.
+		select {
+		case fc.fetches <- kgo.NewErrFetch(errors.New("again")):
+			t.Error("the round polled again at once after an error")
+		case <-time.After(100 * time.Millisecond):
+		}
+		close(release)
+	}()
+	r.run(fetchOf(records("t", 0, 0, 1)))
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	if fc.polls != 1 {
+		t.Errorf("%d extra polls, want 1", fc.polls)
+	}
+}
