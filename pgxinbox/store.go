@@ -210,7 +210,7 @@ func (s *Store) RecordHorizon(ctx context.Context, consumer string, horizon time
 }
 
 // Horizons lists the horizons consumers recorded, longest first.
-func (s *Store) Horizons(ctx context.Context) ([]inboxdb.Horizon, error) {
+func (s *Store) Horizons(ctx context.Context) ([]retention.RecordedHorizon, error) {
 	return s.inbox.Horizons(ctx)
 }
 

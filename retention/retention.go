@@ -230,6 +230,14 @@ type Stats struct {
 	Now time.Time
 }
 
+// RecordedHorizon is the horizon a consumer of an inbox last reported
+// (idem.HorizonRecorder): the window it guards with, and when.
+type RecordedHorizon struct {
+	Consumer string
+	Window   time.Duration
+	SeenAt   time.Time
+}
+
 // Finish fills the derived fields from Now, Oldest and Window.
 func (s *Stats) Finish() {
 	if s.Oldest.IsZero() {

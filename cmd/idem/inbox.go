@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/inboxdb"
 	"github.com/idemkit/idem/pgxinbox"
 	"github.com/idemkit/idem/retention"
 	"github.com/idemkit/idem/sqlinbox"
@@ -374,7 +373,7 @@ type windowStore interface {
 	Settings(ctx context.Context) (idem.Settings, error)
 	SetWindow(ctx context.Context, w time.Duration, force bool) (time.Duration, error)
 	WindowStatus(ctx context.Context) (stored, guard time.Duration, err error)
-	Horizons(ctx context.Context) ([]inboxdb.Horizon, error)
+	Horizons(ctx context.Context) ([]retention.RecordedHorizon, error)
 }
 
 // openWindowStore opens the store the flags name, for the window commands.

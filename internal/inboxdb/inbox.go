@@ -253,11 +253,7 @@ func (b *Inbox) Stats(ctx context.Context) (retention.Stats, error) {
 }
 
 // Horizon is the horizon a consumer of the inbox last reported.
-type Horizon struct {
-	Consumer string
-	Window   time.Duration
-	SeenAt   time.Time
-}
+type Horizon = retention.RecordedHorizon
 
 // RecordHorizon records the horizon window consumer guards with (upsert,
 // with the time seen). A guard that is off (window <= 0) records nothing.
