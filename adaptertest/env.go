@@ -670,3 +670,40 @@ func (r *recorder) deadLetterSettles() int {
 	}
 	return n
 }
+
+// triesSince describes the failed tries after the first n: how many of
+// each class, and the first error of each.
+func (r *recorder) triesSince(n int) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	count := map[idem.ErrorClass]int{}
+	first := map[idem.ErrorClass]error{}
+	var classes []idem.ErrorClass
+	for _, a := range r.failed[min(n, len(r.failed)):] {
+		if count[a.Class] == 0 {
+			classes = append(classes, a.Class)
+			first[a.Class] = a.Err
+		}
+		count[a.Class]++
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d failed tries", len(r.failed)-min(n, len(r.failed)))
+	for _, c := range classes {
+		fmt.Fprintf(&b, "; %d of class %s, first: %v", count[c], className(c), first[c])
+	}
+	return b.String()
+}
+
+func className(c idem.ErrorClass) string {
+	switch c {
+	case idem.ClassTransient:
+		return "transient"
+	case idem.ClassPermanent:
+		return "permanent"
+	case idem.ClassUnavailable:
+		return "unavailable"
+	case idem.ClassConfig:
+		return "config"
+	}
+	return fmt.Sprint(int(c))
+}

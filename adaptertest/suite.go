@@ -56,8 +56,17 @@ func Run(t *testing.T, h Harness) {
 	each("MissingID", missingID)
 	each("Poison", poison)
 	each("TransientExhausted", transientExhausted)
-	one("OutageStopped", func(t *testing.T, h Harness) { outage(t, h, (*netfault.Proxy).Stop) })
-	one("OutageFrozen", func(t *testing.T, h Harness) { outage(t, h, (*netfault.Proxy).Freeze) })
+	for _, o := range []struct {
+		name string
+		fail func(*netfault.Proxy)
+	}{{"Stopped", (*netfault.Proxy).Stop}, {"Frozen", (*netfault.Proxy).Freeze}} {
+		for _, s := range []struct {
+			name string
+			at   strike
+		}{{"BetweenMessages", betweenMessages}, {"UnderHandler", underHandler}, {"UnderCommit", underCommit}} {
+			one("Outage"+o.name+s.name, func(t *testing.T, h Harness) { outage(t, h, o.fail, s.at) })
+		}
+	}
 	one("MissingInboxTable", missingInboxTable)
 	one("InboxTableGone", inboxTableGone)
 	one("ShutdownDuringOutage", shutdownDuringOutage)
@@ -134,8 +143,15 @@ func crashAfterCommit(t *testing.T, h Harness, p path) {
 	if !fired.Load() {
 		t.Fatal("the fault after commit never fired")
 	}
-	if got := e.rec.outcomesOf("crash"); !slices.Contains(got, idem.Retry) || !slices.Contains(got, idem.Duplicate) {
-		t.Errorf("outcomes of crash: %v; want a Retry (the crash) and then a Duplicate (the redelivery met its marker)", got)
+	// The crash fails the transaction it hit, a batch as a whole: its
+	// first message reports the Retry (in order, the ones after it are
+	// not reported), and every copy redelivered meets its marker.
+	retried := 0
+	for _, id := range []string{"n1", "crash", "n2"} {
+		retried += countOf(e.rec.outcomesOf(id), idem.Retry)
+	}
+	if got := e.rec.outcomesOf("crash"); retried == 0 || !slices.Contains(got, idem.Duplicate) {
+		t.Errorf("outcomes of crash: %v, %d Retry in its transaction; want a Retry (the crash) and a Duplicate (the redelivery met its marker)", got, retried)
 	}
 	e.wantEffects("n1", "crash", "n2")
 	e.wantNoDeadLetters()
@@ -241,28 +257,79 @@ func transientExhausted(t *testing.T, h Harness, p path) {
 }
 
 // An outage of the inbox database made the real way (a proxy that stops
-// answering or goes silent, with connect_timeout=1) spends no message's
-// budget: messages are held past RetryPolicy.WaitUnavailable, nothing is
-// dead-lettered, and everything is applied once after the database comes
-// back (DESIGN.md 11).
-func outage(t *testing.T, h Harness, fail func(*netfault.Proxy)) {
+// answering or goes silent, with connect_timeout=1), between messages,
+// under a handler or under a COMMIT, spends no message's budget: messages
+// are held past RetryPolicy.WaitUnavailable, nothing is dead-lettered, and
+// everything is applied once after the database comes back (DESIGN.md 4,
+// 11).
+func outage(t *testing.T, h Harness, fail func(*netfault.Proxy), at strike) {
 	e := newEnv(t, h, pgxinbox.Plain)
 	pool, proxy := e.proxiedPool()
-	e.start(e.consumer(e.processor(procOptions{store: e.store(pool, false)}), ConsumerOptions{}))
+	ids := seq("during", 4)
+	// The first message under way waits at its strike point until the
+	// outage began, then goes on into it.
+	reached, struck := make(chan struct{}), make(chan struct{})
+	var first sync.Once
+	hold := func(ctx context.Context) {
+		first.Do(func() {
+			close(reached)
+			select {
+			case <-struck:
+			case <-ctx.Done():
+			case <-time.After(settle):
+			}
+		})
+	}
+	o := procOptions{store: e.store(pool, false)}
+	o.fail = func(ctx context.Context, m idem.Message, _ int) error {
+		if at == underHandler && m.ID == ids[0] {
+			hold(ctx)
+		}
+		return nil
+	}
+	o.faults = func(ctx context.Context, point idem.FaultPoint, ms []idem.Message) error {
+		if at == underCommit && point == idem.AfterHandler && slices.ContainsFunc(ms, func(m idem.Message) bool { return m.ID == ids[0] }) {
+			hold(ctx)
+		}
+		return nil
+	}
+	e.start(e.consumer(e.processor(o), ConsumerOptions{}))
 	e.publish(msg("before"))
 	e.acked(settle, "before")
 	tries := len(e.rec.failures())
-	fail(proxy)
-	ids := seq("during", 4)
-	e.publish(msgs(ids...)...)
-	e.waitFor(settle, "messages held through the outage (failed tries, then a blameless Retry past WaitUnavailable)", func() bool {
-		return len(e.rec.failures()) >= tries+2 && e.rec.blamelessRetries() >= 1
+	if at == betweenMessages {
+		fail(proxy)
+		e.publish(msgs(ids...)...)
+	} else {
+		e.publish(msgs(ids...)...)
+		select {
+		case <-reached:
+		case <-time.After(settle):
+			t.Fatalf("no transaction reached the point the outage strikes at\n%s", e.rec.summary())
+		}
+		fail(proxy)
+		close(struck)
+	}
+	// Two blameless Retries: the adapter held a message and came back to
+	// it while the outage went on.
+	e.waitFor(settle, "messages held through the outage (failed tries, then blameless Retries past WaitUnavailable, twice)", func() bool {
+		return len(e.rec.failures()) >= tries+3 && e.rec.blamelessRetries() >= 2
 	})
 	proxy.Restore()
 	e.acked(settle, ids...)
+	t.Logf("during the outage: %s", e.rec.triesSince(tries))
 	e.wantEffects(append(ids, "before")...)
 	e.wantNoDeadLetters()
 }
+
+// strike is where in a transaction an outage begins.
+type strike int
+
+const (
+	betweenMessages strike = iota // no transaction open
+	underHandler                  // the handler's statement meets it
+	underCommit                   // COMMIT meets it
+)
 
 // Run refuses to start when the inbox table is missing, with an error
 // wrapping idem.ErrInboxNotReady, and takes nothing: a consumer started
