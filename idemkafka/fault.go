@@ -22,8 +22,9 @@ const BeforeOffsetCommit FaultPoint = "before_offset_commit"
 // demo holds offset commits this way until its simulated restart): the
 // partition at hand waits with its offset uncommitted, the other partitions
 // of the poll go on, and a rebalance waits until it returns. ctx ends when
-// Run's context is cancelled or the consumer crashes; a blocking FaultFunc
-// should return then.
+// Run's context is cancelled, when the consumer crashes, and
+// [Config.RebalanceGrace] after a rebalance started waiting for the
+// consumer; a blocking FaultFunc should return then.
 type FaultFunc func(ctx context.Context, point FaultPoint, topic string, partition int32, offset int64) error
 
 // ErrCrashed is wrapped by Run's error after [Consumer.Crash] or a fault.
