@@ -273,12 +273,12 @@ func (e *env) waitFor(d time.Duration, what string, cond func() bool) {
 	}
 }
 
-// acked waits until each of ids was acked at least once.
+// acked waits until each of ids was acked after its latest outcome.
 func (e *env) acked(d time.Duration, ids ...string) {
 	e.t.Helper()
 	e.waitFor(d, fmt.Sprintf("%d messages acked (%s)", len(ids), strings.Join(ids, ", ")), func() bool {
 		for _, id := range ids {
-			if e.rec.acks(id) == 0 {
+			if !e.rec.settled(id) {
 				return false
 			}
 		}
@@ -418,14 +418,20 @@ type recorder struct {
 	outcomes map[string][]idem.Outcome
 	results  []idem.Result
 	settles  map[string][]idem.Action
-	failed   []idem.Attempt
-	dead     []idem.Result
-	changed  chan struct{}
+	// seq numbers the events; lastOutcome and lastAck are the numbers of
+	// each message's latest outcome and latest ack.
+	seq         int
+	lastOutcome map[string]int
+	lastAck     map[string]int
+	failed      []idem.Attempt
+	dead        []idem.Result
+	changed     chan struct{}
 }
 
 func newRecorder() *recorder {
 	return &recorder{
 		runs: map[string]int{}, outcomes: map[string][]idem.Outcome{}, settles: map[string][]idem.Action{},
+		lastOutcome: map[string]int{}, lastAck: map[string]int{},
 		changed: make(chan struct{}, 1),
 	}
 }
@@ -448,6 +454,8 @@ func (r *recorder) ran(id string) int {
 func (r *recorder) OnOutcome(_ string, res idem.Result, _ time.Duration) {
 	r.mu.Lock()
 	r.outcomes[res.MessageID] = append(r.outcomes[res.MessageID], res.Outcome)
+	r.seq++
+	r.lastOutcome[res.MessageID] = r.seq
 	r.results = append(r.results, res)
 	r.mu.Unlock()
 	r.signal()
@@ -463,6 +471,10 @@ func (r *recorder) OnAttempt(_ string, a idem.Attempt) {
 func (r *recorder) OnSettle(_, _ string, d idem.Disposition, res idem.Result) {
 	r.mu.Lock()
 	r.settles[res.MessageID] = append(r.settles[res.MessageID], d.Action)
+	r.seq++
+	if d.Action == idem.ActionAck {
+		r.lastAck[res.MessageID] = r.seq
+	}
 	r.mu.Unlock()
 	r.signal()
 }
@@ -495,6 +507,14 @@ func (r *recorder) acks(id string) int {
 		}
 	}
 	return n
+}
+
+// settled reports whether id was acked after its latest outcome: no
+// copy of it is still between the processor and the broker.
+func (r *recorder) settled(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lastAck[id] > r.lastOutcome[id]
 }
 
 // outcomesOf returns the outcomes the processor reported for id.

@@ -54,6 +54,11 @@ type Features struct {
 	// cancelled, in an outage too. Defaults to 5s; a harness keeps the
 	// adapter's shutdown grace below it.
 	StopWithin time.Duration
+	// Known names checks ("SettledOnce", or one path: "SettledOnce/batch")
+	// that fail because of a known bug of the adapter, with a one-line
+	// description of it; the suite skips them with "known: <description>".
+	// Keep it empty: it is the list of what to fix.
+	Known map[string]string
 }
 
 // Message is one message to publish.
@@ -112,6 +117,12 @@ type ConsumerOptions struct {
 	// missing exchange, a missing topic with creation off): Run must
 	// refuse to start.
 	NoDeadLetterDestination bool
+	// CrashBeforeAck makes the consumer fail once at the adapter's own
+	// fault point between the database commit and the ack, the way a
+	// process that dies there does (RabbitMQ BeforeSettle: the connection
+	// is cut and the consumer reconnects; Kafka BeforeOffsetCommit: Run
+	// returns ErrCrashed, and the suite starts another consumer).
+	CrashBeforeAck bool
 	// Logger is the test's logger, for the consumer's own lines.
 	Logger *slog.Logger
 }
