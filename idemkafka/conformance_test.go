@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"net"
 	"os"
 	"regexp"
@@ -67,6 +68,9 @@ func (h *conformanceHarness) Features() adaptertest.Features {
 		Ordered:                    true,
 		ErrNoDeadLetterDestination: idemkafka.ErrDeadLetterTopic,
 		StopWithin:                 5 * time.Second,
+		Known: map[string]string{
+			"SettledOnce": "a record whose offset commit a crash withheld is still reported settled to idem.SettleHook (runPartition calls onSettle after commit returned without committing)",
+		},
 	}
 }
 
@@ -178,6 +182,13 @@ func (h *conformanceHarness) Consumer(t testing.TB, topic string, proc *idem.Pro
 	}
 	if opts.NoDeadLetterDestination {
 		cfg.DeadLetterTopic = func(topic string) string { return topic + ".no-such-dlq" }
+	}
+	if opts.CrashBeforeAck {
+		var once sync.Once
+		cfg.Faults = func(context.Context, idemkafka.FaultPoint, string, int32, int64) (err error) {
+			once.Do(func() { err = errors.New("process died between commit and offset commit") })
+			return err
+		}
 	}
 	c.Consumer, err = idemkafka.NewConsumer(cl, proc, cfg)
 	if err != nil {

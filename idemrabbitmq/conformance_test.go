@@ -2,6 +2,7 @@ package idemrabbitmq_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -127,6 +128,15 @@ func (h *conformanceHarness) Consumer(t testing.TB, queue string, proc *idem.Pro
 	}
 	if opts.NoDeadLetterDestination {
 		cfg.DeadLetterExchange = queue + ".no-such-exchange"
+	}
+	if opts.CrashBeforeAck {
+		var once sync.Once
+		cfg.Faults = func(_ context.Context, point idemrabbitmq.FaultPoint, _ []idem.Message) (err error) {
+			if point == idemrabbitmq.BeforeSettle {
+				once.Do(func() { err = errors.New("process died between commit and ack") })
+			}
+			return err
+		}
 	}
 	c, err := idemrabbitmq.NewConsumer(proc, cfg)
 	if err != nil {
