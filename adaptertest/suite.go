@@ -84,6 +84,7 @@ func Run(t *testing.T, h Harness) {
 	one("MissingInboxTable", missingInboxTable)
 	one("InboxTableGone", inboxTableGone)
 	one("ShutdownDuringOutage", shutdownDuringOutage)
+	one("OutageAtStart", outageAtStart)
 	one("NoDeadLetterDestination", noDeadLetterDestination)
 	each("Ordered", ordered)
 	each("PartitionedRepublish", partitionedRepublish)
@@ -515,6 +516,34 @@ func shutdownDuringOutage(t *testing.T, h Harness) {
 	e.wantNoDeadLetters()
 }
 
+// A consumer started while the inbox database is unreachable (a connect
+// that times out) waits for it: an outage is not a reason to refuse to
+// start, as a missing table is. Once the database is back, it applies
+// what waited (DESIGN.md 11).
+func outageAtStart(t *testing.T, h Harness) {
+	e := newEnv(t, h, pgxinbox.Plain)
+	pool, proxy := e.proxiedPool()
+	proc := e.processor(procOptions{store: e.store(pool, false)})
+	e.publish(msg("m1"))
+	proxy.Stop()
+	base := proxy.Accepted()
+	r := e.start(e.consumer(proc, ConsumerOptions{}))
+	// Each try is a connection the proxy accepts and never answers, given
+	// up after connect_timeout=1: three of them mean a try timed out and
+	// the consumer went on trying.
+	e.waitFor(settle, "the consumer trying the database three times, or Run returning", func() bool {
+		gone, _ := r.exited()
+		return gone || proxy.Accepted() >= base+3
+	})
+	if gone, err := r.exited(); gone {
+		t.Fatalf("Run = %v while the inbox database was unreachable at start; want it to wait for the database", err)
+	}
+	proxy.Restore()
+	e.acked(settle, "m1")
+	e.wantEffects("m1")
+	e.wantNoDeadLetters()
+}
+
 // A consumer whose dead letters would have nowhere to go refuses to start
 // and takes nothing (DESIGN.md 12).
 func noDeadLetterDestination(t *testing.T, h Harness) {
@@ -535,35 +564,41 @@ func noDeadLetterDestination(t *testing.T, h Harness) {
 }
 
 // Where the broker promises order, messages are applied in the order they
-// were published, a transient failure retried in the middle included
-// (DESIGN.md 6).
+// were published, with a transient failure retried and a poison message
+// dead-lettered in the middle (DESIGN.md 6).
 func ordered(t *testing.T, h Harness, p path) {
 	if !h.Features().Ordered {
 		t.Skip("the broker promises no order (Features.Ordered is false)")
 	}
 	e := newEnv(t, h, pgxinbox.Plain)
 	ids := seq("m", 40)
+	poisoned := ids[25]
 	fail := func(_ context.Context, m idem.Message, run int) error {
-		if m.ID == ids[12] && run == 1 {
+		switch {
+		case m.ID == ids[12] && run == 1:
 			return errors.New("deadlock detected, once")
+		case m.ID == poisoned:
+			return idem.Permanent(errors.New("no such customer"))
 		}
 		return nil
 	}
 	e.publish(msgs(ids[:20]...)...)
 	e.start(e.consumer(e.processor(procOptions{fail: fail}), ConsumerOptions{BatchSize: p.batch}))
 	e.publish(msgs(ids[20:]...)...)
-	e.acked(settle, ids...)
-	if got := e.order(); !slices.Equal(got, ids) {
-		t.Errorf("applied in the order\n  %v\nwant the order published\n  %v", got, ids)
+	want := slices.DeleteFunc(slices.Clone(ids), func(id string) bool { return id == poisoned })
+	e.acked(settle, want...)
+	e.deadLetterOf(settle, "body of "+poisoned)
+	if got := e.order(); !slices.Equal(got, want) {
+		t.Errorf("applied in the order\n  %v\nwant the order published, without the dead letter\n  %v", got, want)
 	}
-	e.wantNoDeadLetters()
 }
 
 // On the partitioned inbox, the same UUIDv7 ID republished with other
 // timestamps (event-time header and broker timestamp a second later, a
 // day earlier) meets its marker whether it comes in the same batch or
 // long after: one effect. A message whose ID carries no time cannot be
-// placed and is dead-lettered, never applied (DESIGN.md 7; issue 11).
+// placed and is dead-lettered, one whose ID's time is older than the
+// window expires; neither is applied (DESIGN.md 7, 8; issue 11).
 func partitionedRepublish(t *testing.T, h Harness, p path) {
 	e := newEnv(t, h, pgxinbox.Partitioned)
 	now := time.Now().UTC()
@@ -590,10 +625,13 @@ func partitionedRepublish(t *testing.T, h Harness, p path) {
 	e.wantEffects(x, y)
 	e.wantNoDeadLetters()
 
-	untimed := "order-17"
-	e.publish(msg(untimed))
+	untimed, old := "order-17", UUIDv7(now.Add(-72*time.Hour))
+	e.publish(msg(untimed), msg(old))
 	dl := e.deadLetterOf(settle, "body of "+untimed)
 	e.wantHeaders(dl, idem.DeadLettered.String(), "no partition time", 0)
+	// Older than the 48h window by its ID's time: its day may be dropped.
+	dl = e.deadLetterOf(settle, "body of "+old)
+	e.wantHeaders(dl, idem.Expired.String(), idem.ErrExpired.Error(), 0)
 	e.wantEffects(x, y)
 }
 
