@@ -68,9 +68,6 @@ func (h *conformanceHarness) Features() adaptertest.Features {
 		Ordered:                    true,
 		ErrNoDeadLetterDestination: idemkafka.ErrDeadLetterTopic,
 		StopWithin:                 5 * time.Second,
-		Known: map[string]string{
-			"SettledOnce": "a record whose offset commit a crash withheld is still reported settled to idem.SettleHook (runPartition calls onSettle after commit returned without committing)",
-		},
 	}
 }
 

@@ -245,17 +245,19 @@ func (c *Consumer[TTx]) start(ctx context.Context) error {
 }
 
 // commit commits the offset after r, the last settled record of its
-// partition. A failed commit is logged and left: the records will be
-// redelivered to whoever owns the partition next and found in the inbox.
-func (c *Consumer[TTx]) commit(ctx context.Context, r *kgo.Record) {
+// partition, and reports whether the commit was sent: not when the
+// consumer crashed, before or at the fault point. A failed commit is
+// logged and left: the records will be redelivered to whoever owns the
+// partition next and found in the inbox.
+func (c *Consumer[TTx]) commit(ctx context.Context, r *kgo.Record) bool {
 	if c.crashing() {
-		return
+		return false
 	}
 	offset := r.Offset + 1
 	if c.cfg.Faults != nil {
 		if err := c.cfg.Faults(ctx, BeforeOffsetCommit, r.Topic, r.Partition, offset); err != nil {
 			c.crash(fmt.Errorf("fault at %s: %w", BeforeOffsetCommit, err))
-			return
+			return false
 		}
 	}
 	// The commit outlives a cancelled ctx: at shutdown it is the commit that
@@ -290,6 +292,7 @@ func (c *Consumer[TTx]) commit(ctx context.Context, r *kgo.Record) {
 		c.cfg.Logger.Warn("offset commit failed; the records will be redelivered and deduplicated",
 			"consumer", c.proc.Consumer(), "source", source(r.Topic, r.Partition), "offset", offset, "error", cerr)
 	}
+	return true
 }
 
 // sleep waits d or until ctx ends.

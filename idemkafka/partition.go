@@ -37,9 +37,13 @@ func (c *Consumer[TTx]) runPartition(ctx context.Context, stop <-chan struct{}, 
 		results := c.process(ctx, batch, runs)
 		s := c.settler.settle(ctx, batch, results)
 		if s.n > 0 {
-			c.commit(ctx, batch[s.n-1])
-			for i, d := range s.done {
-				c.onSettle(batch[i], d, results[i])
+			// The settlements are reported only once their commit was sent:
+			// a crash before it leaves the records to redelivery, where
+			// they are settled (and reported) again.
+			if c.commit(ctx, batch[s.n-1]) {
+				for i, d := range s.done {
+					c.onSettle(batch[i], d, results[i])
+				}
 			}
 			runs = 0
 		}
