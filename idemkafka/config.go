@@ -88,7 +88,9 @@ type Config struct {
 	// RebalanceGrace plus one CommitTimeout. Defaults to a quarter of the
 	// client's rebalance timeout (15s with franz-go's default of 60s).
 	// RebalanceGrace plus CommitTimeout must not exceed half the rebalance
-	// timeout, so the member rejoins in time and keeps its place.
+	// timeout, so the member rejoins in time and keeps its place. The
+	// cancel reaches the handler through its context; a handler that
+	// ignores it is bounded only by the processor's idem.Config.TxTimeout.
 	RebalanceGrace time.Duration
 	// Hooks receives offset commits, retries and dead letters with their
 	// records, for tests and drills. Optional. Metrics belong in the
