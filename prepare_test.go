@@ -198,3 +198,18 @@ func TestLateDuplicatesRefused(t *testing.T) {
 		t.Fatalf("without RefuseLate the message goes on to its claim: %v", it.res.Outcome)
 	}
 }
+
+// A natural consumer keeps no markers, so it needs no inbox table and no
+// stored settings: it must start over a store that was never migrated.
+func TestNaturalNeedsNoInbox(t *testing.T) {
+	p := procFor(t, &failingSettings{}, func(c *Config[struct{}]) { c.Natural = true; c.Key = nil })
+	if err := p.Check(context.Background()); err != nil {
+		t.Fatalf("natural consumer over an unmigrated store: %v", err)
+	}
+}
+
+type failingSettings struct{ nopStore }
+
+func (*failingSettings) Settings(context.Context) (Settings, error) {
+	return Settings{}, errors.New("relation idem_inbox_settings does not exist")
+}

@@ -33,8 +33,8 @@ func (p *Processor[TTx]) horizon() *Horizon { return p.inbox.horizon.Load() }
 func (p *Processor[TTx]) ready(ctx context.Context, force bool) error {
 	ss, ok := p.store.(SettingsStore)
 	_, hasPruned := p.store.(PrunedSummaryStore)
-	if !ok && !hasPruned {
-		return nil
+	if !ok && !hasPruned || p.cfg.Natural {
+		return nil // a natural consumer keeps no markers: no inbox to read
 	}
 	if !force && time.Now().UnixNano() < p.inbox.next.Load() {
 		return nil
