@@ -31,7 +31,9 @@ type Horizon struct {
 	// MaxAhead is how far ahead of the consumer's clock an event time may
 	// be. A later one (a producer clock gone wrong) is not trusted: the
 	// message is treated as untimed, so no marker is kept for a time that
-	// has not come yet and no prune re-scans it. Defaults to 1 hour.
+	// has not come yet and no prune re-scans it. Defaults to, and may not
+	// exceed, 1 hour: the stores bound a marker's keep-until to an hour past
+	// their own clock, and a trusted time beyond it would outlive its marker.
 	MaxAhead time.Duration
 	// Now returns the current time. Defaults to time.Now; tests set it.
 	Now func() time.Time
@@ -42,12 +44,15 @@ func (h *Horizon) setDefaults() {
 		h.Skew = min(5*time.Minute, h.Window/10)
 	}
 	if h.MaxAhead == 0 {
-		h.MaxAhead = time.Hour
+		h.MaxAhead = maxAhead
 	}
 	if h.Now == nil {
 		h.Now = time.Now
 	}
 }
+
+// maxAhead is the furthest an event time may be ahead and still be trusted.
+const maxAhead = time.Hour
 
 // HorizonStore is a store that knows its retention window and offers the
 // matching horizon guard; [NewProcessor] adopts it unless Config.Horizon sets
@@ -61,8 +66,8 @@ func (h *Horizon) validate() error {
 	if h.Window < -1 || h.Skew < 0 || (h.Window > 0 && h.Skew >= h.Window) {
 		return fmt.Errorf("horizon window %v with skew %v: both must be positive and skew smaller than the window", h.Window, h.Skew)
 	}
-	if h.MaxAhead < 0 {
-		return fmt.Errorf("horizon max ahead %v must be positive", h.MaxAhead)
+	if h.MaxAhead < 0 || h.MaxAhead > maxAhead {
+		return fmt.Errorf("horizon max ahead %v must be positive and at most %v (the stores bound keep-until to that)", h.MaxAhead, maxAhead)
 	}
 	return nil
 }
