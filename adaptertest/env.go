@@ -425,6 +425,7 @@ type recorder struct {
 	lastAck     map[string]int
 	failed      []idem.Attempt
 	dead        []idem.Result
+	deadFailed  int // dead letters that failed to be written
 	changed     chan struct{}
 }
 
@@ -480,13 +481,21 @@ func (r *recorder) OnSettle(_, _ string, d idem.Disposition, res idem.Result) {
 }
 
 func (r *recorder) OnDeadLetter(_, _ string, res idem.Result, err error) {
-	if err != nil {
-		return
-	}
 	r.mu.Lock()
-	r.dead = append(r.dead, res)
+	if err != nil {
+		r.deadFailed++
+	} else {
+		r.dead = append(r.dead, res)
+	}
 	r.mu.Unlock()
 	r.signal()
+}
+
+// deadLetterFailures counts dead letters the adapter failed to write.
+func (r *recorder) deadLetterFailures() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.deadFailed
 }
 
 // handlerRuns is how many times the handler ran for id.

@@ -142,6 +142,16 @@ type Cutter interface {
 	Cut() bool
 }
 
+// DeadLetterBreaker is implemented by a Harness that can take a topic's
+// dead-letter destination away under a running consumer (delete the
+// dead-letter queue, the dead-letter topic) and bring it back empty. The
+// suite's lost-destination check runs only for such harnesses; it does
+// not call DeadLetters while the destination is away.
+type DeadLetterBreaker interface {
+	DropDeadLetters(t testing.TB, topic string)
+	RestoreDeadLetters(t testing.TB, topic string)
+}
+
 func (f Features) stopWithin() time.Duration {
 	if f.StopWithin > 0 {
 		return f.StopWithin

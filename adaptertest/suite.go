@@ -86,6 +86,7 @@ func Run(t *testing.T, h Harness) {
 	one("ShutdownDuringOutage", shutdownDuringOutage)
 	one("OutageAtStart", outageAtStart)
 	one("NoDeadLetterDestination", noDeadLetterDestination)
+	one("DeadLetterDestinationLost", deadLetterDestinationLost)
 	each("Ordered", ordered)
 	each("PartitionedRepublish", partitionedRepublish)
 	one("ConnectionCut", connectionCut)
@@ -561,6 +562,46 @@ func noDeadLetterDestination(t *testing.T, h Harness) {
 	e.acked(settle, "m1")
 	e.wantEffects("m1")
 	e.wantNoDeadLetters()
+}
+
+// A dead-letter destination that goes away under a running consumer
+// loses no dead letter and doubles none: the poison messages stay with
+// the consumer, unsettled, while their dead letters cannot be written,
+// and reach the destination once each when it is back (DESIGN.md 12).
+func deadLetterDestinationLost(t *testing.T, h Harness) {
+	b, ok := h.(DeadLetterBreaker)
+	if !ok {
+		t.Skip("the harness cannot take a dead-letter destination away (it is no DeadLetterBreaker)")
+	}
+	e := newEnv(t, h, pgxinbox.Plain)
+	fail := func(_ context.Context, m idem.Message, _ int) error {
+		if strings.HasPrefix(m.ID, "poison") {
+			return idem.Permanent(fmt.Errorf("%s names no such customer", m.ID))
+		}
+		return nil
+	}
+	e.start(e.consumer(e.processor(procOptions{fail: fail}), ConsumerOptions{}))
+	e.publish(msg("before"))
+	e.acked(settle, "before")
+	b.DropDeadLetters(t, e.topic)
+	e.publish(msgs("poison1", "poison2", "n1")...)
+	e.waitFor(settle, "dead letters failing to be written, twice", func() bool { return e.rec.deadLetterFailures() >= 2 })
+	if n := e.rec.deadLetterSettles(); n != 0 {
+		t.Errorf("%d messages settled as dead letters while no dead letter could be written", n)
+	}
+	b.RestoreDeadLetters(t, e.topic)
+	e.acked(settle, "n1")
+	e.waitFor(settle, "both poison messages settled as dead letters", func() bool { return e.rec.deadLetterSettles() >= 2 })
+	dls := e.deadLetters()
+	for _, id := range []string{"poison1", "poison2"} {
+		if n := copiesOf(dls, "body of "+id); n != 1 {
+			t.Errorf("%d dead letters of %s; want 1:%s", n, id, describe(dls))
+		}
+	}
+	if len(dls) != 2 {
+		t.Errorf("%d dead letters; want 2:%s", len(dls), describe(dls))
+	}
+	e.wantEffects("before", "n1")
 }
 
 // Where the broker promises order, messages are applied in the order they
