@@ -232,3 +232,29 @@ func (h *conformanceHarness) DeadLetters(t testing.TB, topic string) []adapterte
 	})
 	return append([]adaptertest.DeadLetter(nil), r.read...)
 }
+
+func (h *conformanceHarness) DropDeadLetters(t testing.TB, topic string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := kadm.NewClient(h.admin).DeleteTopics(ctx, topic+".dlq")
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		t.Fatalf("deleting %s.dlq: %v", topic, err)
+	}
+}
+
+func (h *conformanceHarness) RestoreDeadLetters(t testing.TB, topic string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := kadm.NewClient(h.admin).CreateTopic(ctx, 1, 1, nil, topic+".dlq")
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil {
+		t.Fatalf("creating %s.dlq again: %v", topic, err)
+	}
+}

@@ -170,3 +170,23 @@ func (h *conformanceHarness) DeadLetters(t testing.TB, queue string) []adapterte
 	}
 	return append([]adaptertest.DeadLetter(nil), h.dead[queue]...)
 }
+
+func (h *conformanceHarness) DropDeadLetters(t testing.TB, queue string) {
+	t.Helper()
+	ch := h.channel(t)
+	defer ch.Close()
+	if _, err := ch.QueueDelete(queue+".dlq", false, false, false); err != nil {
+		t.Fatalf("deleting %s.dlq: %v", queue, err)
+	}
+}
+
+func (h *conformanceHarness) RestoreDeadLetters(t testing.TB, queue string) {
+	t.Helper()
+	ch := h.channel(t)
+	defer ch.Close()
+	// The declarations are idempotent: this declares the dead-letter
+	// queue again and binds it to its exchange.
+	if _, err := idemrabbitmq.DeclareQuorumWithDLQ(ch, queue, nil); err != nil {
+		t.Fatal(err)
+	}
+}
