@@ -106,7 +106,6 @@ FROM ` + q
     table_name text PRIMARY KEY,
     layout     text   NOT NULL,
     window_ms  bigint NOT NULL CHECK (window_ms > 0),
-    updated_at timestamptz NOT NULL DEFAULT now(),
     -- After a lengthening: the window before it, and when it happened.
     previous_window_ms bigint,
     changed_at         timestamptz
@@ -127,7 +126,7 @@ ON CONFLICT (table_name) DO UPDATE SET version = EXCLUDED.version, applied_at = 
 FROM ` + settings + ` WHERE table_name = $1`
 	d.InsertSettings = `INSERT INTO ` + settings + ` (table_name, layout, window_ms) VALUES ($1, $2, $3)`
 	d.UpdateWindow = `UPDATE ` + settings + ` SET window_ms = $2, previous_window_ms = $3,
-    changed_at = CASE WHEN $3::bigint IS NULL THEN NULL ELSE now() END, updated_at = now()
+    changed_at = CASE WHEN $3::bigint IS NULL THEN NULL ELSE now() END
 WHERE table_name = $1`
 	d.RecordHorizon = `INSERT INTO ` + horizons + ` (table_name, consumer, horizon_ms) VALUES ($1, $2, $3)
 ON CONFLICT (table_name, consumer) DO UPDATE SET horizon_ms = EXCLUDED.horizon_ms, seen_at = now()`

@@ -81,7 +81,6 @@ FROM ` + q
     table_name TEXT PRIMARY KEY,
     layout     TEXT    NOT NULL,
     window_ms  INTEGER NOT NULL CHECK (window_ms > 0),
-    updated_at TEXT    NOT NULL DEFAULT (` + sqliteNow + `),
     -- After a lengthening: the window before it, and when it happened.
     previous_window_ms INTEGER,
     changed_at         TEXT
@@ -101,7 +100,7 @@ ON CONFLICT (table_name) DO UPDATE SET version = excluded.version, applied_at = 
 FROM ` + settings + ` WHERE table_name = ?1`
 	d.InsertSettings = `INSERT INTO ` + settings + ` (table_name, layout, window_ms) VALUES (?1, ?2, ?3)`
 	d.UpdateWindow = `UPDATE ` + settings + ` SET window_ms = ?2, previous_window_ms = ?3,
-    changed_at = CASE WHEN ?3 IS NULL THEN NULL ELSE ` + sqliteNow + ` END, updated_at = ` + sqliteNow + `
+    changed_at = CASE WHEN ?3 IS NULL THEN NULL ELSE ` + sqliteNow + ` END
 WHERE table_name = ?1`
 	d.RecordHorizon = `INSERT INTO ` + horizons + ` (table_name, consumer, horizon_ms) VALUES (?1, ?2, ?3)
 ON CONFLICT (table_name, consumer) DO UPDATE SET horizon_ms = excluded.horizon_ms, seen_at = excluded.seen_at`
