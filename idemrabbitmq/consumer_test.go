@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemrabbitmq"
+	"github.com/idemkit/idem/internal/netfault"
 )
 
 // The incident of seed 003: a broker restart requeued 3,100 unacked
@@ -592,7 +593,7 @@ func (o *outageCounter) Observe(_ string, r idem.Result, _ time.Duration) {
 // outageProcessor is the billing processor on a pool that reaches the
 // database through a proxy the test can cut, waiting waitUnavailable for
 // the database before each Retry.
-func outageProcessor(t *testing.T, d *db, waitUnavailable time.Duration, obs idem.Observer) (*idem.Processor[pgx.Tx], *tcpProxy) {
+func outageProcessor(t *testing.T, d *db, waitUnavailable time.Duration, obs idem.Observer) (*idem.Processor[pgx.Tx], *netfault.Proxy) {
 	t.Helper()
 	pool, proxy := d.poolVia(t)
 	return d.processorOn(t, pool, nil, func(c *idem.Config[pgx.Tx]) {
@@ -628,16 +629,16 @@ func TestDatabaseOutageSpendsNoDeliveries(t *testing.T) {
 	}
 	stop := run(t, c)
 	rec.waitUntil(t, 30*time.Second, "100 acked", func() bool { return rec.distinctAcked() >= 100 })
-	proxy.setDown(true)
+	proxy.Refuse()
 	poll(t, 30*time.Second, "several Retry outcomes for the outage", func() bool { return obs.unavailable.Load() >= 6 })
 	stalled := rec.distinctAcked()
-	proxy.setDown(false)
+	proxy.Restore()
 	rec.waitUntil(t, 30*time.Second, "every message acked", func() bool { return rec.distinctAcked() == n })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	st := c.Stats()
-	t.Logf("%d unavailable retries, %d connections refused, %d acked during the outage; stats %+v", obs.unavailable.Load(), proxy.refused.Load(), stalled, st)
+	t.Logf("%d unavailable retries, %d connections refused, %d acked during the outage; stats %+v", obs.unavailable.Load(), proxy.Refused(), stalled, st)
 	if rows, distinct := d.effects(t); rows != n || distinct != n {
 		t.Fatalf("effects %d (%d distinct), want %d", rows, distinct, n)
 	}
@@ -675,9 +676,9 @@ func TestShutdownDuringDatabaseOutage(t *testing.T) {
 	stop := run(t, c)
 	// The outage begins once the consumer checked its inbox and consumes.
 	waitConsuming(t, conn, topo.Queue)
-	proxy.setDown(true)
+	proxy.Refuse()
 	publish(t, conn, topo.Queue, 0, n, msgID)
-	poll(t, 30*time.Second, "the consumer to hit the outage", func() bool { return proxy.refused.Load() >= 3 })
+	poll(t, 30*time.Second, "the consumer to hit the outage", func() bool { return proxy.Refused() >= 3 })
 	start := time.Now()
 	if err := stop(); err != nil {
 		t.Fatalf("Run = %v", err)
@@ -753,7 +754,7 @@ type holdingSetup struct {
 	topo  idemrabbitmq.Topology
 	d     *db
 	proc  *idem.Processor[pgx.Tx]
-	proxy *tcpProxy
+	proxy *netfault.Proxy
 	held  *heldWatch
 	rec   *settlements
 	cfg   *idemrabbitmq.Config
@@ -777,7 +778,7 @@ func newHoldingSetup(t *testing.T, n int) *holdingSetup {
 func (s *holdingSetup) cutUntilHeld(t *testing.T) {
 	t.Helper()
 	s.rec.waitUntil(t, 30*time.Second, "60 acked", func() bool { return s.rec.distinctAcked() >= 60 })
-	s.proxy.setDown(true)
+	s.proxy.Refuse()
 	poll(t, 30*time.Second, "a delivery held and processed again during the outage", s.held.rerun)
 }
 
@@ -827,7 +828,7 @@ func TestShutdownWhileDeliveriesAreHeld(t *testing.T) {
 		t.Fatalf("queue holds %d after the shutdown, want the %d messages not acked", q, n-acked)
 	}
 
-	s.proxy.setDown(false)
+	s.proxy.Restore()
 	c2, err := idemrabbitmq.NewConsumer(s.proc, s.cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -920,7 +921,7 @@ func TestConnectionLossWhileDeliveriesAreHeld(t *testing.T) {
 	poll(t, 30*time.Second, "the new session to hold redeliveries", func() bool {
 		return c.Stats().Redelivered > 0 && s.held.count() > before
 	})
-	s.proxy.setDown(false)
+	s.proxy.Restore()
 	// A second session end means a channel or connection closed that the
 	// test did not drop: stop waiting and say why.
 	poll(t, 30*time.Second, "every message acked", func() bool {

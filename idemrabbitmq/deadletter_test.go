@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemprom"
 	"github.com/idemkit/idem/idemrabbitmq"
+	"github.com/idemkit/idem/internal/netfault"
 )
 
 // bareQueue declares a classic queue with no dead-letter exchange at all,
@@ -232,9 +233,9 @@ func TestBlockedDeadLetterConnectionDoesNotStallConsumption(t *testing.T) {
 	conn := broker(t)
 	q := bareQueue(t, conn)
 	d := newDB(t, uniqueName(t))
-	proxy := newTCPProxy(t, brokerHost(t))
+	proxy := netfault.New(t, brokerHost(t))
 	cfg := config(t, q)
-	cfg.DeadLetterURL = viaProxy(t, amqpURL(), proxy)
+	cfg.DeadLetterURL = proxy.URL(t, amqpURL())
 	cfg.BatchSize = 10
 	rec := newSettlements()
 	cfg.Hooks = rec
@@ -244,13 +245,13 @@ func TestBlockedDeadLetterConnectionDoesNotStallConsumption(t *testing.T) {
 	}
 	stop := run(t, c)
 	waitConsuming(t, conn, q)
-	proxy.setSilent(true)
+	proxy.Freeze()
 	publish(t, conn, q, 0, 1+healthy, msgID)
 	rec.waitUntil(t, 30*time.Second, "the healthy messages acked while the dead letter waits", func() bool { return rec.distinctAcked() == healthy })
 	if st := c.Stats(); st.DeadLettered != 0 || depth(t, conn, q+".dlq") != 0 {
 		t.Fatalf("stats %+v: the dead letter went through a connection that passes nothing", st)
 	}
-	proxy.setSilent(false)
+	proxy.Restore()
 	rec.waitUntil(t, 30*time.Second, "the dead letter confirmed", func() bool { return rec.deadLettered() == 1 })
 	if err := stop(); err != nil {
 		t.Fatal(err)

@@ -14,7 +14,6 @@ import (
 	"regexp"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,6 +25,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemrabbitmq"
+	"github.com/idemkit/idem/internal/netfault"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
 )
@@ -439,154 +439,16 @@ func closeByName(t testing.TB, name string) bool {
 	return closed
 }
 
-// tcpProxy forwards TCP connections (to PostgreSQL, or to the broker) and
-// can fail them the ways a network does: cut (connections lost, new ones
-// refused: setDown) or silent (connections accepted, nothing forwarded
-// either way, as a half-open connection or a peer that stopped reading:
-// setSilent), while the test's own connections stay up.
-type tcpProxy struct {
-	ln      net.Listener
-	target  string
-	mu      sync.Mutex
-	down    bool
-	gate    chan struct{} // closed while bytes may pass
-	conns   map[net.Conn]struct{}
-	refused atomic.Int64 // connections turned away while down
-}
-
-func newTCPProxy(t testing.TB, target string) *tcpProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &tcpProxy{ln: ln, target: target, gate: make(chan struct{}), conns: map[net.Conn]struct{}{}}
-	close(p.gate)
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.setDown(true)
-		p.setSilent(false)
-	})
-	go p.accept()
-	return p
-}
-
-// addr is the proxy's address, host:port.
-func (p *tcpProxy) addr() string { return p.ln.Addr().String() }
-
-func (p *tcpProxy) accept() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		go p.serve(c)
-	}
-}
-
-func (p *tcpProxy) serve(c net.Conn) {
-	p.mu.Lock()
-	down := p.down
-	p.mu.Unlock()
-	if down {
-		p.refused.Add(1)
-		_ = c.Close()
-		return
-	}
-	s, err := net.Dial("tcp", p.target)
-	if err != nil {
-		_ = c.Close()
-		return
-	}
-	if !p.track(c, s) {
-		return
-	}
-	go p.pipe(s, c)
-	p.pipe(c, s)
-}
-
-// pipe copies src to dst, holding every chunk while the proxy is silent.
-func (p *tcpProxy) pipe(dst, src net.Conn) {
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			p.mu.Lock()
-			gate := p.gate
-			p.mu.Unlock()
-			<-gate
-			if _, err := dst.Write(buf[:n]); err != nil {
-				break
-			}
-		}
-		if err != nil {
-			break
-		}
-	}
-	_ = dst.Close()
-	_ = src.Close()
-}
-
-// track registers a proxied pair, or closes it when the proxy went down
-// meanwhile.
-func (p *tcpProxy) track(conns ...net.Conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.down {
-		for _, c := range conns {
-			_ = c.Close()
-		}
-		return false
-	}
-	for _, c := range conns {
-		p.conns[c] = struct{}{}
-	}
-	return true
-}
-
-// setDown cuts every open connection and turns new ones away (true), or
-// lets them through again (false).
-func (p *tcpProxy) setDown(down bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down = down
-	if down {
-		for c := range p.conns {
-			_ = c.Close()
-		}
-		clear(p.conns)
-	}
-}
-
-// setSilent stops forwarding anything on every connection, open or new,
-// while still accepting them (true), or forwards again (false).
-func (p *tcpProxy) setSilent(silent bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	open := true
-	select {
-	case <-p.gate:
-	default:
-		open = false
-	}
-	switch {
-	case silent && open:
-		p.gate = make(chan struct{})
-	case !silent && !open:
-		close(p.gate)
-	}
-}
-
 // poolVia is a pool on d's schema whose connections go through a new
 // proxy; params are added to its URL (connect_timeout=1).
-func (d *db) poolVia(t testing.TB, params ...string) (*pgxpool.Pool, *tcpProxy) {
+func (d *db) poolVia(t testing.TB, params ...string) (*pgxpool.Pool, *netfault.Proxy) {
 	t.Helper()
 	u, err := url.Parse(d.url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := newTCPProxy(t, u.Host)
-	u.Host = p.addr()
+	p := netfault.New(t, u.Host)
+	u.Host = p.Addr()
 	q := u.Query()
 	for _, kv := range params {
 		k, v, _ := strings.Cut(kv, "=")
@@ -609,17 +471,6 @@ func brokerHost(t testing.TB) string {
 		t.Fatal(err)
 	}
 	return net.JoinHostPort(u.Host, fmt.Sprint(u.Port))
-}
-
-// viaProxy is rawURL with its host replaced by the proxy's.
-func viaProxy(t testing.TB, rawURL string, p *tcpProxy) string {
-	t.Helper()
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.Host = p.addr()
-	return u.String()
 }
 
 // uuidV7 is a UUIDv7 whose time is at.

@@ -274,9 +274,9 @@ func TestDatabaseStopsAnswering(t *testing.T) {
 	}
 	stop := run(t, c)
 	rec.waitUntil(t, 30*time.Second, "60 acked", func() bool { return rec.distinctAcked() >= 60 })
-	proxy.setSilent(true)
+	proxy.Freeze()
 	poll(t, 30*time.Second, "a message held three times", func() bool { return obs.mostHeld() >= 3 })
-	proxy.setSilent(false)
+	proxy.Restore()
 	// The silent connections were given up on; let the pool make new ones.
 	rec.waitUntil(t, 30*time.Second, "every message settled", func() bool { return rec.distinctAcked()+rec.deadLettered() == n })
 	if err := stop(); err != nil {

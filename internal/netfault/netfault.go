@@ -19,10 +19,12 @@ type Proxy struct {
 	ln       net.Listener
 	target   string
 	accepted atomic.Int64
+	refused  atomic.Int64
 
-	mu    sync.Mutex
-	up    chan struct{} // closed while the proxy forwards
-	conns map[net.Conn]struct{}
+	mu       sync.Mutex
+	up       chan struct{} // closed while the proxy forwards
+	refusing bool
+	conns    map[net.Conn]struct{}
 }
 
 // New starts a proxy on 127.0.0.1 to target (host:port) and closes it when
@@ -79,6 +81,20 @@ func (p *Proxy) Stop() {
 	p.Cut()
 }
 
+// Refuse cuts the open connections and turns new ones away at once (they
+// are closed as soon as accepted), as a server that is down but whose host
+// answers: clients fail fast instead of waiting for a timeout. Refused
+// counts them.
+func (p *Proxy) Refuse() {
+	p.mu.Lock()
+	p.refusing = true
+	p.mu.Unlock()
+	p.Cut()
+}
+
+// Refused counts the connections turned away while refusing.
+func (p *Proxy) Refused() int64 { return p.refused.Load() }
+
 // Cut closes every open connection once; new ones go through as before.
 func (p *Proxy) Cut() {
 	p.mu.Lock()
@@ -94,6 +110,7 @@ func (p *Proxy) Cut() {
 func (p *Proxy) Restore() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.refusing = false
 	select {
 	case <-p.up:
 	default:
@@ -121,6 +138,14 @@ func (p *Proxy) accept() {
 // serve forwards c once the proxy forwards; a connection that arrives
 // while it is silent waits, unanswered.
 func (p *Proxy) serve(c net.Conn) {
+	p.mu.Lock()
+	refusing := p.refusing
+	p.mu.Unlock()
+	if refusing {
+		p.refused.Add(1)
+		_ = c.Close()
+		return
+	}
 	p.track(c)
 	<-p.gate()
 	u, err := net.Dial("tcp", p.target)

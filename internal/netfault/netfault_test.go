@@ -57,6 +57,17 @@ func TestProxyFaults(t *testing.T) {
 	if _, err := again.Exec(ctx, "SELECT 1"); err == nil {
 		t.Fatal("query on a cut connection succeeded")
 	}
+	// Refused: new connections fail fast.
+	p.Refuse()
+	if _, err := pgx.Connect(ctx, url); err == nil || p.Refused() == 0 {
+		t.Fatalf("connect through a refusing proxy: %v, %d refused", err, p.Refused())
+	}
+	p.Restore()
+	if c, err := pgx.Connect(ctx, url); err != nil {
+		t.Fatalf("after restore: %v", err)
+	} else {
+		c.Close(ctx)
+	}
 	if p.Accepted() < 3 {
 		t.Fatalf("accepted %d connections", p.Accepted())
 	}
