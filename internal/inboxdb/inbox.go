@@ -45,8 +45,6 @@ type stored struct {
 	// Guard is the longest horizon a consumer may guard with now: the
 	// window, except while a lengthening ramps up (see SetWindow).
 	Guard time.Duration
-	// ramping: Guard is still below Window.
-	ramping bool
 }
 
 // readSettings reads the stored settings; found is false when the table has
@@ -76,7 +74,7 @@ func (b *Inbox) readSettings(ctx context.Context, c Conn) (s stored, found bool,
 		// Markers older than the previous window may be gone: the guard
 		// grows from it one second per second, up to the new window.
 		if g := time.Duration(*prev+max(*since, 0)) * time.Millisecond; g < s.Window {
-			s.Guard, s.ramping = g, true
+			s.Guard = g
 		}
 	}
 	return s, true, nil
