@@ -26,6 +26,7 @@ type RetentionStore[TTx any] interface {
 	Prune(ctx context.Context, opts retention.Options) (retention.Result, error)
 	Stats(ctx context.Context) (retention.Stats, error)
 	SetWindow(ctx context.Context, w time.Duration, force bool) (old time.Duration, err error)
+	idem.PrunedSummaryStore
 }
 
 // RetentionEnv is one isolated database with a migrated inbox whose stored
@@ -68,6 +69,7 @@ func RunRetention[TTx any](t *testing.T, h RetentionHarness[TTx]) {
 		{"KeepUntilDrivesPrune", s.keepUntilDrivesPrune},
 		{"BusinessKeyOutlivesPrune", s.businessKeyOutlivesPrune},
 		{"FutureKeepUntilBounded", s.futureKeepUntilBounded},
+		{"LateDuplicateAfterPrune", s.lateDuplicateAfterPrune},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -434,5 +436,61 @@ func (s retentionSuite[TTx]) futureKeepUntilBounded(t *testing.T) {
 	extend(t, env, "ledger", idem.Extension{Key: "now", KeepUntil: time.Now().Add(365 * 24 * time.Hour)})
 	if m, _ := lookup(t, env.Env, "ledger", "now"); m.KeepUntil.After(limit()) {
 		t.Fatalf("keep-until %v after extending a year ahead, want at most about an hour from now", m.KeepUntil)
+	}
+}
+
+// lateDuplicateAfterPrune: an untimed message whose marker the prune
+// removed comes back. The inbox alone would apply it again without a word;
+// the prune's summary of the keys it deleted makes it visible: flagged
+// (Result.PrunedOn) by default, refused as Expired naming the day with
+// RefuseLate. A key never pruned is not flagged.
+func (s retentionSuite[TTx]) lateDuplicateAfterPrune(t *testing.T) {
+	ctx := context.Background()
+	env := s.h.Open(t)
+	if env.Store.Layout() != idem.LayoutPlain {
+		t.Skip("the partitioned layout summarises the keys of the partitions it drops; see pgxinbox's TestLateDuplicateAfterDrop")
+	}
+	p := s.proc(t, env.Env, "ledger", nil)
+	want(t, p.Process(ctx, idem.Message{ID: "evt-old"}), idem.Applied)
+	want(t, p.Process(ctx, idem.Message{ID: "evt-kept"}), idem.Applied)
+	old := time.Now().Add(-20 * 24 * time.Hour)
+	if err := env.SetTimes(ctx, "ledger", "evt-old", old, old); err != nil {
+		t.Fatal(err)
+	}
+	res, err := env.Store.Prune(ctx, retention.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Markers != 1 || res.Summaries != 1 {
+		t.Fatalf("prune: %d markers, %d summaries; want 1 and 1", res.Markers, res.Summaries)
+	}
+	sums, err := env.Store.PrunedSummaries(ctx, "ledger")
+	if err != nil || len(sums) != 1 || !sums[0].Has("evt-old") || sums[0].Has("evt-kept") {
+		t.Fatalf("summaries %v (%v): want one that holds evt-old and not evt-kept", len(sums), err)
+	}
+	today := time.Now().UTC().Format(time.DateOnly)
+
+	lax := s.proc(t, env.Env, "ledger", nil)
+	r := lax.Process(ctx, idem.Message{ID: "evt-old"})
+	if r.Outcome != idem.Applied || r.PrunedOn.IsZero() || r.PrunedOn.Format(time.DateOnly) != today {
+		t.Fatalf("late duplicate without RefuseLate: %v, pruned on %v; want Applied and flagged with today", r.Outcome, r.PrunedOn)
+	}
+	if r := lax.Process(ctx, idem.Message{ID: "evt-new"}); r.Outcome != idem.Applied || !r.PrunedOn.IsZero() {
+		t.Fatalf("a key never pruned: %v, pruned on %v", r.Outcome, r.PrunedOn)
+	}
+
+	if err := env.SetTimes(ctx, "ledger", "evt-old", old, old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.Store.Prune(ctx, retention.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	strict := s.proc(t, env.Env, "ledger", func(c *idem.Config[TTx]) { c.RefuseLate = true })
+	r = strict.Process(ctx, idem.Message{ID: "evt-old"})
+	if r.Outcome != idem.Expired || !errors.Is(r.Err, idem.ErrMarkerPruned) || !strings.Contains(r.Err.Error(), today) {
+		t.Fatalf("late duplicate with RefuseLate: %v (%v), want Expired naming the day of the prune", r.Outcome, r.Err)
+	}
+	if c := count(t, env.Effects, "ledger", "evt-old"); c != 2 {
+		t.Fatalf("effects of evt-old = %d, want 2 (applied again once, flagged; then refused)", c)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemkit/idem/internal/inboxdb"
 	"github.com/idemkit/idem/retention"
 )
 
@@ -127,6 +128,13 @@ func (s *Store) EnsurePartitions(ctx context.Context, from time.Time, days int) 
 // its markers at the cost of a file unlink: no WAL per row, no dead tuples,
 // no vacuum.
 func (s *Store) DropPartitions(ctx context.Context, olderThan time.Time, dryRun bool) ([]string, error) {
+	return s.dropPartitions(ctx, olderThan, dryRun, retention.SummaryOptions{})
+}
+
+// dropPartitions is DropPartitions, summarising each partition's keys
+// (retention.SummaryOptions) in the transaction that drops it.
+func (s *Store) dropPartitions(ctx context.Context, olderThan time.Time, dryRun bool, sums retention.SummaryOptions) ([]string, error) {
+	sums = sums.WithDefaults()
 	if err := s.needPartitioned("dropping partitions"); err != nil {
 		return nil, err
 	}
@@ -158,6 +166,12 @@ func (s *Store) DropPartitions(ctx context.Context, olderThan time.Time, dryRun 
 				// count only what this one drops.
 				var exists bool
 				if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.qualified(p.name)).Scan(&exists); err != nil || !exists {
+					return err
+				}
+				// The day's keys are summarised first, in this
+				// transaction: a drop that could not summarise them does
+				// not happen.
+				if err := s.inbox.RecordDropped(ctx, inboxdb.PgxTxConn(tx), s.qualified(p.name), now, sums); err != nil {
 					return err
 				}
 				_, err := tx.Exec(ctx, `DROP TABLE `+s.qualified(p.name))

@@ -261,6 +261,26 @@ func TestPartitions(t *testing.T) {
 	}
 	old := idem.Message{ID: today.AddDate(0, 0, -18).Format("evt-2006-01-02"), Time: today.AddDate(0, 0, -18).Add(time.Hour), Body: []byte("{}")}
 	want(t, processorWith(t, store, byDay).Process(ctx, old), idem.Expired)
+	// The dropped days' keys were summarised, in the transactions that
+	// dropped them: one summary per day for the consumer.
+	sums, err := store.PrunedSummaries(ctx, "ledger")
+	if err != nil || len(sums) != 6 {
+		t.Fatalf("summaries after dropping six days: %d (%v)", len(sums), err)
+	}
+	has := func(key string) bool {
+		return slices.ContainsFunc(sums, func(s idem.PrunedSummary) bool { return s.Has(key) })
+	}
+	if !has(old.ID) || has(today.Format("evt-2006-01-02")) {
+		t.Fatalf("summaries: dropped key %v, kept key %v; want true and false", has(old.ID), has(today.Format("evt-2006-01-02")))
+	}
+	strict := processorWith(t, store, func(c *idem.Config[pgx.Tx]) {
+		byDay(c)
+		c.Horizon = idem.Horizon{Window: -1}
+		c.RefuseLate = true
+	})
+	if r := strict.Process(ctx, old); r.Outcome != idem.Expired || !errors.Is(r.Err, idem.ErrMarkerPruned) {
+		t.Fatalf("a key of a dropped day, unguarded but refusing late duplicates: %v %v, want Expired wrapping ErrMarkerPruned", r.Outcome, r.Err)
+	}
 	// Without the guard the claim finds its day dropped: the store refuses
 	// it as expired (dead-lettered), never a second effect, never a loop.
 	r := p.Process(ctx, old)

@@ -40,7 +40,7 @@ func (s *Store) Prune(ctx context.Context, opts PruneOptions) (retention.Result,
 		return res, fmt.Errorf("pruning inbox: %w", err)
 	}
 	res.Cutoff = now.Add(-window)
-	res.Partitions, err = s.DropPartitions(ctx, res.Cutoff, opts.DryRun)
+	res.Partitions, err = s.dropPartitions(ctx, res.Cutoff, opts.DryRun, opts.Summaries)
 	return res, err
 }
 

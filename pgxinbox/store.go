@@ -383,3 +383,10 @@ var (
 	_ idem.HorizonRecorder  = (*Store)(nil)
 	_ idem.HorizonStore     = (*Store)(nil)
 )
+
+// PrunedSummaries returns consumer's summaries of the keys prunes deleted,
+// newest first: the processor loads them with the settings and checks every
+// fresh key against them (idem.PrunedSummaryStore, idem.Config.RefuseLate).
+func (s *Store) PrunedSummaries(ctx context.Context, consumer string) ([]idem.PrunedSummary, error) {
+	return s.inbox.PrunedSummaries(ctx, consumer)
+}

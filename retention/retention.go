@@ -120,7 +120,51 @@ type Options struct {
 	// Hooks receives the count of pruned markers. Optional; a store's own
 	// hooks are used when nil.
 	Hooks Hooks
+	// Summaries configures the summaries of pruned keys the prune keeps.
+	Summaries SummaryOptions
 }
+
+// SummaryOptions configure the summaries a prune keeps of the keys it
+// deleted: one Bloom filter per consumer and prune run, stored beside the
+// inbox, loaded by every processor of that consumer and checked in memory
+// for each fresh key (idem.Config.RefuseLate). A hit is a probable late
+// duplicate: a replay older than the window, or an untimed message come
+// back after its marker went, which no inbox can otherwise tell from a new
+// message.
+//
+// Memory: a summary takes 28.8 bits per key at 1e-6 (3.4 MiB per million
+// pruned keys; 1.7 MiB at 1e-3), in the database and in every consumer
+// process that loads it; checking a key costs about 80 ns per summary kept.
+// A consumer pruning a million markers a day, with summaries kept 30 days,
+// holds about 100 MiB of them.
+type SummaryOptions struct {
+	// FalsePositiveRate is the share of keys never pruned that a summary
+	// still calls pruned. Defaults to 1e-6: at a million messages a day,
+	// one new message in about three years is taken for a late duplicate
+	// (refused only with RefuseLate, and then redrivable).
+	FalsePositiveRate float64
+	// Keep is how long a summary is kept after its prune: a late duplicate
+	// is recognised up to Keep past the window. Defaults to 30 days. -1
+	// keeps no summaries.
+	Keep time.Duration
+}
+
+// WithDefaults returns o with its zero fields set.
+func (o SummaryOptions) WithDefaults() SummaryOptions {
+	if o.FalsePositiveRate == 0 {
+		o.FalsePositiveRate = DefaultSummaryRate
+	}
+	if o.Keep == 0 {
+		o.Keep = DefaultSummaryKeep
+	}
+	return o
+}
+
+// DefaultSummaryRate and DefaultSummaryKeep are SummaryOptions' defaults.
+const (
+	DefaultSummaryRate = 1e-6
+	DefaultSummaryKeep = 30 * 24 * time.Hour
+)
 
 // WithDefaults returns o with its zero fields set: window is the store's.
 func (o Options) WithDefaults(window time.Duration) Options {
@@ -133,11 +177,18 @@ func (o Options) WithDefaults(window time.Duration) Options {
 	if o.BatchSize == 0 {
 		o.BatchSize = DefaultBatchSize
 	}
+	o.Summaries = o.Summaries.WithDefaults()
 	return o
 }
 
 // Validate reports an unusable option.
 func (o Options) Validate() error {
+	if r := o.Summaries.FalsePositiveRate; r < 1e-15 || r > 0.5 {
+		return fmt.Errorf("summary false-positive rate %v must be between 1e-15 and 0.5", r)
+	}
+	if o.Summaries.Keep < -1 {
+		return fmt.Errorf("summary keep %v must be positive or -1", o.Summaries.Keep)
+	}
 	if o.Window <= 0 {
 		return fmt.Errorf("prune window %v must be positive", o.Window)
 	}
@@ -158,6 +209,9 @@ type Result struct {
 	// Partitions lists the partitions dropped (or that would be with DryRun)
 	// by a partitioned inbox's prune.
 	Partitions []string
+	// Summaries counts the pruned-key summaries written (one per consumer
+	// that lost markers).
+	Summaries int
 	// Skipped is set when another instance held the prune lock: this run did
 	// nothing, which is not an error.
 	Skipped bool

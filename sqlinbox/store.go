@@ -414,3 +414,10 @@ func extensions(ext []idem.Extension) ([]string, []time.Time) {
 // Everything else, including errors that are not the database's, is
 // transient.
 func (s *Store) Classify(err error) idem.ErrorClass { return s.dialect.classify(err) }
+
+// PrunedSummaries returns consumer's summaries of the keys prunes deleted,
+// newest first: the processor loads them with the settings and checks every
+// fresh key against them (idem.PrunedSummaryStore, idem.Config.RefuseLate).
+func (s *Store) PrunedSummaries(ctx context.Context, consumer string) ([]idem.PrunedSummary, error) {
+	return s.inbox.PrunedSummaries(ctx, consumer)
+}

@@ -16,6 +16,7 @@ import (
 type pgxQuerier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
 type pgxConn struct{ q pgxQuerier }
@@ -28,6 +29,24 @@ func (c pgxConn) Exec(ctx context.Context, sql string, args ...any) (int64, erro
 func (c pgxConn) QueryRow(ctx context.Context, sql string, args ...any) Row {
 	return c.q.QueryRow(ctx, sql, args...)
 }
+
+func (c pgxConn) Query(ctx context.Context, sql string, each func(Row) error, args ...any) error {
+	rows, err := c.q.Query(ctx, sql, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := each(rows); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
+// PgxTxConn is the [Conn] of a pgx transaction, for shared logic that runs
+// inside a store's own transaction.
+func PgxTxConn(tx pgx.Tx) Conn { return pgxConn{tx} }
 
 type pgxTx struct {
 	pgxConn
@@ -106,6 +125,7 @@ func (p pgxDriver) Lead(ctx context.Context, d *Dialect) (Conn, func(), bool, er
 type sqlQuerier interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }
 
 type sqlConn struct{ q sqlQuerier }
@@ -120,6 +140,20 @@ func (c sqlConn) Exec(ctx context.Context, query string, args ...any) (int64, er
 
 func (c sqlConn) QueryRow(ctx context.Context, query string, args ...any) Row {
 	return c.q.QueryRowContext(ctx, query, args...)
+}
+
+func (c sqlConn) Query(ctx context.Context, query string, each func(Row) error, args ...any) error {
+	rows, err := c.q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := each(rows); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
 }
 
 type sqlTx struct {

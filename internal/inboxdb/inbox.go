@@ -2,6 +2,7 @@ package inboxdb
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -33,6 +34,8 @@ type Inbox struct {
 	Hooks retention.Hooks
 	// Logger logs window changes; never nil.
 	Logger *slog.Logger
+
+	summaries summaryCache
 }
 
 // Label is the table label of every metric and log line about the inbox:
@@ -197,8 +200,22 @@ func (b *Inbox) Prune(ctx context.Context, opts retention.Options) (res retentio
 		return res, nil
 	}
 	defer func() { hooks.MarkersPruned(b.Label(), res.Markers) }()
+	keys := pruned{}
+	defer func() {
+		// Whatever ended the run, what it deleted is summarised.
+		if len(keys) == 0 {
+			return
+		}
+		n, serr := b.recordPruned(context.WithoutCancel(ctx), conn, keys, now, "", opts.Summaries)
+		res.Summaries = n
+		err = errors.Join(err, serr)
+	}()
 	for {
-		n, err := conn.Exec(ctx, b.D.PruneBatch, cutoff, opts.BatchSize)
+		var n int64
+		err := conn.Query(ctx, b.D.PruneBatch, func(r Row) error {
+			n++
+			return keys.add(r)
+		}, cutoff, opts.BatchSize)
 		if err != nil {
 			return res, fmt.Errorf("deleting a batch of markers: %w", err)
 		}

@@ -30,6 +30,8 @@ type Conn interface {
 	Exec(ctx context.Context, sql string, args ...any) (int64, error)
 	// QueryRow runs a statement that returns one row.
 	QueryRow(ctx context.Context, sql string, args ...any) Row
+	// Query runs a statement and calls each with every row it returns.
+	Query(ctx context.Context, sql string, each func(Row) error, args ...any) error
 }
 
 // Tx is a transaction.
@@ -140,7 +142,7 @@ type Dialect struct {
 
 	// Retention.
 	Now        string // the database's clock
-	PruneBatch string // $1 cutoff, $2 limit: deletes one batch
+	PruneBatch string // $1 cutoff, $2 limit: deletes one batch, returning consumer and key
 	Prunable   string // $1 cutoff: counts what a prune deletes
 	// Stats: $1 cutoff → rows, markers without event time, oldest
 	// retention time, prunable.
@@ -158,6 +160,13 @@ type Dialect struct {
 	UpdateWindow   string   // $1 table, $2 window_ms, $3 previous_window_ms (NULL: no ramp)
 	RecordHorizon  string   // $1 table, $2 consumer, $3 horizon_ms
 	Horizons       string   // $1 table → consumer, horizon_ms, seen_at; longest first
+
+	// Pruned-key summaries (Bloom filters of the keys a prune deleted).
+	InsertSummary  string // $1 table, $2 consumer, $3 pruned_at, $4 source, $5 keys, $6 filter
+	SummaryTimes   string // $1 table, $2 consumer → pruned_at, source; newest first
+	ReadSummary    string // $1 table, $2 consumer, $3 pruned_at, $4 source → filter
+	DeleteSummary  string // $1 table, $2 older than: summaries past their keep
+	PartitionKeys  string // format with a partition's quoted name → consumer, key (partitioned)
 }
 
 // List is a statement over a list of items. On PostgreSQL it is one

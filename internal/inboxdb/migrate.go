@@ -28,6 +28,9 @@ const (
 	settingsTable = "idem_inbox_settings"
 	// horizonsTable: the horizon each consumer of an inbox last reported.
 	horizonsTable = "idem_inbox_horizons"
+	// prunedTable: summaries (Bloom filters) of the keys each prune deleted,
+	// per consumer, so a message whose marker is gone can still be told.
+	prunedTable = "idem_inbox_pruned"
 )
 
 // migrationFS holds one directory of numbered templates per dialect and

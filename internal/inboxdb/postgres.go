@@ -12,6 +12,7 @@ import (
 func Postgres(t Table, layout idem.Layout) *Dialect {
 	q := t.Quoted()
 	settings, horizons, book := t.Sibling(settingsTable), t.Sibling(horizonsTable), t.Sibling(migrationsTable)
+	pruned := t.Sibling(prunedTable)
 	d := &Dialect{
 		Name:       "postgres",
 		Table:      t,
@@ -70,7 +71,8 @@ WHERE ctid = ANY(ARRAY(
     WHERE keep_until < $1
     ORDER BY keep_until
     LIMIT $2))
-  AND keep_until < $1`
+  AND keep_until < $1
+RETURNING consumer, key`
 	d.Prunable = `SELECT count(*) FROM ` + q + ` WHERE keep_until < $1`
 	d.Stats = `SELECT count(*),
        count(*) FILTER (WHERE event_time IS NULL),
@@ -117,7 +119,21 @@ FROM ` + q
     seen_at    timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (table_name, consumer)
 )`,
+		`CREATE TABLE IF NOT EXISTS ` + pruned + ` (
+    table_name text        NOT NULL,
+    consumer   text        NOT NULL,
+    pruned_at  timestamptz NOT NULL,
+    source     text        NOT NULL, -- what was pruned: '' for a delete, a partition's name
+    keys       bigint      NOT NULL,
+    filter     bytea       NOT NULL,
+    PRIMARY KEY (table_name, consumer, pruned_at, source)
+)`,
 	}
+	d.InsertSummary = `INSERT INTO ` + pruned + ` (table_name, consumer, pruned_at, source, keys, filter) VALUES ($1, $2, $3, $4, $5, $6)`
+	d.SummaryTimes = `SELECT pruned_at, source FROM ` + pruned + ` WHERE table_name = $1 AND consumer = $2 ORDER BY pruned_at DESC`
+	d.ReadSummary = `SELECT filter FROM ` + pruned + ` WHERE table_name = $1 AND consumer = $2 AND pruned_at = $3 AND source = $4`
+	d.DeleteSummary = `DELETE FROM ` + pruned + ` WHERE table_name = $1 AND pruned_at < $2`
+	d.PartitionKeys = `SELECT consumer, key FROM %s`
 	d.ReadVersion = `SELECT version FROM ` + book + ` WHERE table_name = $1`
 	d.WriteVersion = `INSERT INTO ` + book + ` (table_name, version) VALUES ($1, $2)
 ON CONFLICT (table_name) DO UPDATE SET version = EXCLUDED.version, applied_at = now()`

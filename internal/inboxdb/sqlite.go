@@ -23,6 +23,7 @@ const sqliteNow = `strftime('%Y-%m-%dT%H:%M:%f000Z', 'now')`
 func SQLite(t Table) *Dialect {
 	q := t.Quoted()
 	settings, horizons, book := t.Sibling(settingsTable), t.Sibling(horizonsTable), t.Sibling(migrationsTable)
+	pruned := t.Sibling(prunedTable)
 	d := &Dialect{
 		Name:       "sqlite",
 		Table:      t,
@@ -63,7 +64,8 @@ WHERE (consumer, key) IN (
     SELECT consumer, key FROM ` + q + `
     WHERE keep_until < ?1
     ORDER BY keep_until
-    LIMIT ?2)`
+    LIMIT ?2)
+RETURNING consumer, key`
 	d.Prunable = `SELECT count(*) FROM ` + q + ` WHERE keep_until < ?1`
 	d.Stats = `SELECT count(*),
        coalesce(sum(event_time IS NULL), 0),
@@ -92,7 +94,20 @@ FROM ` + q
     seen_at    TEXT    NOT NULL DEFAULT (` + sqliteNow + `),
     PRIMARY KEY (table_name, consumer)
 )`,
+		`CREATE TABLE IF NOT EXISTS ` + pruned + ` (
+    table_name TEXT    NOT NULL,
+    consumer   TEXT    NOT NULL,
+    pruned_at  TEXT    NOT NULL,
+    source     TEXT    NOT NULL, -- what was pruned: '' for a delete, a partition's name
+    keys       INTEGER NOT NULL,
+    filter     BLOB    NOT NULL,
+    PRIMARY KEY (table_name, consumer, pruned_at, source)
+)`,
 	}
+	d.InsertSummary = `INSERT INTO ` + pruned + ` (table_name, consumer, pruned_at, source, keys, filter) VALUES (?1, ?2, ?3, ?4, ?5, ?6)`
+	d.SummaryTimes = `SELECT pruned_at, source FROM ` + pruned + ` WHERE table_name = ?1 AND consumer = ?2 ORDER BY pruned_at DESC`
+	d.ReadSummary = `SELECT filter FROM ` + pruned + ` WHERE table_name = ?1 AND consumer = ?2 AND pruned_at = ?3 AND source = ?4`
+	d.DeleteSummary = `DELETE FROM ` + pruned + ` WHERE table_name = ?1 AND pruned_at < ?2`
 	d.ReadVersion = `SELECT version FROM ` + book + ` WHERE table_name = ?1`
 	d.WriteVersion = `INSERT INTO ` + book + ` (table_name, version) VALUES (?1, ?2)
 ON CONFLICT (table_name) DO UPDATE SET version = excluded.version, applied_at = excluded.applied_at`

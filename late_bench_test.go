@@ -1,0 +1,65 @@
+package idem
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/internal/bloom"
+)
+
+// summaryStore serves pruned-key summaries built in memory, for the
+// benchmark of the in-memory check (the claim itself is measured by the
+// stores' benchmarks).
+type summaryStore struct {
+	nopStore
+	sums []PrunedSummary
+}
+
+func (s *summaryStore) PrunedSummaries(context.Context, string) ([]PrunedSummary, error) {
+	return s.sums, nil
+}
+
+// BenchmarkLateCheck measures what the late-duplicate check adds to a
+// message's preparation: baseline with no summaries, then with 1 and 30
+// summaries of a million pruned keys each at the default rate (1e-6), for
+// fresh keys (a miss walks every summary: the worst case).
+func BenchmarkLateCheck(b *testing.B) {
+	filters := make([]*bloom.Filter, 30)
+	for i := range filters {
+		f, err := bloom.New(1_000_000, 1e-6)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for k := range 1_000_000 {
+			f.Add(fmt.Sprintf("pruned-%d-%d", i, k))
+		}
+		filters[i] = f
+	}
+	for _, n := range []int{0, 1, 30} {
+		b.Run(fmt.Sprintf("summaries=%d", n), func(b *testing.B) {
+			st := &summaryStore{}
+			for _, f := range filters[:n] {
+				st.sums = append(st.sums, PrunedSummary{Day: time.Now(), Has: f.Has})
+			}
+			p, err := NewProcessor[struct{}](st, &Config[struct{}]{Consumer: "x", Key: ByMessageID,
+				Handler: func(context.Context, struct{}, Message) error { return nil }})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := p.ready(context.Background(), true); err != nil {
+				b.Fatal(err)
+			}
+			msgs := make([]Message, 1024)
+			for i := range msgs {
+				msgs[i] = Message{ID: fmt.Sprintf("evt-fresh-%d", i), Time: time.Now(), TimeSource: TimeFromHeader, Body: []byte(`{}`)}
+			}
+			b.ResetTimer()
+			for i := range b.N {
+				it := p.prepare(msgs[i%len(msgs)])
+				p.markLate([]*item{it})
+			}
+		})
+	}
+}
