@@ -162,11 +162,11 @@ type Dialect struct {
 	Horizons       string   // $1 table → consumer, horizon_ms, seen_at; longest first
 
 	// Pruned-key summaries (Bloom filters of the keys a prune deleted).
-	InsertSummary  string // $1 table, $2 consumer, $3 pruned_at, $4 source, $5 keys, $6 filter
-	SummaryTimes   string // $1 table, $2 consumer → pruned_at, source; newest first
-	ReadSummary    string // $1 table, $2 consumer, $3 pruned_at, $4 source → filter
-	DeleteSummary  string // $1 table, $2 older than: summaries past their keep
-	PartitionKeys  string // format with a partition's quoted name → consumer, key (partitioned)
+	InsertSummary string // $1 table, $2 consumer, $3 pruned_at, $4 source, $5 keys, $6 filter
+	SummaryTimes  string // $1 table, $2 consumer → pruned_at, source; newest first
+	ReadSummary   string // $1 table, $2 consumer, $3 pruned_at, $4 source → filter
+	DeleteSummary string // $1 table, $2 older than: summaries past their keep
+	PartitionKeys string // format with a partition's quoted name → consumer, key (partitioned)
 }
 
 // List is a statement over a list of items. On PostgreSQL it is one
