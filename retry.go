@@ -176,5 +176,12 @@ func (r *retrier) wait(err, sentinel error) verdict {
 		return verdict{outcome: Retry, err: fmt.Errorf("for %v: %w", down.Round(time.Millisecond), err), blameless: true, whole: true}
 	}
 	r.waits++
-	return verdict{outcome: Retry, err: err, again: true, wait: r.policy.Backoff(r.waits)}
+	// An outage is waited out at no less than minOutageWait between tries,
+	// whatever the policy's backoff: a missing partition or a refused
+	// connection fails at once, and a tight loop would only load the
+	// database it waits for.
+	return verdict{outcome: Retry, err: err, again: true, wait: max(r.policy.Backoff(r.waits), minOutageWait)}
 }
+
+// minOutageWait is the shortest wait between two tries during an outage.
+const minOutageWait = 10 * time.Millisecond

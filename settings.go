@@ -53,7 +53,10 @@ func (p *Processor[TTx]) ready(ctx context.Context, force bool) error {
 		if err != nil {
 			return err
 		}
-		if old := p.horizon(); old.Window != h.Window {
+		if old := p.horizon(); old.Window != h.Window && (p.inbox.next.Load() == 0 || h.Window < old.Window) {
+			// Logged when first read and when it shrinks; not at each read
+			// while a lengthened window grows second by second (the
+			// command that lengthened it logged that).
 			p.cfg.Logger.Info("inbox retention window in force", "consumer", p.cfg.Consumer,
 				"window", s.Window, "horizon", h.Window, "previous_horizon", old.Window)
 		}
@@ -113,3 +116,4 @@ func (p *Processor[TTx]) readyWait(ctx context.Context) error {
 		}
 	}
 }
+
