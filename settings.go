@@ -116,4 +116,3 @@ func (p *Processor[TTx]) readyWait(ctx context.Context) error {
 		}
 	}
 }
-
