@@ -88,6 +88,14 @@ func (c *Consumer[TTx]) deadLetter(ctx context.Context, r *kgo.Record, res idem.
 		if ctx.Err() != nil {
 			return fmt.Errorf("producing dead letter to %s: %w", dl.Topic, ctx.Err())
 		}
+		if errors.Is(err, kerr.UnknownTopicOrPartition) || errors.Is(err, kerr.UnknownTopicID) {
+			// Deleted since it was checked, perhaps created again: check
+			// (or create) it again, and make the producer forget the
+			// deleted topic's identity (franz-go fails a recreated topic
+			// with UNKNOWN_TOPIC_ID until it is purged).
+			c.dlTopics.forget(dl.Topic)
+			c.dlq.PurgeTopicsFromProducing(dl.Topic)
+		}
 		c.cfg.Logger.Error("producing dead letter failed; the partition waits",
 			"consumer", c.proc.Consumer(), "origin", origin(r), "dead_letter_topic", dl.Topic, "error", err)
 		if err := sleep(ctx, c.backoff.Backoff(attempt)); err != nil {
@@ -151,4 +159,11 @@ func (d *deadLetterTopics) ensure(ctx context.Context, topic string) error {
 	}
 	d.known[dlt] = true
 	return nil
+}
+
+// forget makes ensure ask about dlt again.
+func (d *deadLetterTopics) forget(dlt string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.known, dlt)
 }

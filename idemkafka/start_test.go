@@ -2,7 +2,10 @@ package idemkafka_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +14,8 @@ import (
 	"github.com/idemkit/idem/idemkafka"
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // bareTopic creates a topic with n partitions and no dead-letter topic.
@@ -176,4 +181,53 @@ func TestInboxTableDroppedWhileRunning(t *testing.T) {
 		t.Errorf("%d dead-lettered, %d dead letters produced; want none", dl, s.DeadLettered)
 	}
 	t.Logf("dropped inbox: stats %+v", s)
+}
+
+// A dead-letter topic deleted while the consumer runs is checked again
+// before the next dead letter, and created again when allowed: the
+// partition waits for it, then moves on.
+func TestDeadLetterTopicDeletedWhileRunning(t *testing.T) {
+	t.Parallel()
+	if os.Getenv("IDEM_KAFKA_BROKERS") != "" {
+		t.Skip("needs a cluster that does not create topics on first use: kfake only")
+	}
+	// No topic is created on first use here, so a missing dead-letter
+	// topic stays missing until the consumer creates it.
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	k := &kafkaEnv{brokers: c.ListenAddrs(), suffix: hex.EncodeToString(b[:])}
+	topic := k.topic(t, "dlqgone", 1)
+	d := newDB(t)
+	handler := func(_ context.Context, _ pgx.Tx, m idem.Message) error {
+		return idem.Permanent(errors.New("no such customer " + m.ID))
+	}
+	obs := newCommits(t, map[int32]int64{0: 2})
+	// The producer gives up on an unknown topic after one retry (not the
+	// default four), so that the test need not wait for them.
+	cons, err := idemkafka.NewConsumer(k.groupClient(t, k.group("dlqgone"), []string{topic}, kgo.UnknownTopicRetries(1)), d.processor(t, nil, handler),
+		&idemkafka.Config{CreateDeadLetterTopics: true, Hooks: obs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, cons)
+	prod := k.client(t)
+	produce(t, prod, topic, 1, 0, 1, msgID)
+	wait(t, obs.reached(map[int32]int64{0: 1}), 30*time.Second, "the first dead letter committed past")
+	adm := kadm.NewClient(k.client(t))
+	if resp, err := adm.DeleteTopics(context.Background(), topic+".dlq"); err != nil || resp.Error() != nil {
+		t.Fatalf("deleting the dead-letter topic: %v %v", err, resp.Error())
+	}
+	produce(t, prod, topic, 1, 1, 1, msgID)
+	wait(t, obs.done, 60*time.Second, "the second dead letter committed past, its topic created again")
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got := readDLQ(t, k, topic+".dlq", 1)[0]; header(got, idemkafka.DefaultIDHeader) != msgID(1) {
+		t.Errorf("the recreated dead-letter topic holds %v; want %s", got.Headers, msgID(1))
+	}
 }
