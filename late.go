@@ -47,6 +47,27 @@ func (p *Processor[TTx]) loadPruned(ctx context.Context) error {
 	return nil
 }
 
+// needsLateCheck reports whether it could be a duplicate whose marker a
+// prune removed. A message the horizon accepted by a trusted time cannot:
+// its marker, had a copy been seen, is kept at least until that time plus
+// the window (keep_until, or its partition's day), which the horizon
+// checked is not past. Only an untimed message, or one that no horizon
+// guards (Window -1, ApplyExpired), can meet a pruned marker, so only those
+// pay for the check.
+func (p *Processor[TTx]) needsLateCheck(it *item) bool {
+	if p.inbox.pruned.Load() == nil {
+		return false
+	}
+	h := p.horizon()
+	switch {
+	case h.Window <= 0 || h.ApplyExpired:
+		return true
+	case p.partitionTime != nil:
+		return false
+	}
+	return it.msg.Time.IsZero()
+}
+
 // prunedOn returns the day a prune deleted key's marker, if a summary says
 // it probably did.
 func (p *Processor[TTx]) prunedOn(key string) (time.Time, bool) {
@@ -65,7 +86,7 @@ func (p *Processor[TTx]) prunedOn(key string) (time.Time, bool) {
 // lateRefused makes it Expired when its key was pruned and the consumer
 // refuses late duplicates, and reports whether it did.
 func (p *Processor[TTx]) lateRefused(it *item) bool {
-	if !p.cfg.RefuseLate {
+	if !p.cfg.RefuseLate || !p.needsLateCheck(it) {
 		return false
 	}
 	day, ok := p.prunedOn(it.claim.Key)
@@ -83,6 +104,9 @@ func (p *Processor[TTx]) lateRefused(it *item) bool {
 // a second time.
 func (p *Processor[TTx]) markLate(fresh []*item) {
 	for _, it := range fresh {
+		if !p.needsLateCheck(it) {
+			continue
+		}
 		if day, ok := p.prunedOn(it.claim.Key); ok {
 			it.res.PrunedOn = day
 			p.notes.late(p.cfg.Logger, p.cfg.Consumer, it.msg.ID, it.claim.Key, day)

@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -24,7 +25,9 @@ func (s *summaryStore) PrunedSummaries(context.Context, string) ([]PrunedSummary
 // BenchmarkLateCheck measures what the late-duplicate check adds to a
 // message's preparation: baseline with no summaries, then with 1 and 30
 // summaries of a million pruned keys each at the default rate (1e-6), for
-// fresh keys (a miss walks every summary: the worst case).
+// fresh keys (a miss walks every summary: the worst case) of untimed
+// messages (the only ones checked) and of timed ones (never checked: the
+// horizon proves their markers were not pruned).
 func BenchmarkLateCheck(b *testing.B) {
 	filters := make([]*bloom.Filter, 30)
 	for i := range filters {
@@ -37,13 +40,19 @@ func BenchmarkLateCheck(b *testing.B) {
 		}
 		filters[i] = f
 	}
-	for _, n := range []int{0, 1, 30} {
-		b.Run(fmt.Sprintf("summaries=%d", n), func(b *testing.B) {
+	for _, c := range []struct {
+		n     int
+		timed bool
+	}{{0, false}, {1, false}, {30, false}, {30, true}} {
+		n := c.n
+		b.Run(fmt.Sprintf("summaries=%d/timed=%v", n, c.timed), func(b *testing.B) {
 			st := &summaryStore{}
 			for _, f := range filters[:n] {
 				st.sums = append(st.sums, PrunedSummary{Day: time.Now(), Has: f.Has})
 			}
 			p, err := NewProcessor[struct{}](st, &Config[struct{}]{Consumer: "x", Key: ByMessageID,
+				Logger:  slog.New(slog.DiscardHandler),
+				Horizon: Horizon{Window: 14 * 24 * time.Hour},
 				Handler: func(context.Context, struct{}, Message) error { return nil }})
 			if err != nil {
 				b.Fatal(err)
@@ -53,7 +62,10 @@ func BenchmarkLateCheck(b *testing.B) {
 			}
 			msgs := make([]Message, 1024)
 			for i := range msgs {
-				msgs[i] = Message{ID: fmt.Sprintf("evt-fresh-%d", i), Time: time.Now(), TimeSource: TimeFromHeader, Body: []byte(`{}`)}
+				msgs[i] = Message{ID: fmt.Sprintf("evt-fresh-%d", i), Body: []byte(`{}`)}
+				if c.timed {
+					msgs[i].Time, msgs[i].TimeSource = time.Now(), TimeFromHeader
+				}
 			}
 			b.ResetTimer()
 			for i := range b.N {
