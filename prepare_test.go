@@ -110,7 +110,7 @@ func TestPartitionTimeIsAFunctionOfTheKey(t *testing.T) {
 	if it := late.prepare(Message{ID: id, Time: idTime.Add(20 * 24 * time.Hour)}); it.res.Outcome != Expired {
 		t.Fatalf("partition time older than the window: %v %v, want Expired", it.res.Outcome, it.res.Err)
 	}
-	// A declared rule: the period's end.
+	// A declared rule: the period's start.
 	period := procFor(t, partStore{}, func(c *Config[struct{}]) {
 		c.Horizon.Now = clock
 		c.Horizon.Window = 60 * 24 * time.Hour

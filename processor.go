@@ -71,7 +71,7 @@ func NewProcessor[TTx any](store Store[TTx], cfg *Config[TTx]) (*Processor[TTx],
 		case sameFunc(c.Key, ByMessageID):
 			p.partitionTime = partitionTimeFromUUIDv7
 		default:
-			return nil, fmt.Errorf("%w: consumer %s: a partitioned inbox needs a partition time that is a function of the key alone, and this consumer's key is not the message ID: set Config.PartitionTime (for invoice:<customer>:<period>, the period's end)", ErrConfig, c.Consumer)
+			return nil, fmt.Errorf("%w: consumer %s: a partitioned inbox needs a partition time that is a function of the key alone, and this consumer's key is not the message ID: set Config.PartitionTime (for invoice:<customer>:<period>, the period's start)", ErrConfig, c.Consumer)
 		}
 	}
 	return p, nil
