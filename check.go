@@ -16,9 +16,11 @@ var ErrInboxNotReady = errors.New("inbox not ready")
 const checkKey = "idem.check"
 
 // Check proves, before a consumer takes its first message, that the inbox
-// can be used: it reads the stored settings (when the store keeps them) and
-// makes one claim in a transaction it rolls back, which fails when the table
-// is missing, not writable, or (partitioned) has no partition for today.
+// can be used: it reads the stored settings (when the store keeps them),
+// records the consumer's own horizon (when it set one: the stored window
+// cannot then be shortened below it without force), and makes one claim in
+// a transaction it rolls back, which fails when the table is missing, not
+// writable, or (partitioned) has no partition for today.
 // Broker adapters call it at the start of Run and refuse to start on an
 // error, which wraps [ErrInboxNotReady] and says how to fix it. It writes
 // nothing.
@@ -28,6 +30,14 @@ func (p *Processor[TTx]) Check(ctx context.Context) error {
 	}
 	if p.cfg.Natural {
 		return nil
+	}
+	// A horizon the consumer set itself is recorded, so that the stored
+	// window cannot be shortened below it unawares; one that follows the
+	// stored window needs no record.
+	if hr, ok := p.store.(HorizonRecorder); ok && p.userHorizon.Window > 0 {
+		if err := hr.RecordHorizon(ctx, p.cfg.Consumer, p.userHorizon.Window); err != nil {
+			return p.notReady(wrapStep(stepSettings, err))
+		}
 	}
 	tx, err := p.store.Begin(ctx)
 	if err != nil {

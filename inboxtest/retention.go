@@ -70,6 +70,7 @@ func RunRetention[TTx any](t *testing.T, h RetentionHarness[TTx]) {
 		{"BusinessKeyOutlivesPrune", s.businessKeyOutlivesPrune},
 		{"FutureKeepUntilBounded", s.futureKeepUntilBounded},
 		{"LateDuplicateAfterPrune", s.lateDuplicateAfterPrune},
+		{"CheckRecordsHorizon", s.checkRecordsHorizon},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -492,5 +493,28 @@ func (s retentionSuite[TTx]) lateDuplicateAfterPrune(t *testing.T) {
 	}
 	if c := count(t, env.Effects, "ledger", "evt-old"); c != 2 {
 		t.Fatalf("effects of evt-old = %d, want 2 (applied again once, flagged; then refused)", c)
+	}
+}
+
+// checkRecordsHorizon: a consumer that guards with a horizon of its own
+// records it when it checks its inbox, and the stored window then cannot be
+// shortened below it without force; one that follows the stored window
+// records nothing, so it never stands in the way.
+func (s retentionSuite[TTx]) checkRecordsHorizon(t *testing.T) {
+	ctx := context.Background()
+	env := s.h.Open(t)
+	own := s.proc(t, env.Env, "ledger", func(c *idem.Config[TTx]) { c.Horizon.Window = 10 * 24 * time.Hour })
+	follows := s.proc(t, env.Env, "stats", nil)
+	for _, p := range []*idem.Processor[TTx]{own, follows} {
+		if err := p.Check(ctx); err != nil {
+			t.Fatalf("%s: Check: %v", p.Consumer(), err)
+		}
+	}
+	_, err := env.Store.SetWindow(ctx, 7*24*time.Hour, false)
+	if err == nil || !strings.Contains(err.Error(), "ledger") || strings.Contains(err.Error(), "stats") {
+		t.Fatalf("shortening below the horizon ledger checked in with: %v, want it refused naming ledger only", err)
+	}
+	if _, err := env.Store.SetWindow(ctx, 10*24*time.Hour, false); err != nil {
+		t.Fatalf("shortening to the recorded horizon: %v", err)
 	}
 }
