@@ -82,6 +82,16 @@ func (p *Processor[TTx]) runBatch(ctx context.Context, valid []*item, inOrder bo
 		}
 		return nil
 	}
+	// The message whose own handler failed the batch ran once already, and
+	// that run is charged to it, when the failure is its own (not an
+	// outage): MaxAttempts counts every run of the handler for a message.
+	if !v.blameless && classify(p.store, v.err) == ClassTransient && storeStep(v.err) == "" {
+		for _, it := range valid {
+			if it.handlerFailed {
+				p.spent.set(it.msg.ID, p.spent.get(it.msg.ID)+1)
+			}
+		}
+	}
 	return p.oneByOne(ctx, valid, inOrder)
 }
 

@@ -93,6 +93,9 @@ type item struct {
 	// skipped: not attempted, because a message before it in the batch
 	// ended the walk; it is not reported and comes again.
 	skipped bool
+	// handlerFailed: its handler returned the error that failed the
+	// transaction it was in.
+	handlerFailed bool
 }
 
 // Process applies one message in its own transaction, retrying transient
@@ -372,7 +375,7 @@ func (p *Processor[TTx]) horizonPassed(items []*item) error {
 // every item's outcome is Applied or Duplicate.
 func (p *Processor[TTx]) runTx(ctx context.Context, items []*item) error {
 	for _, it := range items {
-		it.res.Outcome, it.res.Err, it.res.First, it.res.Conflict, it.res.Blameless, it.fresh = 0, nil, nil, false, false, false
+		it.res.Outcome, it.res.Err, it.res.First, it.res.Conflict, it.res.Blameless, it.fresh, it.handlerFailed = 0, nil, nil, false, false, false, false
 	}
 	commitCtx := context.WithoutCancel(ctx)
 	if p.cfg.TxTimeout > 0 {
@@ -540,6 +543,7 @@ func (p *Processor[TTx]) handle(ctx context.Context, tx TTx, fresh []*item) (err
 	current := fresh[0]
 	defer func() {
 		if r := recover(); r != nil {
+			current.handlerFailed = true
 			err = Permanent(fmt.Errorf("handler panicked on message %s: %v", current.msg.ID, r))
 		}
 	}()
@@ -559,6 +563,7 @@ func (p *Processor[TTx]) handle(ctx context.Context, tx TTx, fresh []*item) (err
 	for _, it := range fresh {
 		current = it
 		if err := p.cfg.Handler(ctx, tx, it.msg); err != nil {
+			it.handlerFailed = true
 			return fmt.Errorf("handling message %s: %w", it.msg.ID, err)
 		}
 	}

@@ -17,9 +17,10 @@ type RetryPolicy struct {
 	// counting the first. The tries are made in place, with backoff; a try
 	// whose commit outcome is unknown is given back to the broker and
 	// counted, and the processor remembers the count when the message comes
-	// back (in memory, for the 10,000 most recent such messages). Tries that
-	// are not the message's fault (WaitUnavailable) and a failing batch's
-	// shared transaction do not count. Defaults to 5. 1 disables retries.
+	// back (in memory, for the 10,000 most recent such messages). A run in a
+	// batch's shared transaction counts for the message whose handler failed
+	// it, not for its neighbours; tries that are not the message's fault
+	// (WaitUnavailable) do not count. Defaults to 5. 1 disables retries.
 	MaxAttempts int
 	// InitialBackoff is the wait before the second try. Defaults to 20ms.
 	InitialBackoff time.Duration

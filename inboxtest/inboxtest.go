@@ -76,6 +76,7 @@ func Run[TTx any](t *testing.T, h Harness[TTx]) {
 		{"HandlerErrorLeavesNothing", s.handlerErrorLeavesNothing},
 		{"RetriesExhausted", s.retriesExhausted},
 		{"PoisonInBatch", s.poisonInBatch},
+		{"MaxAttemptsCountsEveryRun", s.maxAttemptsCountsEveryRun},
 		{"CrashAfterCommit", s.crashAfterCommit},
 		{"TwoConsumers", s.twoConsumers},
 		{"BadInput", s.badInput},
@@ -1024,5 +1025,38 @@ func (s suite[TTx]) silentDatabaseIsBounded(t *testing.T) {
 	}
 	if c := count(t, env.Effects, "ledger", "evt-1"); c != 1 {
 		t.Fatalf("effects of evt-1 = %d, want 1", c)
+	}
+}
+
+// maxAttemptsCountsEveryRun pins the one meaning of RetryPolicy.MaxAttempts:
+// how many times the handler runs for one message before it is
+// dead-lettered — alone, or first inside a batch whose shared try it failed.
+func (s suite[TTx]) maxAttemptsCountsEveryRun(t *testing.T) {
+	ctx := context.Background()
+	env := s.h.Open(t)
+	var mu sync.Mutex
+	runs := map[string]int{}
+	p := s.proc(t, env, "ledger", func(m idem.Message) error {
+		mu.Lock()
+		runs[m.ID]++
+		mu.Unlock()
+		if strings.HasPrefix(m.ID, "bad") {
+			return errors.New("gateway keeps timing out")
+		}
+		return nil
+	}, func(c *idem.Config[TTx]) { c.Retry.MaxAttempts = 3 })
+	r := p.Process(ctx, msg("bad-alone"))
+	rs := p.ProcessBatch(ctx, []idem.Message{msg("a"), msg("bad-in-batch"), msg("b")})
+	want(t, r, idem.DeadLettered)
+	want(t, rs[1], idem.DeadLettered)
+	want(t, rs[0], idem.Applied)
+	want(t, rs[2], idem.Applied)
+	mu.Lock()
+	defer mu.Unlock()
+	if runs["bad-alone"] != 3 || runs["bad-in-batch"] != 3 {
+		t.Fatalf("handler runs: alone %d, first in a batch %d; want 3 each (MaxAttempts)", runs["bad-alone"], runs["bad-in-batch"])
+	}
+	if rs[1].Attempts != 3 {
+		t.Fatalf("attempts reported for the batch's failing message: %d, want 3", rs[1].Attempts)
 	}
 }
