@@ -123,7 +123,7 @@ func TestRebalanceDuringOutage(t *testing.T) {
 	stopA := run(t, a)
 	produce(t, prod, topic, parts, 0, parts, msgID)
 	wait(t, hooks.reached(ends(parts, parts)), 30*time.Second, "the first records committed")
-	proxy.stop()
+	proxy.Stop()
 	held := hooks.holds.reached(2)
 	produce(t, prod, topic, parts, parts, n-parts, msgID)
 	wait(t, held, 30*time.Second, "records held during the outage")
@@ -143,7 +143,7 @@ func TestRebalanceDuringOutage(t *testing.T) {
 	}
 	stopB := run(t, b)
 	wait(t, assigned, 6*time.Second, "the new member to own partitions within the rebalance timeout")
-	proxy.start()
+	proxy.Restore()
 	wait(t, hooks.done, 60*time.Second, "every partition committed once the database answers")
 	if err := stopB(); err != nil {
 		t.Errorf("second member's Run = %v", err)

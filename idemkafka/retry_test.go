@@ -162,11 +162,11 @@ func TestOutageSpendsNoAttempts(t *testing.T) {
 	produce(t, prod, topic, parts, 0, 10, msgID)
 	wait(t, hooks.reached(ends(10, parts)), 30*time.Second, "the first records committed before the outage")
 	// The consumer is idle: the outage starts between transactions.
-	proxy.stop()
+	proxy.Stop()
 	held := hooks.holds.reached(4)
 	produce(t, prod, topic, parts, 10, n-10, msgID)
 	wait(t, held, 60*time.Second, "records held during the outage")
-	proxy.start()
+	proxy.Restore()
 	wait(t, hooks.done, 60*time.Second, "every partition committed after the outage")
 	if err := stop(); err != nil {
 		t.Fatal(err)
@@ -207,7 +207,7 @@ func TestOutageEndsWithShutdown(t *testing.T) {
 	prod := k.client(t)
 	produce(t, prod, topic, parts, 0, parts, msgID)
 	wait(t, hooks.reached(ends(parts, parts)), 30*time.Second, "the first records committed before the outage")
-	proxy.stop()
+	proxy.Stop()
 	held := hooks.holds.reached(2)
 	produce(t, prod, topic, parts, parts, n, msgID)
 	wait(t, held, 60*time.Second, "records held during the outage")
@@ -300,7 +300,7 @@ func TestHalfOpenConnectionUnderHandler(t *testing.T) {
 	var once sync.Once
 	handler := func(ctx context.Context, tx pgx.Tx, m idem.Message) error {
 		if m.ID == msgID(5) {
-			once.Do(proxy.freeze) // the effect's INSERT below never gets an answer
+			once.Do(proxy.Freeze) // the effect's INSERT below never gets an answer
 		}
 		return write(ctx, tx, m)
 	}
@@ -321,7 +321,7 @@ func TestHalfOpenConnectionUnderHandler(t *testing.T) {
 	held := hooks.holds.reached(4)
 	produce(t, k.client(t), topic, parts, 0, n, msgID)
 	wait(t, held, 60*time.Second, "records held while the connection is silent")
-	proxy.start()
+	proxy.Restore()
 	wait(t, hooks.done, 60*time.Second, "every partition committed once the database answers")
 	if err := stop(); err != nil {
 		t.Fatal(err)
