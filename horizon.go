@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -131,4 +132,22 @@ func TimeFromUUIDv7(id string) (t time.Time, ok bool) {
 		ms = ms<<8 | int64(x)
 	}
 	return time.UnixMilli(ms).UTC(), true
+}
+
+// NewUUIDv7 returns a new UUIDv7 (RFC 9562) whose time is at, to use as a
+// message ID: its time is then the most stable event time a message can
+// carry (the same on every redelivery, republish and replay), and the
+// partition time of a partitioned inbox keyed by ID. Producers call it with
+// time.Now().
+func NewUUIDv7(at time.Time) string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand never fails on supported platforms
+	ms := uint64(at.UnixMilli())
+	for i := range 6 {
+		b[i] = byte(ms >> (40 - 8*i))
+	}
+	b[6] = 0x70 | b[6]&0x0f // version 7
+	b[8] = 0x80 | b[8]&0x3f // variant 10
+	h := hex.EncodeToString(b[:])
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
 }

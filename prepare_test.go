@@ -213,3 +213,27 @@ type failingSettings struct{ nopStore }
 func (*failingSettings) Settings(context.Context) (Settings, error) {
 	return Settings{}, errors.New("relation idem_inbox_settings does not exist")
 }
+
+// windowedStore keeps its window in the database (Settings) and has a
+// configured default (Horizon) that a process which never migrated holds.
+type windowedStore struct {
+	settingsStore
+	configured time.Duration
+}
+
+func (s *windowedStore) Horizon() Horizon { return Horizon{Window: s.configured} }
+
+// A horizon the stored window allows is accepted even when the store's
+// configured default is shorter: the stored window decides.
+func TestStoredWindowDecidesOverTheConfiguredDefault(t *testing.T) {
+	store := &windowedStore{settingsStore: settingsStore{s: Settings{Window: 30 * 24 * time.Hour}}, configured: 14 * 24 * time.Hour}
+	p, err := NewProcessor[struct{}](store, &Config[struct{}]{Consumer: "x", Key: ByMessageID,
+		Handler: func(context.Context, struct{}, Message) error { return nil },
+		Horizon: Horizon{Window: 20 * 24 * time.Hour}})
+	if err != nil {
+		t.Fatalf("a 20-day horizon over a stored 30-day window, configured default 14 days: %v", err)
+	}
+	if err := p.ready(context.Background(), true); err != nil || p.horizon().Window != 20*24*time.Hour {
+		t.Fatalf("ready: %v, horizon %v", err, p.horizon().Window)
+	}
+}

@@ -43,13 +43,18 @@ func NewProcessor[TTx any](store Store[TTx], cfg *Config[TTx]) (*Processor[TTx],
 	}
 	c := *cfg
 	user := c.Horizon
+	_, stored := store.(SettingsStore)
 	if hs, ok := store.(HorizonStore); ok {
 		h := hs.Horizon()
 		switch {
 		case c.Horizon.Window == 0:
 			c.Horizon.Window, c.Horizon.Skew = h.Window, max(c.Horizon.Skew, h.Skew)
-		case c.Horizon.Window > h.Window:
-			// The guard would accept messages whose markers prune removes.
+		case c.Horizon.Window > h.Window && !stored:
+			// A store whose window is stored is judged by the stored
+			// window, read before the first message (ready); its
+			// configured one may be a default this process never wrote.
+			// Otherwise the guard would accept messages whose markers
+			// prune removes.
 			return nil, fmt.Errorf("%w: horizon window %v is longer than the store's retention window %v: messages older than the store keeps markers for would be applied again", ErrConfig, c.Horizon.Window, h.Window)
 		}
 	}

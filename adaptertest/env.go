@@ -639,20 +639,7 @@ func (w *testWriter) close() {
 
 // UUIDv7 returns a version 7 UUID whose time is at: the partition time a
 // partitioned inbox derives from a message keyed by its ID.
-func UUIDv7(at time.Time) string {
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic(err)
-	}
-	ms := uint64(at.UnixMilli())
-	for i := range 6 {
-		b[i] = byte(ms >> (40 - 8*i))
-	}
-	b[6] = 0x70 | b[6]&0x0f // version 7
-	b[8] = 0x80 | b[8]&0x3f // variant 10
-	h := hex.EncodeToString(b[:])
-	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
-}
+func UUIDv7(at time.Time) string { return idem.NewUUIDv7(at) }
 
 // uniqueBody is a body no other message of any check carries.
 func uniqueBody(what string) string {

@@ -474,15 +474,4 @@ func brokerHost(t testing.TB) string {
 }
 
 // uuidV7 is a UUIDv7 whose time is at.
-func uuidV7(at time.Time) string {
-	var b [16]byte
-	_, _ = crand.Read(b[:])
-	ms := uint64(at.UnixMilli())
-	for i := range 6 {
-		b[i] = byte(ms >> (40 - 8*i))
-	}
-	b[6] = 0x70 | b[6]&0x0f
-	b[8] = 0x80 | b[8]&0x3f
-	h := hex.EncodeToString(b[:])
-	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
-}
+func uuidV7(at time.Time) string { return idem.NewUUIDv7(at) }

@@ -2,8 +2,6 @@ package idemrabbitmq
 
 import (
 	"context"
-	crand "crypto/rand"
-	"encoding/hex"
 	"errors"
 	"strconv"
 	"testing"
@@ -121,18 +119,7 @@ func mustProcessor(t *testing.T) *idem.Processor[pgx.Tx] {
 }
 
 // uuidV7 is a UUIDv7 whose time is at.
-func uuidV7(at time.Time) string {
-	var b [16]byte
-	_, _ = crand.Read(b[:])
-	ms := uint64(at.UnixMilli())
-	for i := range 6 {
-		b[i] = byte(ms >> (40 - 8*i))
-	}
-	b[6] = 0x70 | b[6]&0x0f
-	b[8] = 0x80 | b[8]&0x3f
-	h := hex.EncodeToString(b[:])
-	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
-}
+func uuidV7(at time.Time) string { return idem.NewUUIDv7(at) }
 
 // The event time comes from the most stable source the message has: the
 // UUIDv7 ID, then the x-event-time header (RFC 3339 or Unix ms), then the

@@ -71,6 +71,7 @@ func RunRetention[TTx any](t *testing.T, h RetentionHarness[TTx]) {
 		{"FutureKeepUntilBounded", s.futureKeepUntilBounded},
 		{"LateDuplicateAfterPrune", s.lateDuplicateAfterPrune},
 		{"CheckRecordsHorizon", s.checkRecordsHorizon},
+		{"StoredWindowJudgesHorizon", s.storedWindowJudgesHorizon},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -516,5 +517,37 @@ func (s retentionSuite[TTx]) checkRecordsHorizon(t *testing.T) {
 	}
 	if _, err := env.Store.SetWindow(ctx, 10*24*time.Hour, false); err != nil {
 		t.Fatalf("shortening to the recorded horizon: %v", err)
+	}
+}
+
+// storedWindowJudgesHorizon: a process that never migrates (another
+// service, a worker) builds its processor over a store with no window of
+// its own; the stored window, not a default, judges its horizon before the
+// first message: one it allows is accepted, a longer one refused by the
+// stored number.
+func (s retentionSuite[TTx]) storedWindowJudgesHorizon(t *testing.T) {
+	ctx := context.Background()
+	env := s.h.Open(t)
+	if _, err := env.Store.SetWindow(ctx, 7*24*time.Hour, false); err != nil {
+		t.Fatal(err)
+	}
+	other := env.Reopen(t, 0) // not migrated, no window of its own
+	oenv := env.Env
+	oenv.Store = other
+	p := s.proc(t, oenv, "ledger", func(c *idem.Config[TTx]) { c.Horizon.Window = 5 * 24 * time.Hour })
+	if err := p.Check(ctx); err != nil {
+		t.Fatalf("a 5-day horizon under a stored 7-day window: %v", err)
+	}
+	want(t, p.Process(ctx, idem.Message{ID: idem.NewUUIDv7(time.Now()), Time: time.Now(), TimeSource: idem.TimeFromHeader}), idem.Applied)
+	long := s.proc(t, oenv, "stats", func(c *idem.Config[TTx]) {
+		c.Horizon.Window = 10 * 24 * time.Hour
+		c.Retry.WaitUnavailable = 50 * time.Millisecond
+	})
+	if err := long.Check(ctx); !errors.Is(err, idem.ErrConfig) || !strings.Contains(err.Error(), "168h0m0s") {
+		t.Fatalf("a 10-day horizon under a stored 7-day window: %v, want a configuration error naming the stored window", err)
+	}
+	r := long.Process(ctx, idem.Message{ID: idem.NewUUIDv7(time.Now()), Time: time.Now(), TimeSource: idem.TimeFromHeader})
+	if r.Outcome == idem.Applied || r.Outcome == idem.DeadLettered || long.Dispose(r).Action != idem.ActionHold {
+		t.Fatalf("a message under the refused horizon: %v (%v), want it held, neither applied nor dead-lettered", r.Outcome, r.Err)
 	}
 }
