@@ -84,7 +84,7 @@ func BenchmarkDrain(b *testing.B) {
 				cfg := config(b, topo.Queue)
 				cfg.BatchSize, cfg.Prefetch, cfg.Workers = 100, 500, workers
 				acks := &countAcks{want: uint64(n), done: make(chan struct{})}
-				cfg.Hooks = acks
+				cfg.Hooks = []idem.Hook{acks}
 				c, err := idemrabbitmq.NewConsumer(proc, cfg)
 				if err != nil {
 					b.Fatal(err)
@@ -153,7 +153,6 @@ func rawDrain(b *testing.B, conn *amqp.Connection, queue string, n int) {
 }
 
 type countAcks struct {
-	idemrabbitmq.NopHooks
 	acked atomic.Uint64
 	want  uint64
 	done  chan struct{}

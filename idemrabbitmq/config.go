@@ -106,50 +106,40 @@ type Config struct {
 	AMQP *amqp.Config
 	// Logger receives connection events. Defaults to slog.Default().
 	Logger *slog.Logger
-	// Hooks receives deliveries, settlements and reconnects, for tests and
-	// broker-specific metrics. The processor's hooks (idem.Config.Hooks)
-	// receive the same settlements (idem.SettleHook), dead letters
-	// (idem.DeadLetterHook) and redeliveries (idem.RedeliveredHook): that is
-	// the seam for metrics, and package idemprom implements it.
+	// Hooks are hooks of this consumer alone, called after the
+	// processor's (idem.Config.Hooks, which the consumer calls too): any
+	// value implementing idem's hook interfaces (idem.SettleHook,
+	// idem.DeadLetterHook, idem.RedeliveredHook) or this package's
+	// [SettledHook], [RedeliveredQueueHook] and [ReconnectHook]. One list,
+	// optional interfaces: package idemprom's Metrics needs no adapter.
 	// Optional.
-	Hooks Hooks
+	Hooks []idem.Hook
 	// Faults injects failures at the adapter's fault points, for tests and
 	// drills. Optional; nil costs nothing.
 	Faults FaultFunc
 }
 
-// Hooks observes a consumer, for metrics. Processor outcomes are counted by
-// the processor's own idem.Observer; these are the broker-side events (see
-// the package documentation for idem_redelivered_total). Calls
-// come from the consumer's goroutines and must not block. Embed [NopHooks]
-// to implement only some methods.
-type Hooks interface {
-	// Redelivered is called for each delivery the broker flagged as
-	// redelivered (idem_redelivered_total). The flag is a hint only; the
-	// inbox, not the flag, decides duplicates.
-	Redelivered(queue string)
-	// Settled is called once the broker was told verb about a message:
-	// Ack and Requeue once the frame was sent, DeadLetter once the copy was
-	// confirmed at the dead-letter destination and the original acked.
-	// Hold is never settled, so it is never reported here.
+// SettledHook is told the broker verb of each message once the broker was
+// told: Ack and Requeue once the frame was sent, DeadLetter once the copy
+// was confirmed at the dead-letter destination and the original acked.
+// Hold is never settled, so it is never reported here. Hooks are called
+// from the consumer's goroutines and must not block.
+type SettledHook interface {
 	Settled(queue string, verb Verb, r idem.Result)
-	// Reconnecting is called when a session ended with err and the consumer
-	// is about to reconnect.
-	Reconnecting(queue string, err error)
 }
 
-// NopHooks implements [Hooks] and does nothing; embed it to override only
-// some methods.
-type NopHooks struct{}
+// RedeliveredQueueHook is told of each delivery the broker flagged as
+// redelivered. The flag is a hint only; the inbox, not the flag, decides
+// duplicates. (idem.RedeliveredHook gets the same, by consumer.)
+type RedeliveredQueueHook interface {
+	Redelivered(queue string)
+}
 
-// Redelivered implements [Hooks].
-func (NopHooks) Redelivered(string) {}
-
-// Settled implements [Hooks].
-func (NopHooks) Settled(string, Verb, idem.Result) {}
-
-// Reconnecting implements [Hooks].
-func (NopHooks) Reconnecting(string, error) {}
+// ReconnectHook is told when a session ended with err and the consumer is
+// about to reconnect.
+type ReconnectHook interface {
+	Reconnecting(queue string, err error)
+}
 
 // FaultPoint names a place in the consumer where a test or a drill can
 // inject a failure.
@@ -211,9 +201,6 @@ func (c *Config) setDefaults(consumer string) {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
-	}
-	if c.Hooks == nil {
-		c.Hooks = NopHooks{}
 	}
 }
 

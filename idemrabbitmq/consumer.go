@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,6 +25,8 @@ import (
 type Consumer[TTx any] struct {
 	proc *idem.Processor[TTx]
 	cfg  Config
+	// hooks are the processor's, then the consumer's own.
+	hooks []idem.Hook
 	// reconnectBackoff is Config's range as idem's retry policy: capped
 	// exponential backoff with jitter, so consumers that failed together
 	// do not come back together.
@@ -76,7 +79,7 @@ func NewConsumer[TTx any](proc *idem.Processor[TTx], cfg *Config) (*Consumer[TTx
 		return nil, err
 	}
 	return &Consumer[TTx]{
-		proc: proc, cfg: c,
+		proc: proc, cfg: c, hooks: append(slices.Clip(proc.Hooks()), c.Hooks...),
 		reconnectBackoff: idem.RetryPolicy{InitialBackoff: c.ReconnectBackoff, MaxBackoff: c.MaxReconnectBackoff},
 	}, nil
 }
@@ -167,7 +170,7 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 			return fmt.Errorf("consuming queue %s: %w", c.cfg.Queue, err)
 		}
 		c.stats.reconnects.Add(1)
-		c.cfg.Hooks.Reconnecting(c.cfg.Queue, err)
+		idem.Each(c.hooks, func(h ReconnectHook) { h.Reconnecting(c.cfg.Queue, err) })
 		wait := c.reconnectBackoff.Backoff(failures)
 		log.Warn("broker session ended; reconnecting", slog.Any("error", err), slog.Duration("backoff", wait))
 		t := time.NewTimer(wait)
@@ -382,8 +385,8 @@ func (l *loop[TTx]) run(ctx context.Context, tag string, deliveries <-chan amqp.
 			l.c.stats.delivered.Add(1)
 			if d.Redelivered {
 				l.c.stats.redelivered.Add(1)
-				cfg.Hooks.Redelivered(cfg.Queue)
-				idem.Each(l.c.proc.Hooks(), func(h idem.RedeliveredHook) { h.OnRedelivered(l.c.proc.Consumer(), cfg.Queue) })
+				idem.Each(l.c.hooks, func(h RedeliveredQueueHook) { h.Redelivered(cfg.Queue) })
+				idem.Each(l.c.hooks, func(h idem.RedeliveredHook) { h.OnRedelivered(l.c.proc.Consumer(), cfg.Queue) })
 			}
 			l.s.deliver(d, Message(&d, cfg.Queue, cfg.IDHeader), time.Now())
 		case <-timer.C:
@@ -465,7 +468,7 @@ func (l *loop[TTx]) publish(ls []letter) {
 			dest = l.dl.exchange + "/" + l.dl.key
 		}
 		for i := range ls {
-			idem.Each(l.c.proc.Hooks(), func(h idem.DeadLetterHook) {
+			idem.Each(l.c.hooks, func(h idem.DeadLetterHook) {
 				h.OnDeadLetter(l.c.proc.Consumer(), dest, ls[i].d.res, err)
 			})
 		}
@@ -521,8 +524,8 @@ func (l *loop[TTx]) send(ops []op) error {
 			default:
 				st.applied.Add(1)
 			}
-			cfg.Hooks.Settled(cfg.Queue, d.verb, d.res)
-			idem.Each(l.c.proc.Hooks(), func(h idem.SettleHook) { h.OnSettle(l.c.proc.Consumer(), cfg.Queue, d.disp, d.res) })
+			idem.Each(l.c.hooks, func(h SettledHook) { h.Settled(cfg.Queue, d.verb, d.res) })
+			idem.Each(l.c.hooks, func(h idem.SettleHook) { h.OnSettle(l.c.proc.Consumer(), cfg.Queue, d.disp, d.res) })
 		}
 	}
 	return nil

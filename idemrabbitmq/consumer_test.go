@@ -54,7 +54,7 @@ func TestIncidentRedeliveryAfterCut(t *testing.T) {
 		return nil
 	}
 	rec := newSettlements()
-	cfg.Hooks = rec
+	cfg.Hooks = []idem.Hook{rec}
 	c, err := idemrabbitmq.NewConsumer(d.processor(t, nil), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -116,7 +116,7 @@ func TestSameMessageIDTwiceAppliesOnce(t *testing.T) {
 
 	cfg := config(t, topo.Queue)
 	rec := newSettlements()
-	cfg.Hooks = rec
+	cfg.Hooks = []idem.Hook{rec}
 	c, err := idemrabbitmq.NewConsumer(d.processor(t, nil), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -170,7 +170,7 @@ func TestPoisonMessageGoesToDLQWithReason(t *testing.T) {
 				cfg.DeadLetterExchange = topo.DeadLetterExchange
 			}
 			rec := newSettlements()
-			cfg.Hooks = rec
+			cfg.Hooks = []idem.Hook{rec}
 			c, err := idemrabbitmq.NewConsumer(d.processor(t, poisonHandler), cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -249,7 +249,7 @@ func TestMissingMessageIDIsDeadLettered(t *testing.T) {
 	cfg := config(t, topo.Queue)
 	cfg.DeadLetterExchange = topo.DeadLetterExchange
 	rec := newSettlements()
-	cfg.Hooks = rec
+	cfg.Hooks = []idem.Hook{rec}
 	c, err := idemrabbitmq.NewConsumer(d.processor(t, nil), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -311,7 +311,7 @@ func TestTerminatedBackendsNeverAckWithoutCommit(t *testing.T) {
 			firstViolation.CompareAndSwap(nil, r.MessageID)
 		}
 	}
-	cfg.Hooks = rec
+	cfg.Hooks = []idem.Hook{rec}
 	terminate := func() int64 {
 		var k int64
 		if err := check.QueryRow(context.Background(),
@@ -398,7 +398,7 @@ func TestTwoConsumersDuplicatedMessages(t *testing.T) {
 	for range 2 {
 		cfg := config(t, topo.Queue)
 		cfg.BatchSize, cfg.Prefetch, cfg.Workers = 50, 200, 2
-		cfg.Hooks = rec
+		cfg.Hooks = []idem.Hook{rec}
 		c, err := idemrabbitmq.NewConsumer(d.processor(t, nil), cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -464,7 +464,7 @@ func TestGracefulShutdownAndResume(t *testing.T) {
 	publish(t, conn, topo.Queue, 0, n, msgID)
 	cfg := config(t, topo.Queue)
 	rec := newSettlements()
-	cfg.Hooks = rec
+	cfg.Hooks = []idem.Hook{rec}
 	c, err := idemrabbitmq.NewConsumer(d.processor(t, nil), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -523,7 +523,7 @@ func TestFailingMessageFirstDoesNotSinkItsNeighbours(t *testing.T) {
 	cfg := config(t, topo.Queue)
 	cfg.BatchWait = 200 * time.Millisecond // one batch for the whole lot
 	rec := newSettlements()
-	cfg.Hooks = rec
+	cfg.Hooks = []idem.Hook{rec}
 	c, err := idemrabbitmq.NewConsumer(d.processor(t, h, func(c *idem.Config[pgx.Tx]) {
 		c.Retry = idem.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}
 	}), cfg)
@@ -622,7 +622,7 @@ func TestDatabaseOutageSpendsNoDeliveries(t *testing.T) {
 	cfg := config(t, topo.Queue)
 	cfg.BatchSize, cfg.Workers = 20, 2
 	rec := newSettlements()
-	cfg.Hooks = rec
+	cfg.Hooks = []idem.Hook{rec}
 	c, err := idemrabbitmq.NewConsumer(proc, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -769,7 +769,7 @@ func newHoldingSetup(t *testing.T, n int) *holdingSetup {
 	publish(t, s.conn, s.topo.Queue, 0, n, msgID)
 	s.cfg = config(t, s.topo.Queue)
 	s.cfg.BatchSize, s.cfg.Workers = 20, 2
-	s.cfg.Hooks = s.rec
+	s.cfg.Hooks = []idem.Hook{s.rec}
 	return s
 }
 
@@ -903,7 +903,7 @@ func TestConnectionLossWhileDeliveriesAreHeld(t *testing.T) {
 	var logs syncBuffer
 	s.cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	hooks := &reconnects{settlements: s.rec}
-	s.cfg.Hooks = hooks
+	s.cfg.Hooks = []idem.Hook{hooks}
 	c, err := idemrabbitmq.NewConsumer(s.proc, s.cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -971,7 +971,7 @@ func TestRepublishWithAnotherTimestampIsADuplicate(t *testing.T) {
 	obs := newOutcomes()
 	cfg := config(t, topo.Queue)
 	rec := newSettlements()
-	cfg.Hooks = rec
+	cfg.Hooks = []idem.Hook{rec}
 	c, err := idemrabbitmq.NewConsumer(d.processor(t, nil, func(c *idem.Config[pgx.Tx]) { c.Observer = obs }), cfg)
 	if err != nil {
 		t.Fatal(err)

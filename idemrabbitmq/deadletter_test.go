@@ -80,7 +80,7 @@ func TestDeadLettersWithoutDLXAreKept(t *testing.T) {
 
 	cfg := config(t, q)
 	rec := newSettlements()
-	cfg.Hooks = rec
+	cfg.Hooks = []idem.Hook{rec}
 	reg := prometheus.NewRegistry()
 	m := idemprom.New(reg)
 	c, err := idemrabbitmq.NewConsumer(d.processor(t, permanentOn(msgID(2)), func(c *idem.Config[pgx.Tx]) { c.Hooks = []idem.Hook{m} }), cfg)
@@ -169,7 +169,7 @@ func TestEveryReturnIsDrained(t *testing.T) {
 	cfg.BatchWait = 100 * time.Millisecond // the poison pair shares a batch
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	rec := newSettlements()
-	cfg.Hooks = rec
+	cfg.Hooks = []idem.Hook{rec}
 	c, err := idemrabbitmq.NewConsumer(d.processor(t, permanentOn(msgID(1), msgID(2), msgID(11), msgID(12))), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -238,7 +238,7 @@ func TestBlockedDeadLetterConnectionDoesNotStallConsumption(t *testing.T) {
 	cfg.DeadLetterURL = proxy.URL(t, amqpURL())
 	cfg.BatchSize = 10
 	rec := newSettlements()
-	cfg.Hooks = rec
+	cfg.Hooks = []idem.Hook{rec}
 	c, err := idemrabbitmq.NewConsumer(d.processor(t, permanentOn(msgID(0))), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -314,7 +314,7 @@ func TestRetriesExhaustedAreDeadLetteredOnce(t *testing.T) {
 			cfg.Logger = logger
 			cfg.BatchSize = 1 // no batch run before the message's own
 			rec := newSettlements()
-			cfg.Hooks = rec
+			cfg.Hooks = []idem.Hook{rec}
 			c, err := idemrabbitmq.NewConsumer(proc, cfg)
 			if err != nil {
 				t.Fatal(err)

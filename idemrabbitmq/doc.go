@@ -96,7 +96,7 @@
 // [Config.IDHeader]: an ID the producer assigned, stable across redeliveries.
 // A message without one is dead-lettered, never applied unguarded. The
 // redelivered flag is copied to [idem.Message].Redelivered and counted
-// ([Hooks].Redelivered), never used to decide; a quorum queue's
+// ([RedeliveredQueueHook], idem.RedeliveredHook), never used to decide; a quorum queue's
 // x-delivery-count becomes [idem.Message].Attempt. The event time is the
 // time inside a UUIDv7 ID, else the producer's [HeaderEventTime] header,
 // else the AMQP timestamp ([idem.EventTime]). See [Message].

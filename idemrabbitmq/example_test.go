@@ -78,27 +78,20 @@ func ExampleNewConsumer() {
 	}
 }
 
-// promHooks feeds idem_redelivered_total from the consumer's hooks.
-type promHooks struct {
-	idemrabbitmq.NopHooks
-	m        *idemprom.Metrics
-	consumer string
-}
-
-func (h promHooks) Redelivered(queue string) { h.m.Redelivered(h.consumer) }
-
-// Prometheus' idem_redelivered_total counts the deliveries the broker
-// flagged as redelivered, labelled by consumer.
-func ExampleHooks() {
+// One idemprom.Metrics in the processor's hooks counts what the consumer
+// sees too: here idem_redelivered_total, labelled by consumer, for the
+// deliveries the broker flagged as redelivered.
+func Example_metrics() {
 	reg := prometheus.NewRegistry()
 	m := idemprom.New(reg)
-	// proc, _ := idem.NewProcessor(store, &idem.Config[pgx.Tx]{..., Observer: m})
-	// c, _ := idemrabbitmq.NewConsumer(proc, &idemrabbitmq.Config{..., Hooks: hooks})
-	var hooks idemrabbitmq.Hooks = promHooks{m: m, consumer: "billing-invoice"}
+	hooks := []idem.Hook{m}
+	// proc, _ := idem.NewProcessor(store, &idem.Config[pgx.Tx]{..., Hooks: hooks})
+	// c, _ := idemrabbitmq.NewConsumer(proc, &idemrabbitmq.Config{...})
 
 	// What the consumer does for two redelivered deliveries:
-	hooks.Redelivered("billing.invoice")
-	hooks.Redelivered("billing.invoice")
+	for range 2 {
+		idem.Each(hooks, func(h idem.RedeliveredHook) { h.OnRedelivered("billing-invoice", "billing.invoice") })
+	}
 
 	families, err := reg.Gather()
 	if err != nil {

@@ -333,7 +333,6 @@ func config(t testing.TB, queue string) *idemrabbitmq.Config {
 // settlements records what the consumer told the broker, and signals every
 // change so tests wait for conditions instead of sleeping.
 type settlements struct {
-	idemrabbitmq.NopHooks
 	mu      sync.Mutex
 	acked   map[string]int // message ID → acks
 	dead    map[string]int

@@ -107,7 +107,7 @@ func TestConnectionLossLetsInFlightBatchesCommit(t *testing.T) {
 	cfg := config(t, topo.Queue)
 	cfg.BatchSize, cfg.BatchWait = n, 200*time.Millisecond // one batch
 	rec := newSettlements()
-	cfg.Hooks = rec
+	cfg.Hooks = []idem.Hook{rec}
 	c, err := idemrabbitmq.NewConsumer(proc, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -201,7 +201,7 @@ func TestInboxTableDroppedWhileRunning(t *testing.T) {
 	cfg := config(t, topo.Queue)
 	cfg.BatchSize = 10
 	rec := newSettlements()
-	cfg.Hooks = rec
+	cfg.Hooks = []idem.Hook{rec}
 	c, err := idemrabbitmq.NewConsumer(proc, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -267,7 +267,7 @@ func TestDatabaseStopsAnswering(t *testing.T) {
 	cfg.BatchSize, cfg.Workers = 20, 2
 	cfg.ShutdownGrace = 2 * time.Second
 	rec := newSettlements()
-	cfg.Hooks = rec
+	cfg.Hooks = []idem.Hook{rec}
 	c, err := idemrabbitmq.NewConsumer(proc, cfg)
 	if err != nil {
 		t.Fatal(err)
