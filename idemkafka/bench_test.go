@@ -72,7 +72,7 @@ func BenchmarkPipeline(b *testing.B) {
 			start.CompareAndSwap(nil, &now)
 		})
 		cl := k.groupClient(b, k.group("bench"+strconv.Itoa(pass)), []string{topic}, assigned)
-		c, err := idemkafka.NewConsumer(cl, p.proc, &idemkafka.Config{Hooks: obs, Logger: quiet})
+		c, err := idemkafka.NewConsumer(cl, p.proc, &idemkafka.Config{Hooks: []idem.Hook{obs}, Logger: quiet})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/idemkit/idem"
 )
 
 // DefaultIDHeader is the record header that carries the producer-assigned
@@ -92,12 +94,14 @@ type Config struct {
 	// cancel reaches the handler through its context; a handler that
 	// ignores it is bounded only by the processor's idem.Config.TxTimeout.
 	RebalanceGrace time.Duration
-	// Hooks receives offset commits, retries and dead letters with their
-	// records, for tests and drills. Optional. Metrics belong in the
-	// processor's hooks (idem.Config.Hooks), which the consumer calls too:
-	// idem.SettleHook for every record settled and idem.DeadLetterHook for
-	// every dead letter. [Consumer.Stats] counts the same events.
-	Hooks Hooks
+	// Hooks are hooks of this consumer alone, called after the
+	// processor's (idem.Config.Hooks, which the consumer calls too): any
+	// value implementing idem's hook interfaces (idem.SettleHook for every
+	// record settled, idem.DeadLetterHook for every dead letter) or this
+	// package's [CommitHook], [RetryHook] and [DeadLetterRecordHook]. One
+	// list, optional interfaces. [Consumer.Stats] counts the same events.
+	// Optional.
+	Hooks []idem.Hook
 	// Faults injects crashes between the database commit and the offset
 	// commit, for tests and drills. Optional; see [FaultFunc].
 	Faults FaultFunc

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,10 +21,12 @@ import (
 // each partition and retries or dead-letters a failing record without
 // holding up the other partitions.
 type Consumer[TTx any] struct {
-	cl    *kgo.Client
-	dlq   *kgo.Client
-	proc  *idem.Processor[TTx]
-	cfg   Config
+	cl   *kgo.Client
+	dlq  *kgo.Client
+	proc *idem.Processor[TTx]
+	cfg  Config
+	// hooks are the processor's, then the consumer's own.
+	hooks []idem.Hook
 	owned bool // New built cl: Run closes it
 	// backoff paces the tries to produce a dead letter.
 	backoff  idem.RetryPolicy
@@ -68,7 +71,7 @@ func NewConsumer[TTx any](cl *kgo.Client, proc *idem.Processor[TTx], cfg *Config
 		return nil, err
 	}
 	cons := &Consumer[TTx]{
-		cl: cl, dlq: dlq, proc: proc, cfg: c,
+		cl: cl, dlq: dlq, proc: proc, cfg: c, hooks: append(slices.Clip(proc.Hooks()), c.Hooks...),
 		backoff: idem.RetryPolicy{InitialBackoff: c.InitialBackoff, MaxBackoff: c.MaxBackoff},
 		crashed: make(chan struct{}),
 	}
@@ -280,9 +283,7 @@ func (c *Consumer[TTx]) commit(ctx context.Context, r *kgo.Record) bool {
 				}
 			}
 		})
-	if c.cfg.Hooks != nil {
-		c.cfg.Hooks.OnCommit(r.Topic, r.Partition, offset, cerr)
-	}
+	idem.Each(c.hooks, func(h CommitHook) { h.OnCommit(r.Topic, r.Partition, offset, cerr) })
 	if cerr == nil {
 		c.stats.commits.Add(1)
 	} else {

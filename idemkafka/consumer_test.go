@@ -90,7 +90,7 @@ func TestCrashAfterDatabaseCommitBeforeOffsetCommit(t *testing.T) {
 	var commitsSeen atomic.Int32
 	a, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), proc, &idemkafka.Config{
 		MaxBatch: 100,
-		Hooks:    obs,
+		Hooks:    []idem.Hook{obs},
 		Faults: func(_ context.Context, p idemkafka.FaultPoint, _ string, _ int32, _ int64) error {
 			if p == idemkafka.BeforeOffsetCommit && commitsSeen.Add(1) == 4 {
 				return errors.New("kill -9")
@@ -111,7 +111,7 @@ func TestCrashAfterDatabaseCommitBeforeOffsetCommit(t *testing.T) {
 		t.Fatalf("the crash came after %d of %d effects; the test needs a crash in the middle", applied, n)
 	}
 
-	b, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), proc, &idemkafka.Config{MaxBatch: 100, Hooks: obs})
+	b, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), proc, &idemkafka.Config{MaxBatch: 100, Hooks: []idem.Hook{obs}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,8 +150,8 @@ func TestRebalanceStorm(t *testing.T) {
 	obs := newCommits(t, ends(n, parts))
 	out := newOutcomes()
 	proc := d.processor(t, out, nil)
-	member := func(h idemkafka.Hooks, opts ...kgo.Opt) *idemkafka.Consumer[pgx.Tx] {
-		c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}, opts...), proc, &idemkafka.Config{MaxBatch: 200, Hooks: h})
+	member := func(h idem.Hook, opts ...kgo.Opt) *idemkafka.Consumer[pgx.Tx] {
+		c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}, opts...), proc, &idemkafka.Config{MaxBatch: 200, Hooks: []idem.Hook{h}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -253,7 +253,7 @@ func TestOffsetResetReplaysWithoutEffects(t *testing.T) {
 
 	consumeAll := func() {
 		obs := newCommits(t, ends(n, parts))
-		c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), proc, &idemkafka.Config{Hooks: obs})
+		c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), proc, &idemkafka.Config{Hooks: []idem.Hook{obs}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -301,7 +301,7 @@ func TestSameIDAtTwoOffsets(t *testing.T) {
 	d := newDB(t)
 	out := newOutcomes()
 	obs := newCommits(t, ends(10, parts))
-	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), d.processor(t, out, nil), &idemkafka.Config{Hooks: obs})
+	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), d.processor(t, out, nil), &idemkafka.Config{Hooks: []idem.Hook{obs}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -362,7 +362,7 @@ func TestRecordWithoutIDIsDeadLettered(t *testing.T) {
 	d := newDB(t)
 	obs := newCommits(t, map[int32]int64{0: 5})
 	out := newOutcomes()
-	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), d.processor(t, out, nil), &idemkafka.Config{Hooks: obs})
+	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), d.processor(t, out, nil), &idemkafka.Config{Hooks: []idem.Hook{obs}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -429,7 +429,7 @@ func TestPoisonRecordDeadLetteredPartitionsFlow(t *testing.T) {
 	budget := func(c *idem.Config[pgx.Tx]) {
 		c.Retry = idem.RetryPolicy{MaxAttempts: maxAttempts, InitialBackoff: 20 * time.Millisecond, MaxBackoff: 20 * time.Millisecond}
 	}
-	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), d.processor(t, out, handler, budget), &idemkafka.Config{Hooks: hooks})
+	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), d.processor(t, out, handler, budget), &idemkafka.Config{Hooks: []idem.Hook{hooks}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -76,10 +76,8 @@ func (c *Consumer[TTx]) deadLetter(ctx context.Context, r *kgo.Record, res idem.
 		if err == nil {
 			err = c.dlq.ProduceSync(ctx, dl).FirstErr()
 		}
-		if c.cfg.Hooks != nil {
-			c.cfg.Hooks.OnDeadLetter(r, res, err)
-		}
-		idem.Each(c.proc.Hooks(), func(h idem.DeadLetterHook) { h.OnDeadLetter(c.proc.Consumer(), dl.Topic, res, err) })
+		idem.Each(c.hooks, func(h DeadLetterRecordHook) { h.OnDeadLetterRecord(r, res, err) })
+		idem.Each(c.hooks, func(h idem.DeadLetterHook) { h.OnDeadLetter(c.proc.Consumer(), dl.Topic, res, err) })
 		if err == nil {
 			c.cfg.Logger.Debug("dead letter produced", "consumer", c.proc.Consumer(), "origin", origin(r),
 				"message_id", res.MessageID, "dead_letter_topic", dl.Topic)

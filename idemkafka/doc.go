@@ -93,7 +93,10 @@
 //
 // # Metrics
 //
-// Outcomes are counted by the processor's idem.Observer; broker-side events
-// (commits, retries, dead letters) reach an optional [Hooks] and are
-// counted in [Consumer.Stats].
+// One hook list serves the processor and the consumer: the consumer calls
+// the processor's hooks (idem.Config.Hooks) and its own ([Config.Hooks]) —
+// idem.SettleHook and idem.DeadLetterHook, which package idemprom's Metrics
+// implements, and this package's [CommitHook], [RetryHook] and
+// [DeadLetterRecordHook] for broker-side events. [Consumer.Stats] counts
+// them too.
 package idemkafka

@@ -67,7 +67,7 @@ func TestEventTimeSources(t *testing.T) {
 	}
 	out := newOutcomes()
 	obs := newCommits(t, map[int32]int64{0: int64(len(recs))})
-	c, err := idemkafka.NewConsumer(k.groupClient(t, k.group("evtime"), []string{topic}), d.processor(t, out, handler), &idemkafka.Config{Hooks: obs})
+	c, err := idemkafka.NewConsumer(k.groupClient(t, k.group("evtime"), []string{topic}), d.processor(t, out, handler), &idemkafka.Config{Hooks: []idem.Hook{obs}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -192,7 +192,6 @@ func (o *outcomes) reached(out idem.Outcome, n int) <-chan struct{} {
 // every partition of a topic reached its end. It fails the test if a
 // partition's committed offset ever moves backwards.
 type commits struct {
-	idemkafka.NopHooks
 	t    testing.TB
 	mu   sync.Mutex
 	last map[int32]int64
@@ -266,7 +265,7 @@ func (c *commits) OnCommit(topic string, p int32, offset int64, err error) {
 	}
 }
 
-func (c *commits) OnDeadLetter(r *kgo.Record, _ idem.Result, err error) {
+func (c *commits) OnDeadLetterRecord(r *kgo.Record, _ idem.Result, err error) {
 	if err == nil {
 		c.mu.Lock()
 		c.dl = append(c.dl, r)

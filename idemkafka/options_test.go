@@ -59,7 +59,7 @@ func TestIDExtractorAndEventTime(t *testing.T) {
 			return string(r.Key), nil
 		},
 		TimeHeader: "event-time",
-		Hooks:      obs,
+		Hooks:      []idem.Hook{obs},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -106,7 +106,7 @@ func TestPermanentErrorDeadLetteredAtOnce(t *testing.T) {
 	hooks := &countRetries{commits: newCommits(t, map[int32]int64{0: 3})}
 	seam := &idemHooks{}
 	withHooks := func(c *idem.Config[pgx.Tx]) { c.Hooks = []idem.Hook{seam} }
-	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), d.processor(t, nil, handler, withHooks), &idemkafka.Config{Hooks: hooks})
+	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), d.processor(t, nil, handler, withHooks), &idemkafka.Config{Hooks: []idem.Hook{hooks}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,8 +153,8 @@ type countRetries struct {
 	attempts int // of the last dead letter
 }
 
-func (h *countRetries) OnDeadLetter(r *kgo.Record, res idem.Result, err error) {
-	h.commits.OnDeadLetter(r, res, err)
+func (h *countRetries) OnDeadLetterRecord(r *kgo.Record, res idem.Result, err error) {
+	h.commits.OnDeadLetterRecord(r, res, err)
 	h.mu.Lock()
 	h.attempts = res.Attempts
 	h.mu.Unlock()

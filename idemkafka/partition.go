@@ -54,9 +54,7 @@ func (c *Consumer[TTx]) runPartition(ctx context.Context, stop <-chan struct{}, 
 		case s.retry:
 			c.onSettle(recs[0], s.d, s.res)
 			runs++
-			if c.cfg.Hooks != nil {
-				c.cfg.Hooks.OnRetry(recs[0], runs+1, s.res)
-			}
+			idem.Each(c.hooks, func(h RetryHook) { h.OnRetry(recs[0], runs+1, s.res) })
 			// Only this partition waits: the round keeps polling for the
 			// others.
 			if !pause(ctx, stop, s.delay) {
@@ -138,7 +136,7 @@ func (s *settler) settle(ctx context.Context, recs []*kgo.Record, results []idem
 // onSettle tells the processor's hooks (idem.SettleHook) what was done
 // with r: for a record done with, once its offset commit was sent.
 func (c *Consumer[TTx]) onSettle(r *kgo.Record, d idem.Disposition, res idem.Result) {
-	idem.Each(c.proc.Hooks(), func(h idem.SettleHook) { h.OnSettle(c.proc.Consumer(), source(r.Topic, r.Partition), d, res) })
+	idem.Each(c.hooks, func(h idem.SettleHook) { h.OnSettle(c.proc.Consumer(), source(r.Topic, r.Partition), d, res) })
 }
 
 // process runs one batch through the processor, in order: when a record

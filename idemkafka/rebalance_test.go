@@ -50,7 +50,7 @@ func TestRebalanceGivesUpSlowRecord(t *testing.T) {
 	obs := newCommits(t, ends(len(ids), parts))
 	// A short grace leaves most of the rebalance timeout as margin for a
 	// loaded machine.
-	a, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), proc, &idemkafka.Config{Hooks: obs, MaxBatch: 1, RebalanceGrace: 300 * time.Millisecond})
+	a, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), proc, &idemkafka.Config{Hooks: []idem.Hook{obs}, MaxBatch: 1, RebalanceGrace: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func TestRebalanceGivesUpSlowRecord(t *testing.T) {
 			}
 		}
 	})}
-	b, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}, bOpts...), proc, &idemkafka.Config{Hooks: obs, MaxBatch: 1})
+	b, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}, bOpts...), proc, &idemkafka.Config{Hooks: []idem.Hook{obs}, MaxBatch: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func TestRebalanceDuringOutage(t *testing.T) {
 	out := newOutcomes()
 	proc := outageProcessor(t, store, out)
 	hooks := newHolds(newCommits(t, ends(n, parts)))
-	a, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), proc, &idemkafka.Config{Hooks: hooks, RebalanceGrace: 300 * time.Millisecond})
+	a, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), proc, &idemkafka.Config{Hooks: []idem.Hook{hooks}, RebalanceGrace: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +137,7 @@ func TestRebalanceDuringOutage(t *testing.T) {
 			}
 		}
 	})}
-	b, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}, bOpts...), proc, &idemkafka.Config{Hooks: hooks, RebalanceGrace: 300 * time.Millisecond})
+	b, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}, bOpts...), proc, &idemkafka.Config{Hooks: []idem.Hook{hooks}, RebalanceGrace: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

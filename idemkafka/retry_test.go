@@ -61,7 +61,7 @@ func TestRetryKeepsPartitionOrder(t *testing.T) {
 	// The processor's budget is two runs (see db.processor): evt-2 fails
 	// once on its own; had it been charged for waiting behind evt-1, it
 	// would be dead-lettered.
-	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), d.processor(t, out, handler), &idemkafka.Config{Hooks: hooks})
+	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), d.processor(t, out, handler), &idemkafka.Config{Hooks: []idem.Hook{hooks}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func TestOutageSpendsNoAttempts(t *testing.T) {
 	hooks := newHolds(newCommits(t, ends(n, parts)))
 	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), outageProcessor(t, store, out), &idemkafka.Config{
 		MaxBatch: 5,
-		Hooks:    hooks,
+		Hooks:    []idem.Hook{hooks},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -197,7 +197,7 @@ func TestOutageEndsWithShutdown(t *testing.T) {
 	store, proxy := d.throughProxy(t)
 	out := newOutcomes()
 	hooks := newHolds(newCommits(t, ends(n, parts)))
-	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), outageProcessor(t, store, out), &idemkafka.Config{Hooks: hooks})
+	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), outageProcessor(t, store, out), &idemkafka.Config{Hooks: []idem.Hook{hooks}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +241,7 @@ func TestBlockingFaultHoldsOnlyItsPartition(t *testing.T) {
 	release, held := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), d.processor(t, nil, nil), &idemkafka.Config{
-		Hooks: hooks,
+		Hooks: []idem.Hook{hooks},
 		Faults: func(ctx context.Context, _ idemkafka.FaultPoint, _ string, partition int32, _ int64) error {
 			if partition != 0 {
 				return nil
@@ -313,7 +313,7 @@ func TestHalfOpenConnectionUnderHandler(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := idemkafka.NewConsumer(k.groupClient(t, k.group("halfopen"), []string{topic}), proc, &idemkafka.Config{MaxBatch: 1, Hooks: hooks})
+	c, err := idemkafka.NewConsumer(k.groupClient(t, k.group("halfopen"), []string{topic}), proc, &idemkafka.Config{MaxBatch: 1, Hooks: []idem.Hook{hooks}})
 	if err != nil {
 		t.Fatal(err)
 	}

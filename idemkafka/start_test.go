@@ -90,7 +90,7 @@ func TestRunCreatesDeadLetterTopic(t *testing.T) {
 	}
 	obs := newCommits(t, map[int32]int64{0: 1})
 	c, err := idemkafka.NewConsumer(k.groupClient(t, k.group("mkdlq"), []string{topic}), d.processor(t, nil, handler),
-		&idemkafka.Config{CreateDeadLetterTopics: true, Hooks: obs})
+		&idemkafka.Config{CreateDeadLetterTopics: true, Hooks: []idem.Hook{obs}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func TestInboxTableDroppedWhileRunning(t *testing.T) {
 	out := newOutcomes()
 	hooks := newHolds(newCommits(t, ends(n, parts)))
 	proc := d.processor(t, out, nil, func(c *idem.Config[pgx.Tx]) { c.Retry.WaitUnavailable = 100 * time.Millisecond })
-	c, err := idemkafka.NewConsumer(k.groupClient(t, k.group("dropped"), []string{topic}), proc, &idemkafka.Config{Hooks: hooks})
+	c, err := idemkafka.NewConsumer(k.groupClient(t, k.group("dropped"), []string{topic}), proc, &idemkafka.Config{Hooks: []idem.Hook{hooks}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +210,7 @@ func TestDeadLetterTopicDeletedWhileRunning(t *testing.T) {
 	// The producer gives up on an unknown topic after one retry (not the
 	// default four), so that the test need not wait for them.
 	cons, err := idemkafka.NewConsumer(k.groupClient(t, k.group("dlqgone"), []string{topic}, kgo.UnknownTopicRetries(1)), d.processor(t, nil, handler),
-		&idemkafka.Config{CreateDeadLetterTopics: true, Hooks: obs})
+		&idemkafka.Config{CreateDeadLetterTopics: true, Hooks: []idem.Hook{obs}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -132,7 +132,7 @@ func (k *kafkaTransport) start(ctx context.Context, s *side, stream string, proc
 			}
 			cons, err := idemkafka.NewConsumer(cl, proc, &idemkafka.Config{
 				MaxBatch: maxBatch,
-				Hooks:    c,
+				Hooks:    []idem.Hook{c},
 				Logger:   k.log,
 				Faults: func(ctx context.Context, _ idemkafka.FaultPoint, _ string, partition int32, offset int64) error {
 					return o.hold(ctx, c.advance(partition, offset))
@@ -168,7 +168,6 @@ func (k *kafkaTransport) close(context.Context) {
 
 // kafkaConsumer follows one group's offset commits.
 type kafkaConsumer struct {
-	idemkafka.NopHooks
 	mu        sync.Mutex
 	ends      map[int32]int64
 	committed map[int32]int64
@@ -186,7 +185,7 @@ func (c *kafkaConsumer) advance(partition int32, offset int64) int {
 	return int(max(n, 0))
 }
 
-// OnCommit implements idemkafka.Hooks.
+// OnCommit implements idemkafka.CommitHook.
 func (c *kafkaConsumer) OnCommit(_ string, partition int32, offset int64, err error) {
 	if err != nil {
 		return
