@@ -78,6 +78,9 @@ func TestUpgradePlain(t *testing.T) {
 	if n := scalar[int](t, pool, `SELECT count(*) FROM pg_indexes WHERE schemaname = current_schema() AND indexdef LIKE '%(keep_until)'`); n != 1 {
 		t.Fatalf("%d keep_until indexes, want 1", n)
 	}
+	if n := scalar[int](t, pool, `SELECT count(*) FROM pg_indexes WHERE schemaname = current_schema() AND indexdef LIKE '%(processed_at)'`); n != 0 {
+		t.Fatalf("%d processed_at indexes after the upgrade, want none: the prune goes by keep_until", n)
+	}
 	if v := scalar[int](t, pool, `SELECT version FROM idem_migrations`); v != 2 {
 		t.Fatalf("version %d, want 2", v)
 	}

@@ -99,11 +99,11 @@ func TestSchemaQualifiedTable(t *testing.T) {
 	if err := db.QueryRow(`SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename IN ('Billing_Inbox', 'idem_migrations')`, other).Scan(&tables); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.QueryRow(`SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexname = 'Billing_Inbox_processed_at_idx'`, other).Scan(&indexes); err != nil {
+	if err := db.QueryRow(`SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexname = 'Billing_Inbox_keep_until_idx'`, other).Scan(&indexes); err != nil {
 		t.Fatal(err)
 	}
 	if tables != 2 || indexes != 1 {
-		t.Fatalf("in schema %s: %d tables (want 2), %d processed_at indexes (want 1)", other, tables, indexes)
+		t.Fatalf("in schema %s: %d tables (want 2), %d keep_until indexes (want 1)", other, tables, indexes)
 	}
 	if n := countRows(t, db, `"`+other+`"."Billing_Inbox"`); n != 1 {
 		t.Fatalf("%d markers in the qualified table, want 1", n)
@@ -466,15 +466,15 @@ func claimOne(t *testing.T, s *sqlinbox.Store, consumer, key string) {
 	}
 }
 
-// TestLongTableNameHasIndex: the processed_at index exists even when the
-// table's name leaves no room for the suffix.
+// TestLongTableNameHasIndex: the keep_until index, which the prune uses,
+// exists even when the table's name leaves no room for the suffix.
 func TestLongTableNameHasIndex(t *testing.T) {
 	t.Parallel()
 	db := openPostgres(t)
 	name := strings.Repeat("x", 63)
 	migrated(t, db, sqlinbox.Postgres, &sqlinbox.Config{Table: name})
 	var n int
-	if err := db.QueryRow(`SELECT count(*) FROM pg_indexes WHERE schemaname = current_schema() AND tablename = $1 AND indexdef LIKE '%(processed_at)'`, name).Scan(&n); err != nil || n != 1 {
-		t.Fatalf("%d processed_at indexes (%v), want 1", n, err)
+	if err := db.QueryRow(`SELECT count(*) FROM pg_indexes WHERE schemaname = current_schema() AND tablename = $1 AND indexdef LIKE '%(keep_until)'`, name).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d keep_until indexes (%v), want 1", n, err)
 	}
 }

@@ -62,6 +62,9 @@ func (d *Dialect) migrationList() ([]migration, error) {
 		// qualified.
 		"index":   func(column string) string { return quoteIdent(t.IndexName(column)) },
 		"sibling": func(suffix string) string { return t.Sibling(t.Name + suffix) },
+		// qindex is an index's name qualified by its table's schema, for
+		// DROP INDEX.
+		"qindex": func(column string) string { return t.Sibling(t.IndexName(column)) },
 	}
 	var out []migration
 	for _, e := range entries {
