@@ -481,16 +481,29 @@ func (s retentionSuite[TTx]) lateDuplicateAfterPrune(t *testing.T) {
 		t.Fatalf("a key never pruned: %v, pruned on %v", r.Outcome, r.PrunedOn)
 	}
 
-	if err := env.SetTimes(ctx, "ledger", "evt-old", old, old); err != nil {
-		t.Fatal(err)
+	want(t, lax.Process(ctx, idem.Message{ID: "evt-old-2"}), idem.Applied)
+	for _, k := range []string{"evt-old", "evt-old-2"} {
+		if err := env.SetTimes(ctx, "ledger", k, old, old); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if _, err := env.Store.Prune(ctx, retention.Options{}); err != nil {
 		t.Fatal(err)
+	}
+	// The second prune of the day grew the day's summary instead of adding
+	// one: a processor checks about one filter a day, however often the
+	// prune runs.
+	sums, err = env.Store.PrunedSummaries(ctx, "ledger")
+	if err != nil || len(sums) != 1 || !sums[0].Has("evt-old") || !sums[0].Has("evt-old-2") || sums[0].Has("evt-kept") {
+		t.Fatalf("after a second prune the same day: %d summaries (%v), want one holding both runs' keys", len(sums), err)
 	}
 	strict := s.proc(t, env.Env, "ledger", func(c *idem.Config[TTx]) { c.RefuseLate = true })
 	r = strict.Process(ctx, idem.Message{ID: "evt-old"})
 	if r.Outcome != idem.Expired || !errors.Is(r.Err, idem.ErrMarkerPruned) || !strings.Contains(r.Err.Error(), today) {
 		t.Fatalf("late duplicate with RefuseLate: %v (%v), want Expired naming the day of the prune", r.Outcome, r.Err)
+	}
+	if r := strict.Process(ctx, idem.Message{ID: "evt-old-2"}); r.Outcome != idem.Expired {
+		t.Fatalf("a key the second prune removed, with RefuseLate: %v (%v), want Expired", r.Outcome, r.Err)
 	}
 	if c := count(t, env.Effects, "ledger", "evt-old"); c != 2 {
 		t.Fatalf("effects of evt-old = %d, want 2 (applied again once, flagged; then refused)", c)

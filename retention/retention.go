@@ -125,7 +125,8 @@ type Options struct {
 }
 
 // SummaryOptions configure the summaries a prune keeps of the keys it
-// deleted: one Bloom filter per consumer and prune run, stored beside the
+// deleted: about one Bloom filter per consumer and day (a day's prunes grow
+// the day's filter; a dropped partition gets its own), stored beside the
 // inbox, loaded by every processor of that consumer and checked in memory
 // for each fresh key (idem.Config.RefuseLate). A hit is a probable late
 // duplicate: a replay older than the window, or an untimed message come

@@ -206,7 +206,7 @@ func (b *Inbox) Prune(ctx context.Context, opts retention.Options) (res retentio
 		if len(keys) == 0 {
 			return
 		}
-		n, serr := b.recordPruned(context.WithoutCancel(ctx), conn, keys, now, "", opts.Summaries)
+		n, serr := b.summarise(context.WithoutCancel(ctx), keys, now, opts.Summaries)
 		res.Summaries = n
 		err = errors.Join(err, serr)
 	}()

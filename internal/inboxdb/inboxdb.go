@@ -163,7 +163,10 @@ type Dialect struct {
 
 	// Pruned-key summaries (Bloom filters of the keys a prune deleted).
 	InsertSummary string // $1 table, $2 consumer, $3 pruned_at, $4 source, $5 keys, $6 filter
-	SummaryTimes  string // $1 table, $2 consumer → pruned_at, source; newest first
+	SummaryTimes  string // $1 table, $2 consumer → pruned_at, source, keys; newest first
+	OpenSummary   string // $1 table, $2 consumer, $3 start of today → pruned_at, keys, filter of today's newest DELETE summary
+	GrowSummary   string // $1 table, $2 consumer, $3 pruned_at, $4 keys, $5 filter
+	RecentKeys    string // $1 table, $2 consumer, $3 since → keys summarised since
 	ReadSummary   string // $1 table, $2 consumer, $3 pruned_at, $4 source → filter
 	DeleteSummary string // $1 table, $2 older than: summaries past their keep
 	PartitionKeys string // format with a partition's quoted name → consumer, key (partitioned)

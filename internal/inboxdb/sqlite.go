@@ -105,8 +105,11 @@ FROM ` + q
 )`,
 	}
 	d.InsertSummary = `INSERT INTO ` + pruned + ` (table_name, consumer, pruned_at, source, keys, filter) VALUES (?1, ?2, ?3, ?4, ?5, ?6)`
-	d.SummaryTimes = `SELECT pruned_at, source FROM ` + pruned + ` WHERE table_name = ?1 AND consumer = ?2 ORDER BY pruned_at DESC`
+	d.SummaryTimes = `SELECT pruned_at, source, keys FROM ` + pruned + ` WHERE table_name = ?1 AND consumer = ?2 ORDER BY pruned_at DESC`
 	d.ReadSummary = `SELECT filter FROM ` + pruned + ` WHERE table_name = ?1 AND consumer = ?2 AND pruned_at = ?3 AND source = ?4`
+	d.OpenSummary = `SELECT pruned_at, keys, filter FROM ` + pruned + ` WHERE table_name = ?1 AND consumer = ?2 AND source = '' AND pruned_at >= ?3 ORDER BY pruned_at DESC LIMIT 1`
+	d.GrowSummary = `UPDATE ` + pruned + ` SET keys = ?4, filter = ?5 WHERE table_name = ?1 AND consumer = ?2 AND pruned_at = ?3 AND source = ''`
+	d.RecentKeys = `SELECT coalesce(sum(keys), 0) FROM ` + pruned + ` WHERE table_name = ?1 AND consumer = ?2 AND pruned_at >= ?3`
 	d.DeleteSummary = `DELETE FROM ` + pruned + ` WHERE table_name = ?1 AND pruned_at < ?2`
 	d.ReadVersion = `SELECT version FROM ` + book + ` WHERE table_name = ?1`
 	d.WriteVersion = `INSERT INTO ` + book + ` (table_name, version) VALUES (?1, ?2)

@@ -26,10 +26,21 @@ func (p pruned) add(r Row) error {
 	return nil
 }
 
-// recordPruned writes one summary per consumer of the keys deleted at
-// now, and forgets the summaries older than their keep. A prune that
-// deleted markers and could not summarise them returns an error: its late
+// recordPruned summarises, per consumer, the keys deleted at now, and
+// forgets the summaries older than their keep. A prune that deleted
+// markers and could not summarise them returns an error: its late
 // duplicates would go unseen.
+//
+// The keys a DELETE prune removes (source "") join the consumer's summary
+// of the day while it has room, so that however often the prune runs
+// (hourly, say) a consumer keeps about one summary a day, and a processor
+// checks a key against about one filter a day of Keep. A day's first
+// summary is sized for the larger of this run's keys and the keys pruned in
+// the 24 hours before, plus a quarter; when it fills, another is begun. c
+// must be a transaction that serializes writers of the summaries (the
+// leader's session on PostgreSQL, BEGIN IMMEDIATE on SQLite), since a
+// summary is read, grown and written back. A dropped partition (source its
+// name) gets a summary of its own.
 func (b *Inbox) recordPruned(ctx context.Context, c Conn, keys pruned, now time.Time, source string, opts retention.SummaryOptions) (int, error) {
 	if opts.Keep < 0 {
 		return 0, nil
@@ -40,9 +51,28 @@ func (b *Inbox) recordPruned(ctx context.Context, c Conn, keys pruned, now time.
 		consumers = append(consumers, consumer)
 	}
 	slices.Sort(consumers)
+	table := b.D.Table.Quoted()
 	for _, consumer := range consumers {
 		ks := keys[consumer]
-		f, err := bloom.New(len(ks), opts.FalsePositiveRate)
+		if source == "" {
+			grown, err := b.growToday(ctx, c, consumer, ks, now)
+			if err != nil {
+				return written, err
+			}
+			if grown {
+				written++
+				continue
+			}
+		}
+		capacity := len(ks)
+		if source == "" {
+			var recent int64
+			if err := c.QueryRow(ctx, b.D.RecentKeys, table, consumer, b.D.TimeArg(now.Add(-day))).Scan(&recent); err != nil {
+				return written, fmt.Errorf("sizing the summary of pruned keys of %s: %w", consumer, err)
+			}
+			capacity = max(capacity, int(recent), minSummaryKeys) * 5 / 4
+		}
+		f, err := bloom.New(max(capacity, 1), opts.FalsePositiveRate)
 		if err != nil {
 			return written, fmt.Errorf("summarising pruned keys of %s: %w", consumer, err)
 		}
@@ -53,15 +83,76 @@ func (b *Inbox) recordPruned(ctx context.Context, c Conn, keys pruned, now time.
 		if err != nil {
 			return written, fmt.Errorf("summarising pruned keys of %s: %w", consumer, err)
 		}
-		if _, err := c.Exec(ctx, b.D.InsertSummary, b.D.Table.Quoted(), consumer, b.D.TimeArg(now), source, int64(len(ks)), blob); err != nil {
+		if _, err := c.Exec(ctx, b.D.InsertSummary, table, consumer, b.D.TimeArg(now), source, int64(len(ks)), blob); err != nil {
 			return written, fmt.Errorf("storing the summary of %d pruned keys of %s: %w", len(ks), consumer, err)
 		}
 		written++
 	}
-	if _, err := c.Exec(ctx, b.D.DeleteSummary, b.D.Table.Quoted(), b.D.TimeArg(now.Add(-opts.Keep))); err != nil {
+	if _, err := c.Exec(ctx, b.D.DeleteSummary, table, b.D.TimeArg(now.Add(-opts.Keep))); err != nil {
 		return written, fmt.Errorf("forgetting old pruned-key summaries: %w", err)
 	}
 	return written, nil
+}
+
+// summarise records a DELETE prune's keys in a transaction of its own
+// that serializes writers of the summaries.
+func (b *Inbox) summarise(ctx context.Context, keys pruned, now time.Time, opts retention.SummaryOptions) (int, error) {
+	tx, err := b.Driver.BeginMigration(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("summarising pruned keys: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	n, err := b.recordPruned(ctx, tx, keys, now, "", opts)
+	if err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("summarising pruned keys: %w", err)
+	}
+	return n, nil
+}
+
+// minSummaryKeys is the smallest capacity of a day's DELETE summary (14
+// KiB at 1e-6), so that a trickle of pruned keys still makes one summary a
+// day rather than one a run.
+const minSummaryKeys = 4096
+
+// growToday adds ks to consumer's newest summary of today's DELETE prunes
+// when it has room for them, and reports whether it did.
+func (b *Inbox) growToday(ctx context.Context, c Conn, consumer string, ks []string, now time.Time) (bool, error) {
+	table := b.D.Table.Quoted()
+	var at any
+	var n int64
+	var blob []byte
+	err := c.QueryRow(ctx, b.D.OpenSummary, table, consumer, b.D.TimeArg(now.UTC().Truncate(day))).Scan(&at, &n, &blob)
+	if isNoRows(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("reading today's summary of pruned keys of %s: %w", consumer, err)
+	}
+	f := new(bloom.Filter)
+	if err := f.UnmarshalBinary(blob); err != nil {
+		// A summary that cannot be read is not grown; a new one begins.
+		return false, nil
+	}
+	if int(n)+len(ks) > f.Cap() {
+		return false, nil
+	}
+	for _, k := range ks {
+		f.Add(k)
+	}
+	if blob, err = f.MarshalBinary(); err != nil {
+		return false, fmt.Errorf("summarising pruned keys of %s: %w", consumer, err)
+	}
+	pruned, err := b.D.ScanTime(at)
+	if err != nil {
+		return false, err
+	}
+	if _, err := c.Exec(ctx, b.D.GrowSummary, table, consumer, b.D.TimeArg(pruned), n+int64(len(ks)), blob); err != nil {
+		return false, fmt.Errorf("storing the summary of pruned keys of %s: %w", consumer, err)
+	}
+	return true, nil
 }
 
 // RecordDropped summarises the keys of a partition about to be dropped
@@ -90,6 +181,7 @@ type summaryCache struct {
 type summaryID struct {
 	at     time.Time
 	source string
+	keys   int64 // grows when the summary does: a grown summary is read again
 }
 
 // PrunedSummaries returns consumer's summaries of pruned keys, newest
@@ -102,7 +194,7 @@ func (b *Inbox) PrunedSummaries(ctx context.Context, consumer string) ([]idem.Pr
 		return c.Query(ctx, b.D.SummaryTimes, func(r Row) error {
 			var at any
 			var id summaryID
-			if err := r.Scan(&at, &id.source); err != nil {
+			if err := r.Scan(&at, &id.source, &id.keys); err != nil {
 				return err
 			}
 			var err error
