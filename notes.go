@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -16,8 +17,8 @@ const noteInterval = time.Minute
 // since the last line, so a run of 100,000 redeliveries prints a handful of
 // lines instead of 100,000.
 type notes struct {
-	mu                             sync.Mutex
-	dups, untimedN, futureN, lateN summary
+	mu                                    sync.Mutex
+	dups, untimedN, futureN, lateN, heldN summary
 }
 
 type summary struct {
@@ -72,4 +73,18 @@ func (n *notes) future(log *slog.Logger, consumer, id string, t time.Time, maxAh
 		log.Warn("event times further in the future than Horizon.MaxAhead: treated as untimed (is a producer's clock wrong?)",
 			"consumer", consumer, "count", count, "example_message_id", id, "event_time", t, "max_ahead", maxAhead)
 	}
+}
+
+func (n *notes) held(log *slog.Logger, consumer string, r Result) {
+	n.mu.Lock()
+	count, due := n.heldN.due(time.Now())
+	n.mu.Unlock()
+	if !due {
+		return
+	}
+	msg := "messages held: not their fault, not applied, retried without spending their attempts"
+	if errors.Is(r.Err, ErrMisconfigured) || errors.Is(r.Err, ErrConfig) || errors.Is(r.Err, ErrInboxNotReady) {
+		msg = "messages held: the inbox is not set up for this consumer (run: idem inbox migrate; check the role's grants and the stored window: idem inbox window show)"
+	}
+	log.Warn(msg, "consumer", consumer, "count", count, "example_message_id", r.MessageID, "error", r.Err)
 }

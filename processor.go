@@ -413,7 +413,10 @@ func (p *Processor[TTx]) runTx(ctx context.Context, items []*item) error {
 		return err
 	}
 	if err := p.handle(ctx, tx, fresh); err != nil {
-		if b, ok := p.store.(Breaker[TTx]); ok && !IsPermanent(err) && b.Broken(tx) {
+		// A connection closed because this transaction's own deadline
+		// (TxTimeout) cut a slow handler short is the message's doing;
+		// one the server or the network closed is an outage.
+		if b, ok := p.store.(Breaker[TTx]); ok && !IsPermanent(err) && ctx.Err() == nil && b.Broken(tx) {
 			return &connLostError{err}
 		}
 		return err

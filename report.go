@@ -48,6 +48,13 @@ func (p *Processor[TTx]) report(r Result, elapsed time.Duration) {
 		}
 		p.notes.duplicate(log, p.cfg.Consumer, age)
 	case Retry:
+		if r.Blameless {
+			// An outage or a misconfigured inbox holds every message the
+			// same way for as long as it lasts: one line a minute, with
+			// the count and the fix, not one per message and try.
+			p.notes.held(log, p.cfg.Consumer, r)
+			return
+		}
 		log.LogAttrs(ctx, slog.LevelWarn, "message left for redelivery", append(attrs, slog.Int("attempts", r.Attempts), slog.Any("error", r.Err))...)
 	case DeadLettered, Expired:
 		log.LogAttrs(ctx, slog.LevelWarn, "message "+r.Outcome.String(), append(attrs, slog.Int("attempts", r.Attempts), slog.Any("error", r.Err))...)

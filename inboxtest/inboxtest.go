@@ -77,6 +77,7 @@ func Run[TTx any](t *testing.T, h Harness[TTx]) {
 		{"RetriesExhausted", s.retriesExhausted},
 		{"PoisonInBatch", s.poisonInBatch},
 		{"MaxAttemptsCountsEveryRun", s.maxAttemptsCountsEveryRun},
+		{"SlowHandlerIsTheMessagesFault", s.slowHandlerIsTheMessagesFault},
 		{"CrashAfterCommit", s.crashAfterCommit},
 		{"TwoConsumers", s.twoConsumers},
 		{"BadInput", s.badInput},
@@ -1058,5 +1059,31 @@ func (s suite[TTx]) maxAttemptsCountsEveryRun(t *testing.T) {
 	}
 	if rs[1].Attempts != 3 {
 		t.Fatalf("attempts reported for the batch's failing message: %d, want 3", rs[1].Attempts)
+	}
+}
+
+// slowHandlerIsTheMessagesFault: a handler slower than the transaction's
+// deadline (TxTimeout) fails its own tries, whatever that deadline did to
+// the connection: the message spends its attempts and is dead-lettered,
+// never held forever as if the database were down.
+func (s suite[TTx]) slowHandlerIsTheMessagesFault(t *testing.T) {
+	ctx := context.Background()
+	env := s.h.Open(t)
+	p := s.proc(t, env, "ledger", nil, func(c *idem.Config[TTx]) {
+		c.Retry.MaxAttempts = 2
+		c.Retry.WaitUnavailable = 5 * time.Second
+		c.TxTimeout = 150 * time.Millisecond
+		c.Handler = func(ctx context.Context, tx TTx, m idem.Message) error {
+			<-ctx.Done() // slower than the deadline
+			return env.Apply(ctx, tx, "ledger", m.ID, m.ID)
+		}
+	})
+	start := time.Now()
+	r := p.Process(ctx, msg("evt-slow"))
+	if r.Outcome != idem.DeadLettered || !errors.Is(r.Err, idem.ErrRetriesExhausted) || r.Blameless {
+		t.Fatalf("handler slower than TxTimeout: %v (%v, blameless %v) after %v, want a dead letter after 2 attempts", r.Outcome, r.Err, r.Blameless, time.Since(start).Round(time.Millisecond))
+	}
+	if c := count(t, env.Effects, "ledger", ""); c != 0 {
+		t.Fatalf("effects = %d, want 0", c)
 	}
 }
