@@ -66,10 +66,7 @@ type Fault interface {
 // Run runs the whole suite as subtests of t.
 func Run[TTx any](t *testing.T, h Harness[TTx]) {
 	s := suite[TTx]{h: h}
-	tests := []struct {
-		name string
-		fn   func(*testing.T)
-	}{
+	runParallel(t, []check{
 		{"TwiceIsDuplicate", s.twiceIsDuplicate},
 		{"ConcurrentSameMessage", s.concurrentSameMessage},
 		{"OverlappingBatchesNoDeadlock", s.overlappingBatches},
@@ -97,11 +94,21 @@ func Run[TTx any](t *testing.T, h Harness[TTx]) {
 		{"OutageDuringFallback", s.outageDuringFallback},
 		{"RealOutageKeepsBudget", s.realOutageKeepsBudget},
 		{"SilentDatabaseIsBounded", s.silentDatabaseIsBounded},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
+	})
+}
+
+// check is one named check of a suite.
+type check struct {
+	name string
+	fn   func(*testing.T)
+}
+
+// runParallel runs checks as parallel subtests of t.
+func runParallel(t *testing.T, checks []check) {
+	for _, c := range checks {
+		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			tc.fn(t)
+			c.fn(t)
 		})
 	}
 }

@@ -58,10 +58,7 @@ const defaultWindow = 14 * 24 * time.Hour
 // processor.
 func RunRetention[TTx any](t *testing.T, h RetentionHarness[TTx]) {
 	s := retentionSuite[TTx]{h: h}
-	tests := []struct {
-		name string
-		fn   func(*testing.T)
-	}{
+	runParallel(t, []check{
 		{"StoredWindow", s.storedWindow},
 		{"PruneShorterThanStoredRefused", s.pruneShorterRefused},
 		{"SetWindow", s.setWindow},
@@ -72,13 +69,7 @@ func RunRetention[TTx any](t *testing.T, h RetentionHarness[TTx]) {
 		{"LateDuplicateAfterPrune", s.lateDuplicateAfterPrune},
 		{"CheckRecordsHorizon", s.checkRecordsHorizon},
 		{"StoredWindowJudgesHorizon", s.storedWindowJudgesHorizon},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			tc.fn(t)
-		})
-	}
+	})
 }
 
 type retentionSuite[TTx any] struct{ h RetentionHarness[TTx] }
