@@ -87,8 +87,15 @@ func (p *Processor[TTx]) runBatch(ctx context.Context, valid []*item, inOrder bo
 	// outage): MaxAttempts counts every run of the handler for a message.
 	if !v.blameless && classify(p.store, v.err) == ClassTransient && storeStep(v.err) == "" {
 		for _, it := range valid {
-			if it.handlerFailed {
-				p.spent.set(it.msg.ID, p.spent.get(it.msg.ID)+1)
+			if !it.handlerFailed {
+				continue
+			}
+			if n := p.spent.add(it.msg.ID, 1); n >= p.cfg.Retry.MaxAttempts {
+				// That run was its last: dead-letter it without another.
+				p.spent.forget(it.msg.ID)
+				it.exhausted = true
+				it.res.Outcome, it.res.Blameless = DeadLettered, false
+				it.res.Err = fmt.Errorf("%w after %d attempts: %w", ErrRetriesExhausted, n, v.err)
 			}
 		}
 	}
@@ -102,6 +109,9 @@ func (p *Processor[TTx]) runBatch(ctx context.Context, valid []*item, inOrder bo
 // the others would only wait for it in turn).
 func (p *Processor[TTx]) oneByOne(ctx context.Context, valid []*item, inOrder bool) *item {
 	for _, it := range valid {
+		if it.exhausted {
+			continue
+		}
 		p.processOne(ctx, it, it.res.Attempts)
 		if it.res.Outcome == Retry && (inOrder || it.res.Blameless) {
 			return it

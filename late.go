@@ -48,12 +48,15 @@ func (p *Processor[TTx]) loadPruned(ctx context.Context) error {
 }
 
 // needsLateCheck reports whether it could be a duplicate whose marker a
-// prune removed. A message the horizon accepted by a trusted time cannot:
-// its marker, had a copy been seen, is kept at least until that time plus
-// the window (keep_until, or its partition's day), which the horizon
-// checked is not past. Only an untimed message, or one that no horizon
-// guards (Window -1, ApplyExpired), can meet a pruned marker, so only those
-// pay for the check.
+// prune removed. A message the horizon accepted by a time that every copy
+// of it carries cannot: its marker, had a copy been seen, is kept at least
+// until that time plus the window (keep_until, or its partition's day),
+// which the horizon checked is not past. That holds for the partitioned
+// layout (the partition time is the key's) and for a time taken from a
+// UUIDv7 ID. A broker timestamp or a producer's header may be fresh on a
+// republish of a message whose marker is gone, and an untimed message, or
+// one that no horizon guards (Window -1, ApplyExpired), may meet a pruned
+// marker: those pay for the check.
 func (p *Processor[TTx]) needsLateCheck(it *item) bool {
 	if p.inbox.pruned.Load() == nil {
 		return false
@@ -65,7 +68,7 @@ func (p *Processor[TTx]) needsLateCheck(it *item) bool {
 	case p.partitionTime != nil:
 		return false
 	}
-	return it.msg.Time.IsZero()
+	return it.msg.Time.IsZero() || it.msg.TimeSource != TimeFromID
 }
 
 // prunedOn returns the day a prune deleted key's marker, if a summary says

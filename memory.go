@@ -40,6 +40,20 @@ func (m *attemptMemory) set(id string, spent int) {
 	m.n[id] = spent
 }
 
+// add adds n to id's count and returns the new count, atomically.
+func (m *attemptMemory) add(id string, n int) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.n[id]; !ok && len(m.n) >= m.max {
+		for k := range m.n {
+			delete(m.n, k)
+			break
+		}
+	}
+	m.n[id] += n
+	return m.n[id]
+}
+
 func (m *attemptMemory) forget(id string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -101,6 +101,8 @@ type item struct {
 	// handlerFailed: its handler returned the error that failed the
 	// transaction it was in.
 	handlerFailed bool
+	// exhausted: its budget ran out in the batch's shared try.
+	exhausted bool
 }
 
 // Process applies one message in its own transaction, retrying transient
@@ -140,8 +142,10 @@ func (p *Processor[TTx]) ProcessBatchInOrder(ctx context.Context, msgs []Message
 }
 
 // ProcessTx claims msg's key and runs the handler inside tx, a transaction
-// the caller owns and must commit (on Applied) or may roll back. It writes
-// nothing for a Duplicate or a DeadLettered message. A non-nil error means
+// the caller owns and must commit whenever it returns a nil error: on
+// Applied for the effect, and on Duplicate too, since a duplicate newer than
+// its marker extends the marker's life in tx (DESIGN.md 8). It writes
+// nothing for a DeadLettered message. A non-nil error means
 // the claim or the handler failed and tx must be rolled back. The result is
 // logged and observed when ProcessTx returns, before the caller commits: a
 // caller that then rolls back has still been counted as Applied.
@@ -295,10 +299,13 @@ func (p *Processor[TTx]) processOne(ctx context.Context, it *item, prior int) {
 	if !ok {
 		it.res.Outcome, it.res.Err, it.res.Blameless = v.outcome, v.err, v.blameless
 	}
-	if it.res.Outcome == Retry && !it.res.Blameless {
+	switch {
+	case it.res.Outcome != Retry:
+		p.spent.forget(it.msg.ID) // final: applied, duplicate or dead-lettered
+	case r.attempt > 0:
+		// Counted tries are remembered, a blameless end (an outage, a
+		// shutdown) included, so the budget survives both.
 		p.spent.set(it.msg.ID, r.attempt)
-	} else {
-		p.spent.forget(it.msg.ID)
 	}
 }
 
@@ -312,9 +319,11 @@ func (p *Processor[TTx]) retrier(policy RetryPolicy) *retrier {
 func (p *Processor[TTx]) attempt(ctx context.Context, items []*item, r *retrier, prior int) (verdict, bool) {
 	for runs := 1; ; runs++ {
 		if runs > 1 || prior > 0 {
-			// Time has passed: a message that fell behind the horizon
-			// meanwhile may have lost its marker to prune. A batch leaves
-			// that to its messages, tried one by one.
+			// Time has passed: the stored window may have been shortened
+			// (read again, at most once a minute), and a message that fell
+			// behind the horizon meanwhile may have lost its marker to
+			// prune. A batch leaves that to its messages, tried one by one.
+			_ = p.ready(ctx, false) // on failure the horizon read last stays
 			if err := p.horizonPassed(items); err != nil {
 				if len(items) == 1 {
 					return verdict{outcome: Expired, err: err}, false

@@ -39,10 +39,23 @@ func (p *Processor[TTx]) ready(ctx context.Context, force bool) error {
 	if !force && time.Now().UnixNano() < p.inbox.next.Load() {
 		return nil
 	}
-	p.inbox.mu.Lock()
+	if p.inbox.next.Load() != 0 && !force {
+		// Settings were read before: one caller reads them again while
+		// the others go on with those it read last.
+		if !p.inbox.mu.TryLock() {
+			return nil
+		}
+	} else {
+		p.inbox.mu.Lock()
+	}
 	defer p.inbox.mu.Unlock()
 	if !force && time.Now().UnixNano() < p.inbox.next.Load() {
 		return nil // another call read them meanwhile
+	}
+	if p.cfg.TxTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, p.cfg.TxTimeout)
+		defer cancel()
 	}
 	if ok {
 		s, err := ss.Settings(ctx)
@@ -79,12 +92,20 @@ func (p *Processor[TTx]) horizonFor(s Settings) (Horizon, error) {
 			ErrConfig, p.cfg.Consumer, ls.Layout(), s.Layout)
 	}
 	h := p.userHorizon
+	stored := s.Stored
+	if stored == 0 {
+		stored = s.Window
+	}
 	switch {
 	case h.Window == 0:
 		h.Window = s.Window
-	case h.Window > s.Window:
+	case h.Window > stored:
 		return Horizon{}, fmt.Errorf("%w: consumer %s: horizon window %v is longer than the inbox's stored retention window %v: a message older than the window would find its marker pruned and be applied again (shorten the horizon, or lengthen the window with: idem inbox window set %v)",
-			ErrConfig, p.cfg.Consumer, h.Window, s.Window, h.Window)
+			ErrConfig, p.cfg.Consumer, h.Window, stored, h.Window)
+	case h.Window > s.Window:
+		// The stored window was lengthened to cover this horizon and is
+		// still ramping up: guard with what the markers already cover.
+		h.Window = s.Window
 	}
 	h.setDefaults()
 	if err := h.validate(); err != nil {

@@ -81,8 +81,12 @@ func (l Layout) String() string {
 // table keeps.
 type Settings struct {
 	Layout Layout
-	// Window is how long markers are kept.
+	// Window is the longest horizon a consumer may guard with now: how long
+	// markers are kept, except while a lengthened window ramps up.
 	Window time.Duration
+	// Stored is the window stored with the table (the one Window ramps up
+	// to); 0 means Window.
+	Stored time.Duration
 }
 
 // SettingsStore is a store whose retention settings live in the database.

@@ -1067,6 +1067,23 @@ func (s suite[TTx]) maxAttemptsCountsEveryRun(t *testing.T) {
 	if rs[1].Attempts != 3 {
 		t.Fatalf("attempts reported for the batch's failing message: %d, want 3", rs[1].Attempts)
 	}
+	// With a budget of one, the batch's run is the only one.
+	once := s.proc(t, env, "ledger-once", func(m idem.Message) error {
+		mu.Lock()
+		runs[m.ID]++
+		mu.Unlock()
+		if strings.HasPrefix(m.ID, "bad") {
+			return errors.New("gateway keeps timing out")
+		}
+		return nil
+	}, func(c *idem.Config[TTx]) { c.Retry.MaxAttempts = 1 })
+	mu.Unlock()
+	rs = once.ProcessBatch(ctx, []idem.Message{msg("c"), msg("bad-once"), msg("d")})
+	mu.Lock()
+	if rs[1].Outcome != idem.DeadLettered || runs["bad-once"] != 1 || rs[0].Outcome != idem.Applied || rs[2].Outcome != idem.Applied {
+		t.Fatalf("budget of one in a batch: %v %v %v, handler ran %d times for the failing message; want applied, dead-lettered after 1 run, applied",
+			rs[0].Outcome, rs[1].Outcome, rs[2].Outcome, runs["bad-once"])
+	}
 }
 
 // slowHandlerIsTheMessagesFault: a handler slower than the transaction's

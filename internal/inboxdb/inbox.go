@@ -48,7 +48,15 @@ type stored struct {
 	// Guard is the longest horizon a consumer may guard with now: the
 	// window, except while a lengthening ramps up (see SetWindow).
 	Guard time.Duration
+	// Prune is the window prunes keep markers for now: the window, except
+	// for ShrinkGrace after a shortening, when it is the old window.
+	Prune time.Duration
 }
+
+// ShrinkGrace is how long after a shortening of the window the prune still
+// keeps markers for the old one: processors read the settings again every
+// minute, and before each retry of a message waiting out an outage.
+const ShrinkGrace = 10 * time.Minute
 
 // readSettings reads the stored settings; found is false when the table has
 // none (not migrated by a build that stores them).
@@ -72,12 +80,22 @@ func (b *Inbox) readSettings(ctx context.Context, c Conn) (s stored, found bool,
 		return s, true, fmt.Errorf("%w: table %s is recorded with an unknown layout %q", idem.ErrConfig, b.D.Table, layout)
 	}
 	s.Window = time.Duration(ms) * time.Millisecond
-	s.Guard = s.Window
+	s.Guard, s.Prune = s.Window, s.Window
 	if prev != nil && since != nil {
-		// Markers older than the previous window may be gone: the guard
-		// grows from it one second per second, up to the new window.
-		if g := time.Duration(*prev+max(*since, 0)) * time.Millisecond; g < s.Window {
-			s.Guard = g
+		switch p := time.Duration(*prev) * time.Millisecond; {
+		case p < s.Window:
+			// Lengthened: markers older than the previous window may be
+			// gone, so the guard grows from it one second per second, up
+			// to the new window.
+			if g := time.Duration(*prev+max(*since, 0)) * time.Millisecond; g < s.Window {
+				s.Guard = g
+			}
+		case p > s.Window && time.Duration(*since)*time.Millisecond < ShrinkGrace:
+			// Shortened: processors guard with the new window from their
+			// next read of the settings, which may be up to a minute away
+			// (longer for a message waiting out an outage): until then
+			// the prune keeps markers for the old one.
+			s.Prune = p
 		}
 	}
 	return s, true, nil
@@ -93,7 +111,7 @@ func (b *Inbox) Settings(ctx context.Context) (idem.Settings, error) {
 	if err != nil {
 		return idem.Settings{}, err
 	}
-	return idem.Settings{Layout: s.Layout, Window: s.Guard}, nil
+	return idem.Settings{Layout: s.Layout, Window: s.Guard, Stored: s.Window}, nil
 }
 
 // Stored reads the stored window and the guard window in force (shorter
@@ -153,14 +171,14 @@ func (b *Inbox) PruneWindow(ctx context.Context, requested time.Duration) (time.
 		return 0, err
 	}
 	if requested == 0 {
-		return s.Window, nil
+		return s.Prune, nil
 	}
 	if requested < s.Window {
 		return 0, fmt.Errorf("%w: window %v is shorter than the window stored with table %s, %v: consumers accept messages that old, and their markers must stay "+
 			"(to change the stored window for every consumer: idem inbox window set <duration> --table %s)",
 			retention.ErrShortWindow, requested, b.D.Table, s.Window, b.D.Table)
 	}
-	return requested, nil
+	return max(requested, s.Prune), nil
 }
 
 // Prune deletes the markers whose keep_until is older than the window (the
@@ -372,9 +390,12 @@ func (b *Inbox) SetWindow(ctx context.Context, w time.Duration, force bool) (old
 			"it would accept messages whose markers the prune removes; shorten its horizon first, or force it",
 			b.D.Table, w, old, h.Consumer, h.Window, h.SeenAt.UTC().Format(time.RFC3339))
 	}
-	var prev any // no ramp: a shorter window guards less at once
-	if w > set.Guard {
-		prev = set.Guard.Milliseconds()
+	var prev any
+	switch {
+	case w > set.Guard:
+		prev = set.Guard.Milliseconds() // the guard ramps up from where it is
+	case w < set.Prune:
+		prev = set.Prune.Milliseconds() // the prune keeps the old window a while
 	}
 	if _, err := tx.Exec(ctx, b.D.UpdateWindow, b.D.Table.Quoted(), w.Milliseconds(), prev); err != nil {
 		return old, fmt.Errorf("setting the window of %s: %w", b.D.Table, err)
