@@ -45,6 +45,12 @@ const (
 	// They are transient, and they are not the message's fault, so retrying
 	// them does not spend the message's attempts (RetryPolicy.WaitUnavailable).
 	ClassUnavailable
+	// ClassBusy errors say the transaction met another one: a
+	// serialization failure (40001), a deadlock (40P01), a lock timeout
+	// (55P03). Whichever statement meets them, the message did nothing
+	// wrong, so they are waited out like an outage (ErrBusy), never spent
+	// from its attempts nor dead-lettered.
+	ClassBusy
 	// ClassConfig errors say the inbox (or the handler's own schema) is not
 	// set up for this consumer: an undefined table (42P01), a missing
 	// permission (42501), an unknown database (3D000), failed

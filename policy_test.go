@@ -53,6 +53,8 @@ func TestRetrierSpendsOnlyTheMessagesFaults(t *testing.T) {
 			return ClassUnavailable
 		case errors.Is(err, errNoTableForTest):
 			return ClassConfig
+		case errors.Is(err, errDeadlockForTest):
+			return ClassBusy
 		}
 		return ClassTransient
 	}
@@ -65,6 +67,9 @@ func TestRetrierSpendsOnlyTheMessagesFaults(t *testing.T) {
 		}
 		if v := r.next(ctx, fmt.Errorf("handling: %w", errNoTableForTest)); !v.again {
 			t.Fatalf("missing table gave up: %+v", v)
+		}
+		if v := r.next(ctx, fmt.Errorf("handling: %w", errDeadlockForTest)); !v.again {
+			t.Fatalf("a deadlock in the handler gave up: %+v", v)
 		}
 	}
 	if r.attempt != 0 {
@@ -96,6 +101,7 @@ func TestRetrierSpendsOnlyTheMessagesFaults(t *testing.T) {
 }
 
 var (
-	errDownForTest    = errors.New("connection refused")
-	errNoTableForTest = errors.New("relation does not exist")
+	errDownForTest     = errors.New("connection refused")
+	errNoTableForTest  = errors.New("relation does not exist")
+	errDeadlockForTest = errors.New("deadlock detected")
 )

@@ -142,6 +142,8 @@ func (r *retrier) next(ctx context.Context, err error) verdict {
 		return verdict{outcome: DeadLettered, err: err}
 	case class == ClassConfig:
 		return r.wait(fmt.Errorf("%w: %w", ErrMisconfigured, err), ErrMisconfigured)
+	case class == ClassBusy:
+		return r.wait(err, ErrBusy)
 	case storeStep(err) != "" && storeStep(err) != stepCommit && class == ClassUnavailable:
 		// BEGIN, the claim and the lookups carry nothing of the message
 		// but its validated key, so their failure proves an outage.

@@ -7,7 +7,7 @@
 //	idem_key_conflicts_total{consumer}      duplicates whose body differed from the winner's
 //	idem_untimed_total{consumer}            messages with no usable event time (no guard past the window)
 //	idem_late_duplicates_total{consumer,outcome}  messages whose key a prune had deleted: applied (probably twice) or expired (refused)
-//	idem_attempts_failed_total{consumer,class,batch}  failed tries, by error class (transient, permanent, unavailable, config)
+//	idem_attempts_failed_total{consumer,class,batch}  failed tries, by error class (transient, permanent, unavailable, config, busy)
 //	idem_settled_total{consumer,action}     what the adapters told the broker (ack, redeliver, hold, dead_letter)
 //	idem_dead_letters_total{consumer,result}  dead letters written (ok) or refused by their destination (error)
 //	idem_redelivered_total{consumer}        deliveries the broker flagged as redelivered
@@ -85,7 +85,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"consumer", "outcome"}),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_attempts_failed_total",
-			Help: "Failed transaction tries, by error class (transient, permanent, unavailable, config) and whether the try carried a batch.",
+			Help: "Failed transaction tries, by error class (transient, permanent, unavailable, config, busy) and whether the try carried a batch.",
 		}, []string{"consumer", "class", "batch"}),
 		settled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_settled_total",
@@ -161,7 +161,7 @@ func (m *Metrics) Observe(consumer string, r idem.Result, elapsed time.Duration)
 
 var classNames = map[idem.ErrorClass]string{
 	idem.ClassTransient: "transient", idem.ClassPermanent: "permanent",
-	idem.ClassUnavailable: "unavailable", idem.ClassConfig: "config",
+	idem.ClassUnavailable: "unavailable", idem.ClassConfig: "config", idem.ClassBusy: "busy",
 }
 
 // OnAttempt implements idem.AttemptHook.

@@ -138,7 +138,7 @@ func TestHooks(t *testing.T) {
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "idem_untimed_total"); err != nil {
 		t.Fatal(err)
 	}
-	wantAttempts := "\n# HELP idem_attempts_failed_total Failed transaction tries, by error class (transient, permanent, unavailable, config) and whether the try carried a batch.\n# TYPE idem_attempts_failed_total counter\nidem_attempts_failed_total{batch=\"false\",class=\"transient\",consumer=\"ledger\"} 1\n"
+	wantAttempts := "\n# HELP idem_attempts_failed_total Failed transaction tries, by error class (transient, permanent, unavailable, config, busy) and whether the try carried a batch.\n# TYPE idem_attempts_failed_total counter\nidem_attempts_failed_total{batch=\"false\",class=\"transient\",consumer=\"ledger\"} 1\n"
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(wantAttempts), "idem_attempts_failed_total"); err != nil {
 		t.Fatal(err)
 	}

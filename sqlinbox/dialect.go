@@ -95,6 +95,8 @@ type sqliteCoder interface{ Code() int }
 
 // Primary SQLite result codes (the low byte of an extended code).
 const (
+	sqliteBusy       = 5
+	sqliteLocked     = 6
 	sqliteTooBig     = 18
 	sqliteConstraint = 19
 	sqliteMismatch   = 20
@@ -114,8 +116,11 @@ func (sqlite) classify(err error) idem.ErrorClass {
 	switch c.Code() & 0xff {
 	case sqliteConstraint, sqliteMismatch, sqliteTooBig:
 		return idem.ClassPermanent
+	case sqliteBusy, sqliteLocked:
+		// Another writer held the database past busy_timeout: contention,
+		// not the message's doing.
+		return idem.ClassBusy
 	}
-	// SQLITE_BUSY and SQLITE_LOCKED: another writer held the database past
-	// busy_timeout. Everything else too: let the retry policy decide.
+	// Everything else: let the retry policy decide.
 	return idem.ClassTransient
 }

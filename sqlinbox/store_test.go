@@ -323,8 +323,8 @@ func TestClassifyPostgres(t *testing.T) {
 		{"division by zero 22012", `SELECT 1/0`, idem.ClassPermanent},
 		{"bad timestamp 22007", `SELECT 'yesterday-ish'::timestamptz`, idem.ClassPermanent},
 		{"undefined table 42P01", `SELECT * FROM no_such_table`, idem.ClassConfig},
-		{"serialization 40001", `DO $$BEGIN RAISE EXCEPTION USING ERRCODE = '40001'; END$$`, idem.ClassTransient},
-		{"deadlock 40P01", `DO $$BEGIN RAISE EXCEPTION USING ERRCODE = '40P01'; END$$`, idem.ClassTransient},
+		{"serialization 40001", `DO $$BEGIN RAISE EXCEPTION USING ERRCODE = '40001'; END$$`, idem.ClassBusy},
+		{"deadlock 40P01", `DO $$BEGIN RAISE EXCEPTION USING ERRCODE = '40P01'; END$$`, idem.ClassBusy},
 	}
 	for _, c := range cases {
 		_, err := db.ExecContext(ctx, c.sql)
@@ -357,8 +357,8 @@ func TestClassifyPostgres(t *testing.T) {
 	if time.Since(start) > 5*time.Second {
 		t.Fatalf("lock timeout not applied: waited %v", time.Since(start))
 	}
-	if got := s.Classify(err); got != idem.ClassTransient {
-		t.Fatalf("lock timeout %v classified %v, want transient", err, got)
+	if got := s.Classify(err); got != idem.ClassBusy {
+		t.Fatalf("lock timeout %v classified %v, want busy", err, got)
 	}
 	if got := s.Classify(errors.New("handler failed")); got != idem.ClassTransient {
 		t.Fatalf("a non-database error classified %v, want transient", got)
@@ -401,8 +401,8 @@ func TestClassifySQLite(t *testing.T) {
 	if !errors.As(err, &coded) || coded.Code()&0xff != 5 {
 		t.Fatalf("want SQLITE_BUSY, got %v", err)
 	}
-	if got := s.Classify(err); got != idem.ClassTransient {
-		t.Fatalf("SQLITE_BUSY classified %v, want transient", got)
+	if got := s.Classify(err); got != idem.ClassBusy {
+		t.Fatalf("SQLITE_BUSY classified %v, want busy", got)
 	}
 }
 

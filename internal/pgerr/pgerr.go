@@ -28,8 +28,9 @@ import (
 // before its migration), which no message caused.
 // A server that cannot be reached or is going away — no connection, class
 // 08, 57P01–57P03 shutdowns, 53300 too many connections — is unavailable.
-// Everything else — 40001 serialization, 40P01 deadlock, 55P03 lock
-// timeout, a handler's own error — may succeed on another try.
+// Serialization failures (40001), deadlocks (40P01) and lock timeouts
+// (55P03) are contention with another transaction: busy. Everything else —
+// a handler's own error included — may succeed on another try.
 func Classify(err error) idem.ErrorClass {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
@@ -40,6 +41,10 @@ func Classify(err error) idem.ErrorClass {
 			return idem.ClassPermanent
 		case pgErr.Code == "42P01", pgErr.Code == "42501", pgErr.Code == "3D000", pgErr.Code[:2] == "28":
 			return idem.ClassConfig
+		case pgErr.Code == "40001", pgErr.Code == "40P01", pgErr.Code == "55P03":
+			// Contention with another transaction, not the message's
+			// doing.
+			return idem.ClassBusy
 		case pgErr.Code == "25P03", pgErr.Code == "57014":
 			// The server ended a transaction that idled or ran too long:
 			// the handler's slowness, not an outage, though the session

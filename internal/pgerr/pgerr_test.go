@@ -30,9 +30,9 @@ func TestClassifyAndCommitUnknown(t *testing.T) {
 	}{
 		{"unique violation", pg("ERROR", "23505"), idem.ClassPermanent, false},
 		{"division by zero", pg("ERROR", "22012"), idem.ClassPermanent, false},
-		{"serialization failure", pg("ERROR", "40001"), idem.ClassTransient, false},
-		{"deadlock", pg("ERROR", "40P01"), idem.ClassTransient, false},
-		{"lock timeout", pg("ERROR", "55P03"), idem.ClassTransient, false},
+		{"serialization failure", pg("ERROR", "40001"), idem.ClassBusy, false},
+		{"deadlock", pg("ERROR", "40P01"), idem.ClassBusy, false},
+		{"lock timeout", pg("ERROR", "55P03"), idem.ClassBusy, false},
 		{"undefined table", pg("ERROR", "42P01"), idem.ClassConfig, false},
 		{"insufficient privilege", pg("ERROR", "42501"), idem.ClassConfig, false},
 		{"unknown database", pg("FATAL", "3D000"), idem.ClassConfig, true},
