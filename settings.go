@@ -66,6 +66,10 @@ func (p *Processor[TTx]) ready(ctx context.Context, force bool) error {
 		if err != nil {
 			return err
 		}
+		if p.inbox.next.Load() == 0 && p.userHorizon.Window < 0 {
+			p.cfg.Logger.Warn("horizon guard disabled (Horizon.Window -1): a message older than the stored window is applied again if its marker was pruned",
+				"consumer", p.cfg.Consumer, "window", s.Window)
+		}
 		if old := p.horizon(); old.Window != h.Window && (p.inbox.next.Load() == 0 || h.Window < old.Window) {
 			// Logged when first read and when it shrinks; not at each read
 			// while a lengthened window grows second by second (the

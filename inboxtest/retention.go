@@ -69,6 +69,7 @@ func RunRetention[TTx any](t *testing.T, h RetentionHarness[TTx]) {
 		{"LateDuplicateAfterPrune", s.lateDuplicateAfterPrune},
 		{"CheckRecordsHorizon", s.checkRecordsHorizon},
 		{"StoredWindowJudgesHorizon", s.storedWindowJudgesHorizon},
+		{"ShortenedWindowPrunesLate", s.shortenedWindowPrunesLate},
 	})
 }
 
@@ -553,5 +554,27 @@ func (s retentionSuite[TTx]) storedWindowJudgesHorizon(t *testing.T) {
 	r := long.Process(ctx, idem.Message{ID: idem.NewUUIDv7(time.Now()), Time: time.Now(), TimeSource: idem.TimeFromHeader})
 	if r.Outcome == idem.Applied || r.Outcome == idem.DeadLettered || long.Dispose(r).Action != idem.ActionHold {
 		t.Fatalf("a message under the refused horizon: %v (%v), want it held, neither applied nor dead-lettered", r.Outcome, r.Err)
+	}
+}
+
+// shortenedWindowPrunesLate: processors guard with a shortened window from
+// their next read of the settings, up to a minute later; the prune keeps
+// markers for the old window meanwhile (ShrinkGrace), so a message the
+// old guard still accepts never finds its marker gone.
+func (s retentionSuite[TTx]) shortenedWindowPrunesLate(t *testing.T) {
+	ctx := context.Background()
+	env := s.h.Open(t)
+	if _, err := env.Store.SetWindow(ctx, 7*24*time.Hour, false); err != nil {
+		t.Fatal(err)
+	}
+	if set, err := env.Store.Settings(ctx); err != nil || set.Window != 7*24*time.Hour {
+		t.Fatalf("guard right after shortening: %+v %v, want the new window at once", set, err)
+	}
+	res, err := env.Store.Prune(ctx, retention.Options{DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if age := time.Since(res.Cutoff); age < defaultWindow-time.Hour {
+		t.Fatalf("prune cut-off %v ago right after shortening, want the old window's %v until the processors caught up", age.Round(time.Hour), defaultWindow)
 	}
 }

@@ -167,6 +167,7 @@ type Dialect struct {
 	OpenSummary   string // $1 table, $2 consumer, $3 start of today → pruned_at, keys, filter of today's newest DELETE summary
 	GrowSummary   string // $1 table, $2 consumer, $3 pruned_at, $4 keys, $5 filter
 	RecentKeys    string // $1 table, $2 consumer, $3 since → keys summarised since
+	SummaryLock   string // $1 table: serializes summary writers for the transaction ("" where BEGIN IMMEDIATE does)
 	ReadSummary   string // $1 table, $2 consumer, $3 pruned_at, $4 source → filter
 	DeleteSummary string // $1 table, $2 older than: summaries past their keep
 	PartitionKeys string // format with a partition's quoted name → consumer, key (partitioned)

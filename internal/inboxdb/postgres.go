@@ -132,6 +132,7 @@ FROM ` + q
 	d.InsertSummary = `INSERT INTO ` + pruned + ` (table_name, consumer, pruned_at, source, keys, filter) VALUES ($1, $2, $3, $4, $5, $6)`
 	d.SummaryTimes = `SELECT pruned_at, source, keys FROM ` + pruned + ` WHERE table_name = $1 AND consumer = $2 ORDER BY pruned_at DESC`
 	d.ReadSummary = `SELECT filter FROM ` + pruned + ` WHERE table_name = $1 AND consumer = $2 AND pruned_at = $3 AND source = $4`
+	d.SummaryLock = `SELECT pg_advisory_xact_lock(hashtext('idem.summary'), hashtext($1::regclass::oid::text))`
 	d.OpenSummary = `SELECT pruned_at, keys, filter FROM ` + pruned + ` WHERE table_name = $1 AND consumer = $2 AND source = '' AND pruned_at >= $3 ORDER BY pruned_at DESC LIMIT 1`
 	d.GrowSummary = `UPDATE ` + pruned + ` SET keys = $4, filter = $5 WHERE table_name = $1 AND consumer = $2 AND pruned_at = $3 AND source = ''`
 	d.RecentKeys = `SELECT coalesce(sum(keys), 0) FROM ` + pruned + ` WHERE table_name = $1 AND consumer = $2 AND pruned_at >= $3`

@@ -102,6 +102,14 @@ func (b *Inbox) summarise(ctx context.Context, keys pruned, now time.Time, opts 
 		return 0, fmt.Errorf("summarising pruned keys: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if b.D.SummaryLock != "" {
+		// Two prunes (the leader's session gone mid-run, another elected)
+		// must not grow the same summary at once: the last write would
+		// lose the other's keys.
+		if _, err := tx.Exec(ctx, b.D.SummaryLock, b.D.Table.Quoted()); err != nil {
+			return 0, fmt.Errorf("summarising pruned keys: %w", err)
+		}
+	}
 	n, err := b.recordPruned(ctx, tx, keys, now, "", opts)
 	if err != nil {
 		return 0, err
@@ -218,7 +226,12 @@ func (b *Inbox) PrunedSummaries(ctx context.Context, consumer string) ([]idem.Pr
 		f := have[id]
 		if f == nil {
 			if f, err = b.readSummary(ctx, consumer, id); err != nil {
-				return nil, err
+				// One summary that cannot be read (corrupt, of a newer
+				// format, pruned since the listing) must not hold the
+				// consumer: it is skipped, and said.
+				b.Logger.Warn("skipping a pruned-key summary", "table", b.Label(), "consumer", consumer,
+					"pruned_at", id.at, "source", id.source, "error", err)
+				continue
 			}
 		}
 		next[id] = f
