@@ -21,10 +21,10 @@ import (
 )
 
 func init() {
-	register(command{name: "inbox", summary: "inbox retention: prune, partitions ensure|drop, stats, window show|set", run: runInbox})
+	register(command{name: "inbox", summary: "the inbox table: migrate, prune, partitions ensure|drop, stats, window show|set", run: runInbox})
 }
 
-const inboxUsage = `usage: idem inbox <prune|partitions ensure|partitions drop|stats|window show|window set> [flags]
+const inboxUsage = `usage: idem inbox <migrate|prune|partitions ensure|partitions drop|stats|window show|window set> [flags]
 
 Markers are kept for the retention window stored with the inbox table (written
 by its migration, 14 days by default), counted from a marker's keep_until: the
@@ -32,6 +32,8 @@ latest of its write time and the event times of the messages that met it
 (partitioned tables: its partition time). Every consumer, prune and command
 reads the stored window; a prune or drop with a shorter --window is refused.
 
+  migrate           create or upgrade the inbox table and record its layout and
+                    window (run it before the consumers start, and on upgrades)
   prune             delete markers past the window in batches (plain table), or
                     drop the daily partitions past it (partitioned table)
   partitions ensure create daily partitions ahead (run it daily)
@@ -50,6 +52,8 @@ func runInbox(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return &exitError{code: 2}
 	}
 	switch sub, rest := args[0], args[1:]; sub {
+	case "migrate":
+		return inboxMigrate(ctx, rest, stdout, stderr)
 	case "prune":
 		return inboxPrune(ctx, rest, stdout, stderr)
 	case "stats":
@@ -500,5 +504,67 @@ func printJSON(w io.Writer, v any) error {
 		return err
 	}
 	_, err = fmt.Fprintf(w, "%s\n", b)
+	return err
+}
+
+func inboxMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	f := newInboxFlags("migrate", "Creates the inbox table, or upgrades it to this build's schema, and records its layout and\nretention window beside it. Safe to run on every deploy and from several instances at once.\nA new table gets --window (default 14 days); an existing one keeps its stored window (change\nit with: idem inbox window set). Consumers refuse to start on a table that was not migrated.", stderr, true)
+	layout := f.fs.String("layout", "plain", "layout of a new table: plain or partitioned (PostgreSQL)")
+	if err := f.parse(args); err != nil {
+		return err
+	}
+	var l pgxinbox.Layout
+	switch *layout {
+	case "plain":
+		l = pgxinbox.Plain
+	case "partitioned":
+		l = pgxinbox.Partitioned
+	default:
+		return &exitError{code: 2, msg: fmt.Sprintf("--layout %q: want plain or partitioned", *layout)}
+	}
+	var set idem.Settings
+	var table string
+	if f.sqlite != "" {
+		if l != pgxinbox.Plain {
+			return &exitError{code: 2, msg: "SQLite inboxes have the plain layout"}
+		}
+		db, err := sqlinbox.OpenSQLite(f.sqlite)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		store, err := sqlinbox.New(db, sqlinbox.SQLite, &sqlinbox.Config{Table: f.table, Window: f.window, Logger: f.logger})
+		if err != nil {
+			return err
+		}
+		if err := store.Migrate(ctx); err != nil {
+			return err
+		}
+		if set, err = store.Settings(ctx); err != nil {
+			return err
+		}
+		table = store.Table()
+	} else {
+		pool, err := pgxpool.New(ctx, databaseURL(f.database))
+		if err != nil {
+			return fmt.Errorf("connecting to PostgreSQL: %w", err)
+		}
+		defer pool.Close()
+		store, err := pgxinbox.New(pool, &pgxinbox.Config{Table: f.table, Layout: l, Window: f.window, Logger: f.logger})
+		if err != nil {
+			return err
+		}
+		if err := store.Migrate(ctx); err != nil {
+			return err
+		}
+		if set, err = store.Settings(ctx); err != nil {
+			return err
+		}
+		table = f.table
+	}
+	if f.jsonOut {
+		return printJSON(stdout, map[string]any{"table": table, "layout": set.Layout.String(), "window": set.Window.String()})
+	}
+	_, err := fmt.Fprintf(stdout, "%s: migrated (%s layout, window %v)\n", table, set.Layout, set.Window)
 	return err
 }

@@ -291,3 +291,23 @@ func TestInboxWindow(t *testing.T) {
 		})
 	}
 }
+
+// TestInboxMigrate: the command the consumers' refusal names creates the
+// table with its settings, is idempotent, and refuses a window other than
+// the stored one; a consumer then starts.
+func TestInboxMigrate(t *testing.T) {
+	url := pgtest.Schema(t)
+	out := inboxRun(t, 0, "migrate", "--database", url, "--table", "billing_inbox", "--window", "720h")
+	if !strings.Contains(out, "billing_inbox: migrated (plain layout, window 720h0m0s)") {
+		t.Fatalf("migrate said %q", out)
+	}
+	inboxRun(t, 0, "migrate", "--database", url, "--table", "billing_inbox")
+	inboxRun(t, 1, "migrate", "--database", url, "--table", "billing_inbox", "--window", "24h")
+	if out := inboxRun(t, 0, "window", "show", "--database", url, "--table", "billing_inbox"); !strings.Contains(out, "720h") {
+		t.Fatalf("window show after migrate: %q", out)
+	}
+	file := filepath.Join(t.TempDir(), "app.db")
+	if out := inboxRun(t, 0, "migrate", "--sqlite", file); !strings.Contains(out, "migrated (plain layout, window 336h0m0s)") {
+		t.Fatalf("migrate --sqlite said %q", out)
+	}
+}
