@@ -31,25 +31,26 @@ func (m *attemptMemory) get(id string) int {
 func (m *attemptMemory) set(id string, spent int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.makeRoom(id)
+	m.n[id] = spent
+}
+
+// makeRoom forgets an arbitrary entry when the memory is full and id is
+// not in it yet. m.mu is held.
+func (m *attemptMemory) makeRoom(id string) {
 	if _, ok := m.n[id]; !ok && len(m.n) >= m.max {
 		for k := range m.n {
 			delete(m.n, k)
 			break
 		}
 	}
-	m.n[id] = spent
 }
 
 // add adds n to id's count and returns the new count, atomically.
 func (m *attemptMemory) add(id string, n int) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if _, ok := m.n[id]; !ok && len(m.n) >= m.max {
-		for k := range m.n {
-			delete(m.n, k)
-			break
-		}
-	}
+	m.makeRoom(id)
 	m.n[id] += n
 	return m.n[id]
 }

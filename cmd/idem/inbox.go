@@ -59,31 +59,13 @@ func runInbox(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	case "stats":
 		return inboxStats(ctx, rest, stdout, stderr)
 	case "window":
-		if len(rest) == 0 {
-			fmt.Fprint(stderr, inboxUsage)
-			return &exitError{code: 2}
-		}
-		switch rest[0] {
-		case "show":
-			return inboxWindowShow(ctx, rest[1:], stdout, stderr)
-		case "set":
-			return inboxWindowSet(ctx, rest[1:], stdout, stderr)
-		}
-		fmt.Fprintf(stderr, "idem inbox window: unknown subcommand %q\n\n%s", rest[0], inboxUsage)
-		return &exitError{code: 2}
+		return inboxGroup(ctx, "window", rest, stdout, stderr, map[string]inboxCommand{
+			"show": inboxWindowShow, "set": inboxWindowSet,
+		})
 	case "partitions":
-		if len(rest) == 0 {
-			fmt.Fprint(stderr, inboxUsage)
-			return &exitError{code: 2}
-		}
-		switch rest[0] {
-		case "ensure":
-			return inboxEnsure(ctx, rest[1:], stdout, stderr)
-		case "drop":
-			return inboxDrop(ctx, rest[1:], stdout, stderr)
-		}
-		fmt.Fprintf(stderr, "idem inbox partitions: unknown subcommand %q\n\n%s", rest[0], inboxUsage)
-		return &exitError{code: 2}
+		return inboxGroup(ctx, "partitions", rest, stdout, stderr, map[string]inboxCommand{
+			"ensure": inboxEnsure, "drop": inboxDrop,
+		})
 	case "-h", "--help", "help":
 		fmt.Fprint(stderr, inboxUsage)
 		return nil
@@ -91,6 +73,23 @@ func runInbox(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintf(stderr, "idem inbox: unknown subcommand %q\n\n%s", sub, inboxUsage)
 		return &exitError{code: 2}
 	}
+}
+
+// inboxCommand runs one `idem inbox` subcommand with its arguments.
+type inboxCommand func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+
+// inboxGroup runs the subcommand of a group (`idem inbox window show`)
+// named by rest[0].
+func inboxGroup(ctx context.Context, group string, rest []string, stdout, stderr io.Writer, cmds map[string]inboxCommand) error {
+	if len(rest) == 0 {
+		fmt.Fprint(stderr, inboxUsage)
+		return &exitError{code: 2}
+	}
+	if cmd, ok := cmds[rest[0]]; ok {
+		return cmd(ctx, rest[1:], stdout, stderr)
+	}
+	fmt.Fprintf(stderr, "idem inbox %s: unknown subcommand %q\n\n%s", group, rest[0], inboxUsage)
+	return &exitError{code: 2}
 }
 
 // inboxFlags are the flags every inbox subcommand shares.
