@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/sqlinbox"
+	"github.com/idemkit/idem/sqliteinbox"
 )
 
 // The seeds' ledger: OrderPaid adds 12,500 to a merchant's balance. The
@@ -22,7 +23,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	db, err := sqlinbox.OpenSQLite(filepath.Join(dir, "ledger.db"))
+	db, err := sqliteinbox.Open(filepath.Join(dir, "ledger.db"))
 	if err != nil {
 		log.Fatal(err)
 	}

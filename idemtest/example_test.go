@@ -10,6 +10,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemtest"
 	"github.com/idemkit/idem/sqlinbox"
+	"github.com/idemkit/idem/sqliteinbox"
 )
 
 // Compare tells what changed between two snapshots, naming the table, the
@@ -38,7 +39,7 @@ func ExamplePlan() {
 		panic(err)
 	}
 	defer os.RemoveAll(dir)
-	db, err := sqlinbox.OpenSQLite(filepath.Join(dir, "app.db"))
+	db, err := sqliteinbox.Open(filepath.Join(dir, "app.db"))
 	if err != nil {
 		panic(err)
 	}
@@ -96,7 +97,7 @@ func ExampleSQLite() {
 		panic(err)
 	}
 	defer os.RemoveAll(dir)
-	db, err := sqlinbox.OpenSQLite(filepath.Join(dir, "app.db"))
+	db, err := sqliteinbox.Open(filepath.Join(dir, "app.db"))
 	if err != nil {
 		panic(err)
 	}

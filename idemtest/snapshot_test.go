@@ -16,6 +16,7 @@ import (
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
 	"github.com/idemkit/idem/sqlinbox"
+	"github.com/idemkit/idem/sqliteinbox"
 )
 
 const pgTypesDDL = `
@@ -204,7 +205,7 @@ func sqlSetup(db *sql.DB, d sqlinbox.Dialect, snap idemtest.Snapshotter, ddl, ef
 
 func openSQLite(t testing.TB) *sql.DB {
 	t.Helper()
-	db, err := sqlinbox.OpenSQLite(filepath.Join(t.TempDir(), "app.db"))
+	db, err := sqliteinbox.Open(filepath.Join(t.TempDir(), "app.db"))
 	if err != nil {
 		t.Fatal(err)
 	}

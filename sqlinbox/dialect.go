@@ -45,7 +45,7 @@ type Dialect interface {
 var Postgres Dialect = postgres{}
 
 // SQLite is the SQLite dialect, for a *sql.DB opened with modernc.org/sqlite,
-// best through [OpenSQLite].
+// best through sqliteinbox.Open (a package of its own, so PostgreSQL users do not link SQLite).
 var SQLite Dialect = sqlite{}
 
 type postgres struct{}
@@ -84,7 +84,7 @@ func (sqlite) driver(db *sql.DB) inboxdb.Driver            { return inboxdb.SQL(
 
 func (sqlite) setLockTimeout(context.Context, *sql.Tx, time.Duration) error {
 	// SQLite has no row locks to wait on: writers queue for the database
-	// lock, bounded by busy_timeout (set by OpenSQLite).
+	// lock, bounded by busy_timeout (set by sqliteinbox.Open).
 	return nil
 }
 

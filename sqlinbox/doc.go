@@ -9,7 +9,7 @@
 // Open the database, create the store, migrate once at start-up, and hand
 // the store to a processor:
 //
-//	db, err := sqlinbox.OpenSQLite("billing.db") // or sql.Open("pgx", url)
+//	db, err := sqliteinbox.Open("billing.db") // or sql.Open("pgx", url)
 //	if err != nil { … }
 //	store, err := sqlinbox.New(db, sqlinbox.SQLite, &sqlinbox.Config{Table: "idem_inbox"})
 //	if err != nil { … }
@@ -50,7 +50,7 @@
 // the parameter limit. On PostgreSQL a concurrent
 // claim of the same key waits on the primary key, bounded by lock_timeout; on
 // SQLite writers queue for the database lock, bounded by busy_timeout (see
-// [OpenSQLite] for why every transaction there takes the lock at BEGIN).
+// sqliteinbox.Open for why every transaction there takes the lock at BEGIN).
 //
 // # Failures
 //

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/sqlinbox"
+	"github.com/idemkit/idem/sqliteinbox"
 )
 
 // A message delivered twice invoices once: the second delivery finds the
@@ -21,7 +22,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	db, err := sqlinbox.OpenSQLite(filepath.Join(dir, "billing.db"))
+	db, err := sqliteinbox.Open(filepath.Join(dir, "billing.db"))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/sqlinbox"
+	"github.com/idemkit/idem/sqliteinbox"
 )
 
 // backend is one dialect under test with a way to get a fresh database.
@@ -38,7 +39,7 @@ func openPostgres(t testing.TB) *sql.DB {
 // openSQLite opens a fresh database file in t's temporary directory.
 func openSQLite(t testing.TB) *sql.DB {
 	t.Helper()
-	db, err := sqlinbox.OpenSQLite(filepath.Join(t.TempDir(), "inbox.db"))
+	db, err := sqliteinbox.Open(filepath.Join(t.TempDir(), "inbox.db"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/sqlinbox"
+	"github.com/idemkit/idem/sqliteinbox"
 )
 
 func TestMigrateTwiceIsNoOp(t *testing.T) {
@@ -369,7 +370,7 @@ func TestClassifySQLite(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "inbox.db")
-	db, err := sqlinbox.OpenSQLite(path)
+	db, err := sqliteinbox.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -406,7 +407,7 @@ func TestClassifySQLite(t *testing.T) {
 	}
 }
 
-func TestOpenSQLite(t *testing.T) {
+func TestSQLiteOpen(t *testing.T) {
 	t.Parallel()
 	db := openSQLite(t)
 	var mode string
@@ -420,10 +421,10 @@ func TestOpenSQLite(t *testing.T) {
 	if err := db.QueryRow(`PRAGMA foreign_keys`).Scan(&fk); err != nil || fk != 1 {
 		t.Fatalf("foreign_keys %d (%v), want 1", fk, err)
 	}
-	if _, err := sqlinbox.OpenSQLite(""); err == nil {
+	if _, err := sqliteinbox.Open(""); err == nil {
 		t.Fatal("empty path accepted")
 	}
-	if _, err := sqlinbox.OpenSQLite(filepath.Join(t.TempDir(), "no", "such", "dir", "x.db")); err == nil {
+	if _, err := sqliteinbox.Open(filepath.Join(t.TempDir(), "no", "such", "dir", "x.db")); err == nil {
 		t.Fatal("unopenable path accepted")
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idem/pgxinbox"
 	"github.com/idemkit/idem/retention"
 	"github.com/idemkit/idem/sqlinbox"
+	"github.com/idemkit/idem/sqliteinbox"
 )
 
 func init() {
@@ -178,7 +179,7 @@ func (f *inboxFlags) sqliteStore() (*sqlinbox.Store, func(), error) {
 	if _, err := os.Stat(f.sqlite); err != nil {
 		return nil, nil, fmt.Errorf("opening SQLite inbox: %w", err)
 	}
-	db, err := sqlinbox.OpenSQLite(f.sqlite)
+	db, err := sqliteinbox.Open(f.sqlite)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -527,7 +528,7 @@ func inboxMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		if l != pgxinbox.Plain {
 			return &exitError{code: 2, msg: "SQLite inboxes have the plain layout"}
 		}
-		db, err := sqlinbox.OpenSQLite(f.sqlite)
+		db, err := sqliteinbox.Open(f.sqlite)
 		if err != nil {
 			return err
 		}

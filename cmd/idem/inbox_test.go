@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
 	"github.com/idemkit/idem/sqlinbox"
+	"github.com/idemkit/idem/sqliteinbox"
 )
 
 // inboxRun runs `idem inbox args...` and returns stdout, failing the test
@@ -140,7 +141,7 @@ func TestInboxPruneSQLite(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "inbox.db")
-	db, err := sqlinbox.OpenSQLite(path)
+	db, err := sqliteinbox.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +228,7 @@ func TestInboxWindow(t *testing.T) {
 	ctx := context.Background()
 	url, pool := seedInbox(t, pgxinbox.Plain)
 	path := filepath.Join(t.TempDir(), "inbox.db")
-	db, err := sqlinbox.OpenSQLite(path)
+	db, err := sqliteinbox.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}

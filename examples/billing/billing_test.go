@@ -15,6 +15,7 @@ import (
 	"github.com/idemkit/idem/idemtest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/sqlinbox"
+	"github.com/idemkit/idem/sqliteinbox"
 )
 
 // env is one real database with the billing tables and an inbox.
@@ -29,7 +30,7 @@ func databases(t *testing.T, f func(t *testing.T, open func(t *testing.T, naive 
 	t.Run("sqlite", func(t *testing.T) {
 		t.Parallel()
 		f(t, func(t *testing.T, naive bool) *env {
-			db, err := sqlinbox.OpenSQLite(filepath.Join(t.TempDir(), "billing.db"))
+			db, err := sqliteinbox.Open(filepath.Join(t.TempDir(), "billing.db"))
 			if err != nil {
 				t.Fatal(err)
 			}

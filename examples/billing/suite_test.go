@@ -10,6 +10,7 @@ import (
 	"github.com/idemkit/idem/idemtest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/sqlinbox"
+	"github.com/idemkit/idem/sqliteinbox"
 )
 
 // TestEveryConsumer runs idemtest's three checks (delivered twice,
@@ -61,7 +62,7 @@ func openEnv(t testing.TB, kind string) *env {
 		snap func(*sql.DB) idemtest.Snapshotter
 	)
 	if kind == "sqlite" {
-		db, err = sqlinbox.OpenSQLite(filepath.Join(t.TempDir(), "billing.db"))
+		db, err = sqliteinbox.Open(filepath.Join(t.TempDir(), "billing.db"))
 		d, snap = sqlinbox.SQLite, func(db *sql.DB) idemtest.Snapshotter { return idemtest.SQLite(db, nil) }
 	} else {
 		db, err = sql.Open("pgx", pgtest.Schema(t))

@@ -16,6 +16,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/examples/billing"
 	"github.com/idemkit/idem/sqlinbox"
+	"github.com/idemkit/idem/sqliteinbox"
 )
 
 // side is one of the two consumers' worlds: its own database, gateway and
@@ -67,7 +68,7 @@ func openSides(ctx context.Context, opts *Options, p *plan) (naive, safe *side, 
 	open := func(name string) (*sql.DB, sqlinbox.Dialect, string, error) {
 		if opts.Postgres == "" {
 			path := filepath.Join(opts.dir, name+".db")
-			db, err := sqlinbox.OpenSQLite(path)
+			db, err := sqliteinbox.Open(path)
 			return db, sqlinbox.SQLite, path, err
 		}
 		schema := opts.SchemaPrefix + "_" + name

@@ -1,4 +1,12 @@
-package sqlinbox
+// Package sqliteinbox opens a SQLite database for an idem inbox: the driver
+// (modernc.org/sqlite, pure Go, no cgo), set up for concurrent writers, and
+// the SQLite dialect of package sqlinbox. It is a package of its own so that
+// a PostgreSQL user of sqlinbox does not link SQLite into their binary.
+//
+//	db, err := sqliteinbox.Open("billing.db")
+//	...
+//	store, err := sqliteinbox.New(db, &sqlinbox.Config{})
+package sqliteinbox
 
 import (
 	"database/sql"
@@ -7,10 +15,21 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/idemkit/idem/sqlinbox"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
 
-// OpenSQLite opens the SQLite database file at path with modernc.org/sqlite
+// Dialect is the SQLite dialect of package sqlinbox, for a database opened
+// with [Open].
+var Dialect = sqlinbox.SQLite
+
+// New returns a sqlinbox store on db, a database opened with [Open]:
+// sqlinbox.New(db, sqlinbox.SQLite, cfg).
+func New(db *sql.DB, cfg *sqlinbox.Config) (*sqlinbox.Store, error) {
+	return sqlinbox.New(db, sqlinbox.SQLite, cfg)
+}
+
+// Open opens the SQLite database file at path with modernc.org/sqlite
 // (pure Go, no cgo), set up for an inbox with concurrent writers:
 //
 //   - journal_mode(WAL): readers do not block the writer, nor it them.
@@ -27,7 +46,7 @@ import (
 //     a power loss may lose the last commits, never corrupt the file.
 //
 // The caller closes the returned *sql.DB.
-func OpenSQLite(path string) (*sql.DB, error) {
+func Open(path string) (*sql.DB, error) {
 	if path == "" {
 		return nil, errors.New("opening SQLite: path is empty")
 	}
