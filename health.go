@@ -1,0 +1,331 @@
+package idem
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// Health is what a broker consumer reports about itself, for a readiness
+// probe, a liveness probe and a status page. The adapters
+// (idemrabbitmq.Consumer.Health, idemkafka.Consumer.Health) keep it from
+// what they see while they run: reading it touches neither the broker nor
+// the database.
+type Health struct {
+	// Consumer is the processor's consumer name; Source the queue, or the
+	// topics joined by commas.
+	Consumer string `json:"consumer"`
+	Source   string `json:"source"`
+	// Running is set while Run runs; Started is when it began.
+	Running bool      `json:"running"`
+	Started time.Time `json:"started,omitzero"`
+	// Connected is set while the broker session is up: RabbitMQ, the
+	// consuming channel is open; Kafka, the client is a member of its
+	// group and its last poll did not fail. ConnectedSince is when it came
+	// up.
+	Connected      bool      `json:"connected"`
+	ConnectedSince time.Time `json:"connected_since,omitzero"`
+	// Holding is set while messages are held because the inbox database
+	// is unreachable or not set up for the consumer: they are kept, not
+	// dead-lettered, and tried again. It is set when the processor gives
+	// a message up as held (after its RetryPolicy.WaitUnavailable), or
+	// when the check at start cannot reach the database, and cleared by
+	// the next message acked. HoldingSince is when it began; HoldReason
+	// is the error that began it.
+	Holding      bool      `json:"holding"`
+	HoldingSince time.Time `json:"holding_since,omitzero"`
+	HoldReason   string    `json:"hold_reason,omitempty"`
+	// LastSuccess is when a message was last acked (applied or a
+	// duplicate) or durably dead-lettered.
+	LastSuccess time.Time `json:"last_success,omitzero"`
+	// LastError is the last failure the consumer met (a lost session, a
+	// message given back, a failed offset commit), and LastErrorAt when.
+	LastError   string    `json:"last_error,omitempty"`
+	LastErrorAt time.Time `json:"last_error_at,omitzero"`
+	// BusySince is set while batches are in the database: when the last
+	// of them started or finished. A time further back than [StallAfter]
+	// means no batch has come back for that long: the consumer is wedged.
+	BusySince time.Time `json:"busy_since,omitzero"`
+	// Reconnects counts broker sessions that ended while Run went on
+	// (RabbitMQ).
+	Reconnects uint64 `json:"reconnects,omitempty"`
+	// InFlight counts deliveries received and not yet settled at the
+	// broker (RabbitMQ; at most the prefetch).
+	InFlight int `json:"in_flight,omitempty"`
+	// Lag is, for each partition the consumer holds (Kafka), how far its
+	// committed offset is behind the partition's end; TotalLag is their
+	// sum.
+	Lag      []PartitionLag `json:"lag,omitempty"`
+	TotalLag int64          `json:"total_lag,omitempty"`
+}
+
+// PartitionLag is one Kafka partition's lag: HighWatermark, the offset
+// after its last record as of the last fetch, minus Committed, the offset
+// the group resumes from.
+type PartitionLag struct {
+	Topic         string `json:"topic"`
+	Partition     int32  `json:"partition"`
+	HighWatermark int64  `json:"high_watermark"`
+	Committed     int64  `json:"committed"`
+	Lag           int64  `json:"lag"`
+}
+
+// StallAfter is how long batches may be in the database without one of
+// them coming back before [Health.Live] calls the consumer wedged. It is
+// longer than the processor's default RetryPolicy.WaitUnavailable (1
+// minute), after which an outage comes back as held messages.
+const StallAfter = 5 * time.Minute
+
+// ErrNotReady is wrapped by the errors of [Health.Ready] and [Health.Live].
+var ErrNotReady = errors.New("consumer not ready")
+
+// Ready returns nil when the consumer takes and settles messages: it
+// runs, its broker session is up and it holds no messages for an outage.
+// Otherwise the error, wrapping [ErrNotReady], says which and why.
+func (h Health) Ready() error {
+	switch {
+	case !h.Running:
+		return fmt.Errorf("%w: consumer %s is not running", ErrNotReady, h.Consumer)
+	case h.Holding:
+		return fmt.Errorf("%w: consumer %s is holding messages since %s, the inbox database is unreachable or not set up: %s",
+			ErrNotReady, h.Consumer, h.HoldingSince.UTC().Format(time.RFC3339), h.HoldReason)
+	case !h.Connected:
+		why := ""
+		if h.LastError != "" {
+			why = ": last error: " + h.LastError
+		}
+		return fmt.Errorf("%w: consumer %s is not connected to the broker (%s)%s", ErrNotReady, h.Consumer, h.Source, why)
+	}
+	return nil
+}
+
+// Live returns nil while the consumer's Run loop is alive at now: it
+// runs, and no batch has been in the database for longer than
+// [StallAfter] without one coming back. A consumer holding messages for an
+// outage, or reconnecting to its broker, is alive: restarting it would
+// not help. Otherwise the error wraps [ErrNotReady].
+func (h Health) Live(now time.Time) error {
+	switch {
+	case !h.Running:
+		return fmt.Errorf("%w: consumer %s is not running", ErrNotReady, h.Consumer)
+	case !h.BusySince.IsZero() && now.Sub(h.BusySince) > StallAfter:
+		return fmt.Errorf("%w: consumer %s is wedged: no batch has come back from the database since %s",
+			ErrNotReady, h.Consumer, h.BusySince.UTC().Format(time.RFC3339))
+	}
+	return nil
+}
+
+// HealthChecker is what the health handlers read: a consumer of package
+// idemrabbitmq or idemkafka.
+type HealthChecker interface {
+	Health() Health
+}
+
+// HandleHealth registers on mux, in one line, the liveness probe at
+// /healthz and the readiness probe at /readyz for the consumers cs (see
+// [LiveHandler], [ReadyHandler]).
+func HandleHealth(mux *http.ServeMux, cs ...HealthChecker) {
+	mux.Handle("/healthz", LiveHandler(cs...))
+	mux.Handle("/readyz", ReadyHandler(cs...))
+}
+
+// ReadyHandler answers 200 when every consumer of cs is ready
+// ([Health.Ready]) and 503 when one is not, with a JSON body that carries
+// each consumer's health and, when not ready, why:
+//
+//	{"status":"unavailable","errors":["consumer not ready: consumer billing is holding messages since …"],"consumers":[{…}]}
+func ReadyHandler(cs ...HealthChecker) http.Handler {
+	return healthHandler(cs, func(h Health) error { return h.Ready() })
+}
+
+// LiveHandler answers 200 while every consumer of cs is alive
+// ([Health.Live]) and 503 when one is not, with the same JSON body as
+// [ReadyHandler].
+func LiveHandler(cs ...HealthChecker) http.Handler {
+	return healthHandler(cs, func(h Health) error { return h.Live(time.Now()) })
+}
+
+type healthBody struct {
+	Status    string   `json:"status"`
+	Errors    []string `json:"errors,omitempty"`
+	Consumers []Health `json:"consumers"`
+}
+
+func healthHandler(cs []HealthChecker, check func(Health) error) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		body := healthBody{Status: "ok", Consumers: make([]Health, 0, len(cs))}
+		for _, c := range cs {
+			h := c.Health()
+			if err := check(h); err != nil {
+				body.Errors = append(body.Errors, err.Error())
+			}
+			body.Consumers = append(body.Consumers, h)
+		}
+		code := http.StatusOK
+		if len(body.Errors) > 0 {
+			body.Status, code = "unavailable", http.StatusServiceUnavailable
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(code)
+		_ = json.NewEncoder(w).Encode(body)
+	})
+}
+
+// HealthState keeps a consumer's [Health] from the events of its run. The
+// broker adapters hold one each and call its methods where the events
+// happen; an adapter of one's own can do the same. It is safe for
+// concurrent use; every method takes the time of the event.
+type HealthState struct {
+	mu   sync.Mutex
+	h    Health
+	busy int // batches in the database
+}
+
+// NewHealthState returns the state of a consumer that has not started.
+func NewHealthState(consumer, source string) *HealthState {
+	return &HealthState{h: Health{Consumer: consumer, Source: source}}
+}
+
+// Health returns the state as of the last event.
+func (s *HealthState) Health() Health {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.h
+}
+
+// Start records that Run began.
+func (s *HealthState) Start(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.h.Running, s.h.Started = true, now
+}
+
+// Stop records that Run returned: the consumer is neither running nor
+// connected, and holds nothing.
+func (s *HealthState) Stop(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.h.Running, s.h.Connected, s.h.ConnectedSince = false, false, time.Time{}
+	s.h.Holding, s.h.HoldingSince, s.h.HoldReason = false, time.Time{}, ""
+	s.h.BusySince, s.busy = time.Time{}, 0
+}
+
+// Connect records that the broker session is up.
+func (s *HealthState) Connect(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.h.Connected {
+		s.h.Connected, s.h.ConnectedSince = true, now
+	}
+}
+
+// Disconnect records that the broker session ended, with err (nil: for a
+// shutdown).
+func (s *HealthState) Disconnect(err error, now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.h.Connected, s.h.ConnectedSince = false, time.Time{}
+	if err != nil {
+		s.failed(err, now)
+	}
+}
+
+// Fail records a failure that does not end the session.
+func (s *HealthState) Fail(err error, now time.Time) {
+	if err == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failed(err, now)
+}
+
+func (s *HealthState) failed(err error, now time.Time) {
+	s.h.LastError, s.h.LastErrorAt = err.Error(), now
+}
+
+// Unreachable records that the inbox database could not be used at all
+// (the check before the first message failed with err): the consumer
+// holds its messages until a message is acked.
+func (s *HealthState) Unreachable(err error, now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hold(err.Error(), now)
+	s.failed(err, now)
+}
+
+// Reachable records that the inbox database answered (the check before
+// the first message passed): a hold that [HealthState.Unreachable] began
+// ends.
+func (s *HealthState) Reachable(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.h.Holding, s.h.HoldingSince, s.h.HoldReason = false, time.Time{}, ""
+}
+
+func (s *HealthState) hold(reason string, now time.Time) {
+	if !s.h.Holding {
+		s.h.Holding, s.h.HoldingSince = true, now
+	}
+	s.h.HoldReason = reason
+}
+
+// Settle records the disposition d of result r once the adapter carried
+// it out: an ack ends a hold and, like a dead letter, counts as a
+// success; a hold for an outage or a misconfigured inbox (r.Err wraps
+// [ErrUnavailable], [ErrMisconfigured] or [ErrInboxNotReady]) begins or
+// continues one; a redelivery is a failure. A hold for any other reason
+// (a shutdown, a message ahead of it in order) changes nothing.
+func (s *HealthState) Settle(d Disposition, r Result, now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch d.Action {
+	case ActionAck:
+		s.h.LastSuccess = now
+		s.h.Holding, s.h.HoldingSince, s.h.HoldReason = false, time.Time{}, ""
+	case ActionDeadLetter:
+		s.h.LastSuccess = now
+	case ActionHold:
+		if outage(r.Err) {
+			s.hold(d.Reason, now)
+			s.failed(r.Err, now)
+		}
+	case ActionRedeliver:
+		if r.Err != nil {
+			s.failed(r.Err, now)
+		}
+	}
+}
+
+// outage reports whether err keeps a message from the inbox for no fault
+// of its own that a probe should see: the database unreachable or not set
+// up for the consumer.
+func outage(err error) bool {
+	return errors.Is(err, ErrUnavailable) || errors.Is(err, ErrMisconfigured) || errors.Is(err, ErrInboxNotReady)
+}
+
+// Begin records that a batch went to the database.
+func (s *HealthState) Begin(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.busy == 0 {
+		s.h.BusySince = now
+	}
+	s.busy++
+}
+
+// End records that a batch came back from the database.
+func (s *HealthState) End(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.busy = max(s.busy-1, 0)
+	if s.busy == 0 {
+		s.h.BusySince = time.Time{}
+	} else {
+		s.h.BusySince = now
+	}
+}
