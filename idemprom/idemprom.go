@@ -5,15 +5,23 @@
 //	idem_messages_total{consumer,outcome}   every result, by outcome
 //	idem_process_seconds{consumer}          time of the transaction that carried it
 //	idem_key_conflicts_total{consumer}      duplicates whose body differed from the winner's
-//	idem_untimed_total{consumer}            messages with no usable event time (no guard past the window)
+//	idem_untimed_total{consumer,outcome}    messages with no usable event time (no guard past the window): applied, or dead_lettered when refused
+//	idem_duplicate_age_seconds{consumer}    how old the marker a duplicate met was: seconds for a redelivery, days for a replay
 //	idem_late_duplicates_total{consumer,outcome}  messages whose key a prune had deleted: applied (probably twice) or expired (refused)
 //	idem_attempts_failed_total{consumer,class,batch}  failed tries, by error class (transient, permanent, unavailable, config, busy)
 //	idem_settled_total{consumer,action}     what the adapters told the broker (ack, redeliver, hold, dead_letter)
-//	idem_dead_letters_total{consumer,result}  dead letters written (ok) or refused by their destination (error)
+//	idem_dead_letters_total{consumer,result,reason}  dead letters written (ok) or refused by their destination (error), by [Reason]
 //	idem_redelivered_total{consumer}        deliveries the broker flagged as redelivered
 //	idem_inbox_markers_pruned_total{table}  markers removed by prune
 //	idem_inbox_partitions_dropped_total{table}
 //	idem_inbox_oldest_marker_age_seconds{table}  read by stats; against the window it shows prune falling behind
+//
+// [InboxCollector] adds the per-consumer figures of an inbox table (oldest
+// marker age, window headroom, marker count), read on scrape.
+//
+// Alert rules and a Grafana dashboard that use exactly these names ship in
+// the repository's deploy/ directory (deploy/prometheus/idem-alerts.yml,
+// deploy/grafana/idem-dashboard.json).
 //
 // Usage:
 //
@@ -43,6 +51,7 @@ type Metrics struct {
 	conflicts   *prometheus.CounterVec
 	redelivered *prometheus.CounterVec
 	untimed     *prometheus.CounterVec
+	dupAge      *prometheus.HistogramVec
 	late        *prometheus.CounterVec
 	attempts    *prometheus.CounterVec
 	settled     *prometheus.CounterVec
@@ -77,7 +86,12 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"consumer"}),
 		untimed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_untimed_total",
-			Help: "Messages with no usable event time: their markers are kept a window after they were written, and a replay after that is not recognised.",
+			Help: "Messages with no usable event time, by outcome (dead_lettered: refused by Config.RefuseUntimed): their markers are kept a window after they were written, and a replay after that is not recognised.",
+		}, []string{"consumer", "outcome"}),
+		dupAge: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idem_duplicate_age_seconds",
+			Help:    "Age of the marker a duplicate met (now minus when the marker was written): seconds to minutes for a redelivery, hours to days for a replay or a republish.",
+			Buckets: DuplicateAgeBuckets,
 		}, []string{"consumer"}),
 		late: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_late_duplicates_total",
@@ -93,8 +107,8 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"consumer", "action"}),
 		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_dead_letters_total",
-			Help: "Dead letters written to their destination (result ok) or refused by it (result error; the message comes again).",
-		}, []string{"consumer", "result"}),
+			Help: "Dead letters written to their destination (result ok) or refused by it (result error; the message comes again), by reason (no_message_id, bad_key, untimed, no_partition_time, expired, pruned, retries_exhausted, permanent, other).",
+		}, []string{"consumer", "result", "reason"}),
 		pruned: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_inbox_markers_pruned_total",
 			Help: "Inbox markers removed by prune, by table.",
@@ -117,6 +131,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.conflicts = register(reg, m.conflicts)
 		m.redelivered = register(reg, m.redelivered)
 		m.untimed = register(reg, m.untimed)
+		m.dupAge = register(reg, m.dupAge)
 		m.late = register(reg, m.late)
 		m.attempts = register(reg, m.attempts)
 		m.settled = register(reg, m.settled)
@@ -124,6 +139,14 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	return m
 }
+
+// DuplicateAgeBuckets are the buckets of idem_duplicate_age_seconds: 1 s,
+// 10 s, 1 min, 10 min, 1 h, 6 h, 1 day, 3, 7, 14 and 30 days. The first
+// ones hold redeliveries (a restart, a rebalance, a nack), the last ones
+// replays (an offset reset, a DLQ re-drive, a producer republishing); a
+// duplicate in the last buckets is close to the window, past which it
+// would not have been recognised.
+var DuplicateAgeBuckets = []float64{1, 10, 60, 600, 3600, 6 * 3600, 86400, 3 * 86400, 7 * 86400, 14 * 86400, 30 * 86400}
 
 func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
 	if err := reg.Register(c); err != nil {
@@ -146,7 +169,16 @@ func (m *Metrics) OnOutcome(consumer string, r idem.Result, elapsed time.Duratio
 		m.conflicts.WithLabelValues(consumer).Inc()
 	}
 	if r.Untimed {
-		m.untimed.WithLabelValues(consumer).Inc()
+		m.untimed.WithLabelValues(consumer, r.Outcome.String()).Inc()
+	}
+	if r.Outcome == idem.Duplicate && r.First != nil {
+		// A key repeated inside one batch meets a marker not yet written:
+		// its age is zero, as close as a redelivery gets.
+		var age time.Duration
+		if !r.First.ProcessedAt.IsZero() {
+			age = max(time.Since(r.First.ProcessedAt), 0)
+		}
+		m.dupAge.WithLabelValues(consumer).Observe(age.Seconds())
 	}
 	if !r.PrunedOn.IsZero() {
 		m.late.WithLabelValues(consumer, r.Outcome.String()).Inc()
@@ -178,13 +210,14 @@ func (m *Metrics) OnSettle(consumer, _ string, d idem.Disposition, _ idem.Result
 	m.settled.WithLabelValues(consumer, d.Action.String()).Inc()
 }
 
-// OnDeadLetter implements idem.DeadLetterHook.
-func (m *Metrics) OnDeadLetter(consumer, _ string, _ idem.Result, err error) {
+// OnDeadLetter implements idem.DeadLetterHook. The reason label is
+// [Reason] of the result.
+func (m *Metrics) OnDeadLetter(consumer, _ string, r idem.Result, err error) {
 	result := "ok"
 	if err != nil {
 		result = "error"
 	}
-	m.deadLetters.WithLabelValues(consumer, result).Inc()
+	m.deadLetters.WithLabelValues(consumer, result, Reason(r)).Inc()
 }
 
 // OnRedelivered implements idem.RedeliveredHook.

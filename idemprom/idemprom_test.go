@@ -134,7 +134,7 @@ func TestHooks(t *testing.T) {
 	if n, err := testutil.GatherAndCount(reg, "idem_untimed_total"); err != nil || n != 1 {
 		t.Fatalf("untimed series %d (%v)", n, err)
 	}
-	want := "\n# HELP idem_untimed_total Messages with no usable event time: their markers are kept a window after they were written, and a replay after that is not recognised.\n# TYPE idem_untimed_total counter\nidem_untimed_total{consumer=\"ledger\"} 1\n"
+	want := "\n# HELP idem_untimed_total Messages with no usable event time, by outcome (dead_lettered: refused by Config.RefuseUntimed): their markers are kept a window after they were written, and a replay after that is not recognised.\n# TYPE idem_untimed_total counter\nidem_untimed_total{consumer=\"ledger\",outcome=\"applied\"} 1\n"
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "idem_untimed_total"); err != nil {
 		t.Fatal(err)
 	}
