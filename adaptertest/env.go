@@ -533,24 +533,6 @@ func (r *recorder) outcomesOf(id string) []idem.Outcome {
 	return slices.Clone(r.outcomes[id])
 }
 
-// has reports whether id got outcome o.
-func (r *recorder) has(id string, o idem.Outcome) bool {
-	return slices.Contains(r.outcomesOf(id), o)
-}
-
-// resultsOf returns the results reported for id.
-func (r *recorder) resultsOf(id string) []idem.Result {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []idem.Result
-	for _, res := range r.results {
-		if res.MessageID == id {
-			out = append(out, res)
-		}
-	}
-	return out
-}
-
 // failures returns the failed tries so far.
 func (r *recorder) failures() []idem.Attempt {
 	r.mu.Lock()

@@ -520,13 +520,3 @@ func (h *memberHooks) OnCommit(topic string, p int32, offset int64, err error) {
 		h.once.Do(func() { close(h.first) })
 	}
 }
-
-// isClosed reports whether ch is closed.
-func isClosed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}

@@ -39,23 +39,6 @@ func parseTable(name string, qualified bool) (tableName, error) {
 	return tableName{name: parts[0]}, nil
 }
 
-// quoteIdent quotes one identifier. The validation above already excludes
-// quotes; doubling them anyway keeps this function safe on its own.
-func quoteIdent(s string) string {
-	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
-}
-
-// qualify returns the quoted name of a table next to t (same schema).
-func (t tableName) qualify(name string) string {
-	if t.schema == "" {
-		return quoteIdent(name)
-	}
-	return quoteIdent(t.schema) + "." + quoteIdent(name)
-}
-
-// quoted is t's own quoted name.
-func (t tableName) quoted() string { return t.qualify(t.name) }
-
 // String is the name as the user wrote it, for errors and bookkeeping.
 func (t tableName) String() string {
 	if t.schema == "" {
