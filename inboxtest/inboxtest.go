@@ -429,7 +429,7 @@ func (s suite[TTx]) badInput(t *testing.T) {
 		}
 		// In a batch too, and without sinking a good neighbour.
 		rs := p.ProcessBatch(ctx, []idem.Message{c.m, msg("evt-good-" + c.name)})
-		if rs[0].Outcome != idem.DeadLettered || rs[1].Outcome.Acked() == false {
+		if rs[0].Outcome != idem.DeadLettered || !rs[1].Outcome.Acked() {
 			t.Errorf("%s in a batch: %v / %v", c.name, rs[0].Outcome, rs[1].Outcome)
 		}
 	}

@@ -31,7 +31,7 @@ func Start(t testing.TB, r Runner, grace time.Duration) (stop func() error) {
 			select {
 			case err = <-errc:
 			case <-time.After(grace):
-				err = fmt.Errorf("Run did not return within %v of cancel", grace)
+				err = fmt.Errorf("the Run method did not return within %v of cancel", grace)
 			}
 		})
 		return err
