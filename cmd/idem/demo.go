@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/idemkit/idem/examples/billing/incident"
 )
@@ -89,7 +88,6 @@ type progressBar struct {
 	w     io.Writer
 	tty   bool
 	phase string
-	last  time.Time
 	drawn bool
 }
 
