@@ -1,5 +1,7 @@
 GO ?= go
 PKGS ?= ./...
+# staticcheck at a pinned version, fetched and built by go run on first use.
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 .PHONY: test services bench lint demo
 
@@ -15,6 +17,7 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
 
 # Benchmarks: claim vs no claim, batch sizes; see README for the figures.
 bench: services
