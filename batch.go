@@ -18,6 +18,31 @@ import (
 // walk; out of order, bad input and expired messages are never skipped
 // (they leave the stream whatever happens before them).
 func (p *Processor[TTx]) batch(ctx context.Context, msgs []Message, inOrder bool) []Result {
+	if len(p.tracers) == 0 {
+		return p.runCall(ctx, msgs, inOrder, nil)
+	}
+	var endBatch func([]Result)
+	if len(msgs) > 1 {
+		ctx, endBatch = p.startBatch(ctx, msgs)
+	}
+	spans := make([]context.Context, len(msgs))
+	ends := make([]func(Result), len(msgs))
+	for i, m := range msgs {
+		spans[i], ends[i] = p.startMessage(ctx, m)
+	}
+	results := p.runCall(ctx, msgs, inOrder, spans)
+	for i, r := range results {
+		ends[i](r)
+	}
+	if endBatch != nil {
+		endBatch(results)
+	}
+	return results
+}
+
+// runCall is the body of batch; spans are the contexts of msgs' spans, in
+// the order of msgs (nil when untraced).
+func (p *Processor[TTx]) runCall(ctx context.Context, msgs []Message, inOrder bool, spans []context.Context) []Result {
 	start := time.Now()
 	if err := p.readyWait(ctx); err != nil {
 		results := make([]Result, len(msgs))
@@ -31,6 +56,9 @@ func (p *Processor[TTx]) batch(ctx context.Context, msgs []Message, inOrder bool
 	valid := make([]*item, 0, len(msgs))
 	for i, m := range msgs {
 		items[i] = p.prepare(m)
+		if spans != nil {
+			items[i].ctx = spans[i]
+		}
 		if items[i].res.Outcome == 0 {
 			valid = append(valid, items[i])
 		}
@@ -61,7 +89,7 @@ func (p *Processor[TTx]) runBatch(ctx context.Context, valid []*item, inOrder bo
 	case 0:
 		return nil
 	case 1:
-		p.processOne(ctx, valid[0], 0)
+		p.processOne(valid[0].within(ctx), valid[0], 0)
 		if inOrder && valid[0].res.Outcome == Retry {
 			return valid[0]
 		}
@@ -112,7 +140,7 @@ func (p *Processor[TTx]) oneByOne(ctx context.Context, valid []*item, inOrder bo
 		if it.exhausted {
 			continue
 		}
-		p.processOne(ctx, it, it.res.Attempts)
+		p.processOne(it.within(ctx), it, it.res.Attempts)
 		if it.res.Outcome == Retry && (inOrder || it.res.Blameless) {
 			return it
 		}

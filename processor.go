@@ -30,6 +30,8 @@ type Processor[TTx any] struct {
 	partitionTime func(key string) (time.Time, error)
 	notes         notes
 	hooks         []Hook
+	// tracers are the TraceHooks among hooks; none costs a nil check.
+	tracers []TraceHook
 }
 
 // NewProcessor returns a processor over store. It applies cfg's defaults and
@@ -69,6 +71,7 @@ func NewProcessor[TTx any](store Store[TTx], cfg *Config[TTx]) (*Processor[TTx],
 	if c.Observer != nil {
 		p.hooks = append(p.hooks, observerHook{c.Observer})
 	}
+	Each(p.hooks, func(t TraceHook) { p.tracers = append(p.tracers, t) })
 	if ls, ok := store.(LayoutStore); ok && ls.Layout() == LayoutPartitioned && !c.Natural {
 		switch {
 		case c.PartitionTime != nil:
@@ -103,11 +106,32 @@ type item struct {
 	handlerFailed bool
 	// exhausted: its budget ran out in the batch's shared try.
 	exhausted bool
+	// ctx carries the message's span, when a TraceHook started one.
+	ctx context.Context
+}
+
+// within returns the context it is processed under: its own span's, or
+// ctx when it has none.
+func (it *item) within(ctx context.Context) context.Context {
+	if it.ctx != nil {
+		return it.ctx
+	}
+	return ctx
 }
 
 // Process applies one message in its own transaction, retrying transient
 // failures per the retry policy, and returns its outcome.
 func (p *Processor[TTx]) Process(ctx context.Context, msg Message) Result {
+	if len(p.tracers) == 0 {
+		return p.process(ctx, msg)
+	}
+	ctx, end := p.startMessage(ctx, msg)
+	r := p.process(ctx, msg)
+	end(r)
+	return r
+}
+
+func (p *Processor[TTx]) process(ctx context.Context, msg Message) Result {
 	start := time.Now()
 	if err := p.readyWait(ctx); err != nil {
 		r := notReadyResult(msg, err)
@@ -150,6 +174,26 @@ func (p *Processor[TTx]) ProcessBatchInOrder(ctx context.Context, msgs []Message
 // logged and observed when ProcessTx returns, before the caller commits: a
 // caller that then rolls back has still been counted as Applied.
 func (p *Processor[TTx]) ProcessTx(ctx context.Context, tx TTx, msg Message) (Result, error) {
+	if len(p.tracers) == 0 {
+		return p.processTx(ctx, tx, msg)
+	}
+	ctx, end := p.startMessage(ctx, msg)
+	r, err := p.processTx(ctx, tx, msg)
+	if err != nil {
+		// The caller rolls back: the message is not applied.
+		traced := r
+		traced.Err = err
+		if traced.Outcome == 0 {
+			traced.Outcome = Retry
+		}
+		end(traced)
+	} else {
+		end(r)
+	}
+	return r, err
+}
+
+func (p *Processor[TTx]) processTx(ctx context.Context, tx TTx, msg Message) (Result, error) {
 	start := time.Now()
 	if err := p.ready(ctx, false); err != nil {
 		return notReadyResult(msg, err), err
@@ -164,7 +208,7 @@ func (p *Processor[TTx]) ProcessTx(ctx context.Context, tx TTx, msg Message) (Re
 				return it.res, err
 			}
 		}
-		if err := p.handle(ctx, tx, fresh); err != nil {
+		if err := p.handle(ctx, tx, fresh, false); err != nil {
 			return it.res, err
 		}
 		for _, f := range fresh {
@@ -339,7 +383,7 @@ func (p *Processor[TTx]) attempt(ctx context.Context, items []*item, r *retrier,
 			return verdict{}, true
 		}
 		v := r.next(ctx, err)
-		p.attempted(items, runs, err, v)
+		p.attempted(ctx, items, runs, err, v)
 		if !v.again {
 			return v, false
 		}
@@ -353,8 +397,9 @@ func (p *Processor[TTx]) attempt(ctx context.Context, items []*item, r *retrier,
 	}
 }
 
-// attempted reports a failed try to the attempt hooks.
-func (p *Processor[TTx]) attempted(items []*item, try int, err error, v verdict) {
+// attempted reports a failed try, made under ctx, to the attempt and trace
+// hooks.
+func (p *Processor[TTx]) attempted(ctx context.Context, items []*item, try int, err error, v verdict) {
 	if len(p.hooks) == 0 {
 		return
 	}
@@ -364,6 +409,9 @@ func (p *Processor[TTx]) attempted(items []*item, try int, err error, v verdict)
 	}
 	a := Attempt{MessageIDs: ids, Batch: len(items) > 1, Try: try, Class: classify(p.store, err), Err: err, Again: v.again, Wait: v.wait}
 	Each(p.hooks, func(h AttemptHook) { h.OnAttempt(p.cfg.Consumer, a) })
+	for _, t := range p.tracers {
+		t.TraceAttempt(ctx, p.cfg.Consumer, a)
+	}
 }
 
 // horizonPassed returns the error of the first of items that has fallen
@@ -421,7 +469,7 @@ func (p *Processor[TTx]) runTx(ctx context.Context, items []*item) error {
 	if err := p.fault(ctx, AfterClaim, items); err != nil {
 		return err
 	}
-	if err := p.handle(ctx, tx, fresh); err != nil {
+	if err := p.handle(ctx, tx, fresh, len(items) > 1); err != nil {
 		// A connection closed because this transaction's own deadline
 		// (TxTimeout) cut a slow handler short is the message's doing;
 		// one the server or the network closed is an outage.
@@ -552,8 +600,9 @@ func (p *Processor[TTx]) claimAndExtend(ctx context.Context, tx TTx, items []*it
 
 // handle runs the handler for fresh, in message order. A panic is a poison
 // message: it becomes a permanent error rather than a crash loop (in a batch,
-// the message-by-message retry then finds the culprit).
-func (p *Processor[TTx]) handle(ctx context.Context, tx TTx, fresh []*item) (err error) {
+// the message-by-message retry then finds the culprit). shared says ctx is
+// a batch's shared transaction's, not the message's own.
+func (p *Processor[TTx]) handle(ctx context.Context, tx TTx, fresh []*item, shared bool) (err error) {
 	if len(fresh) == 0 {
 		return nil
 	}
@@ -579,12 +628,29 @@ func (p *Processor[TTx]) handle(ctx context.Context, tx TTx, fresh []*item) (err
 	}
 	for _, it := range fresh {
 		current = it
-		if err := p.cfg.Handler(ctx, tx, it.msg); err != nil {
+		hctx := ctx
+		if shared && it.ctx != nil {
+			var cancel context.CancelFunc
+			hctx, cancel = messageContext(ctx, it.ctx)
+			defer cancel()
+		}
+		if err := p.cfg.Handler(hctx, tx, it.msg); err != nil {
 			it.handlerFailed = true
 			return fmt.Errorf("handling message %s: %w", it.msg.ID, err)
 		}
 	}
 	return nil
+}
+
+// messageContext is the context a handler in a batch's shared transaction
+// runs under: its message's span (msg, which shares ctx's cancellation:
+// both derive from the batch's context) under the deadline of the
+// transaction (ctx).
+func messageContext(tx, msg context.Context) (context.Context, context.CancelFunc) {
+	if d, ok := tx.Deadline(); ok {
+		return context.WithDeadline(msg, d)
+	}
+	return msg, func() {}
 }
 
 func (p *Processor[TTx]) fault(ctx context.Context, point FaultPoint, items []*item) error {
