@@ -12,11 +12,16 @@ import (
 // contradict the consumer's.
 var ErrInboxNotReady = errors.New("inbox not ready")
 
+// stepSchema is Check's look at the inbox table's schema.
+const stepSchema = "checking the inbox schema"
+
 // checkKey is the key of the probe claim Check makes and rolls back.
 const checkKey = "idem.check"
 
 // Check proves, before a consumer takes its first message, that the inbox
-// can be used: it reads the stored settings (when the store keeps them),
+// can be used: it verifies the table (when the store is a [SchemaChecker]:
+// its columns, unique key, indexes, layout, stored settings, schema version
+// and partitions), reads the stored settings (when the store keeps them),
 // records the consumer's own horizon (when it set one: the stored window
 // cannot then be shortened below it without force), and makes one claim in
 // a transaction it rolls back, which fails when the table is missing, not
@@ -25,6 +30,9 @@ const checkKey = "idem.check"
 // error, which wraps [ErrInboxNotReady] and says how to fix it. It writes
 // nothing.
 func (p *Processor[TTx]) Check(ctx context.Context) error {
+	if err := p.checkSchema(ctx); err != nil {
+		return err
+	}
 	if err := p.ready(ctx, true); err != nil {
 		return p.notReady(err)
 	}
@@ -54,6 +62,28 @@ func (p *Processor[TTx]) Check(ctx context.Context) error {
 	}
 	if _, err := p.store.Lookup(ctx, tx, p.cfg.Consumer, []string{checkKey}); err != nil {
 		return p.notReady(wrapStep(stepLookup, err))
+	}
+	return nil
+}
+
+// checkSchema asks a [SchemaChecker] store about its table and refuses
+// any problem, each with its fix, in a [SchemaError].
+func (p *Processor[TTx]) checkSchema(ctx context.Context) error {
+	sc, ok := p.store.(SchemaChecker)
+	if !ok || p.cfg.Natural {
+		return nil
+	}
+	if p.cfg.TxTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, p.cfg.TxTimeout)
+		defer cancel()
+	}
+	probs, err := sc.Check(ctx)
+	if err != nil {
+		return p.notReady(wrapStep(stepSchema, err))
+	}
+	if len(probs) > 0 {
+		return fmt.Errorf("%w: consumer %s: %w", ErrInboxNotReady, p.cfg.Consumer, &SchemaError{Problems: probs})
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -133,4 +134,95 @@ type HorizonRecorder interface {
 // payment gateway, on a live transaction, does.
 type Breaker[TTx any] interface {
 	Broken(tx TTx) bool
+}
+
+// SchemaProblem is one thing wrong with an inbox table, found by a
+// [SchemaChecker]: what is wrong, in plain words, and how to fix it (a
+// command to run, or the statement that repairs it).
+type SchemaProblem struct {
+	What string
+	Fix  string
+}
+
+// String is the problem and its fix on one line.
+func (p SchemaProblem) String() string { return p.What + " (fix: " + p.Fix + ")" }
+
+// SchemaChecker is a store that can verify its inbox table: that it exists
+// with the columns, unique key and indexes its claims and prunes need, in
+// the layout the store is configured for, with its stored settings, at the
+// schema version of this build, and (partitioned) with partitions for today
+// and tomorrow. [Processor.Check] calls it first and refuses to start on any
+// problem. Check returns an error only when it could not look (the database
+// is unreachable); a table that is not as it should be is a problem, not an
+// error.
+type SchemaChecker interface {
+	Check(ctx context.Context) ([]SchemaProblem, error)
+}
+
+// SchemaError is the problems a [SchemaChecker] found with an inbox
+// table, each naming the table. It is a configuration error:
+// errors.Is(err, ErrConfig) holds.
+type SchemaError struct {
+	Problems []SchemaProblem
+}
+
+// Error lists every problem with its fix.
+func (e *SchemaError) Error() string {
+	var b strings.Builder
+	for i, p := range e.Problems {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(p.String())
+	}
+	return b.String()
+}
+
+// Unwrap makes a SchemaError an [ErrConfig]: waiting does not fix it.
+func (e *SchemaError) Unwrap() error { return ErrConfig }
+
+// MigrateReport is what a store's migration did to its inbox table.
+type MigrateReport struct {
+	// Table is the table's name as configured.
+	Table string
+	// Layout and Window are the table's stored layout and window.
+	Layout Layout
+	Window time.Duration
+	// Created is true when the table did not exist before.
+	Created bool
+	// From and To are the schema versions before and after: equal when the
+	// table was up to date.
+	From, To int
+	// Partitions is how many daily partitions were created (partitioned
+	// layout).
+	Partitions int
+}
+
+// String says what happened in a sentence: "created idem_inbox (plain
+// layout, window 14d, schema version 2)", "idem_inbox is up to date (schema
+// version 2)" or "upgraded idem_inbox from version 1 to 2".
+func (r MigrateReport) String() string {
+	var s string
+	switch {
+	case r.Created:
+		s = fmt.Sprintf("created %s (%s layout, window %s, schema version %d)", r.Table, r.Layout, formatWindow(r.Window), r.To)
+	case r.From == r.To:
+		s = fmt.Sprintf("%s is up to date (schema version %d)", r.Table, r.To)
+	default:
+		s = fmt.Sprintf("upgraded %s from version %d to %d", r.Table, r.From, r.To)
+	}
+	if r.Partitions > 0 {
+		s += fmt.Sprintf("; created %d daily partitions", r.Partitions)
+	}
+	return s
+}
+
+// formatWindow writes a window in whole days when it is whole days (14d),
+// as Go writes durations otherwise.
+func formatWindow(w time.Duration) string {
+	const day = 24 * time.Hour
+	if w > 0 && w%day == 0 {
+		return fmt.Sprintf("%dd", w/day)
+	}
+	return w.String()
 }

@@ -3,6 +3,8 @@ package pgxinbox
 import (
 	"context"
 	"fmt"
+
+	"github.com/idemkit/idem"
 )
 
 // Migrate brings the inbox table up to the newest schema version and
@@ -20,22 +22,35 @@ import (
 // For the partitioned layout it then creates the daily partitions of the
 // whole window and of the next days (see [Store.EnsurePartitions]), so the
 // first claims find a partition.
+//
+// [Store.MigrateReport] does the same and says what it did.
 func (s *Store) Migrate(ctx context.Context) error {
-	set, err := s.inbox.Migrate(ctx)
+	_, err := s.MigrateReport(ctx)
+	return err
+}
+
+// MigrateReport is [Store.Migrate], reporting whether it created the
+// table, upgraded it (the schema versions before and after) or found it up
+// to date, with its stored layout and window and the partitions it
+// created.
+func (s *Store) MigrateReport(ctx context.Context) (idem.MigrateReport, error) {
+	set, rep, err := s.inbox.MigrateReport(ctx)
 	if err != nil {
-		return fmt.Errorf("pgxinbox: %w", err)
+		return rep, fmt.Errorf("pgxinbox: %w", err)
 	}
 	s.window.Store(int64(set.Window))
 	if s.layout != Partitioned {
-		return nil
+		return rep, nil
 	}
 	now, err := s.inbox.Now(ctx)
 	if err != nil {
-		return fmt.Errorf("migrating inbox: %w", err)
+		return rep, fmt.Errorf("migrating inbox: %w", err)
 	}
 	days := int(set.Window/day) + 1 + DefaultDaysAhead
-	if _, err := s.EnsurePartitions(ctx, now.Add(-set.Window), days); err != nil {
-		return fmt.Errorf("migrating inbox: %w", err)
+	made, err := s.EnsurePartitions(ctx, now.Add(-set.Window), days)
+	rep.Partitions = len(made)
+	if err != nil {
+		return rep, fmt.Errorf("migrating inbox: %w", err)
 	}
-	return nil
+	return rep, nil
 }

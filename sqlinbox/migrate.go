@@ -3,6 +3,8 @@ package sqlinbox
 import (
 	"context"
 	"fmt"
+
+	"github.com/idemkit/idem"
 )
 
 // Migrate creates or upgrades the inbox table to the latest schema version
@@ -16,11 +18,21 @@ import (
 // A table's stored window is written once, from Config.Window (14 days by
 // default); a different non-zero Config.Window on an existing table is
 // refused with both numbers (change the stored one with [Store.SetWindow]).
+//
+// [Store.MigrateReport] does the same and says what it did.
 func (s *Store) Migrate(ctx context.Context) error {
-	set, err := s.inbox.Migrate(ctx)
+	_, err := s.MigrateReport(ctx)
+	return err
+}
+
+// MigrateReport is [Store.Migrate], reporting whether it created the
+// table, upgraded it (the schema versions before and after) or found it up
+// to date, with its stored layout and window.
+func (s *Store) MigrateReport(ctx context.Context) (idem.MigrateReport, error) {
+	set, rep, err := s.inbox.MigrateReport(ctx)
 	if err != nil {
-		return fmt.Errorf("sqlinbox: %w", err)
+		return rep, fmt.Errorf("sqlinbox: %w", err)
 	}
 	s.window.Store(int64(set.Window))
-	return nil
+	return rep, nil
 }

@@ -133,42 +133,54 @@ func splitStatements(script string) []string {
 // own. It returns the stored settings, with the window processors may guard
 // with now (see [Inbox.Settings]).
 func (b *Inbox) Migrate(ctx context.Context) (idem.Settings, error) {
-	s, err := b.migrate(ctx)
-	if err != nil {
-		return s, fmt.Errorf("migrating inbox table %s: %w", b.D.Table, err)
-	}
-	return s, nil
+	s, _, err := b.MigrateReport(ctx)
+	return s, err
 }
 
-func (b *Inbox) migrate(ctx context.Context) (idem.Settings, error) {
+// MigrateReport is [Inbox.Migrate] that also says what it did: whether it
+// created the table, and the schema versions before and after.
+func (b *Inbox) MigrateReport(ctx context.Context) (idem.Settings, idem.MigrateReport, error) {
+	s, r, err := b.migrate(ctx)
+	if err != nil {
+		return s, r, fmt.Errorf("migrating inbox table %s: %w", b.D.Table, err)
+	}
+	return s, r, nil
+}
+
+func (b *Inbox) migrate(ctx context.Context) (set idem.Settings, rep idem.MigrateReport, err error) {
 	d := b.D
-	var set idem.Settings
+	rep.Table = d.Table.String()
 	ms, err := d.migrationList()
 	if err != nil {
-		return set, err
+		return set, rep, err
 	}
 	tx, err := b.Driver.BeginMigration(ctx)
 	if err != nil {
-		return set, fmt.Errorf("beginning migration: %w", err)
+		return set, rep, fmt.Errorf("beginning migration: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	for _, q := range d.Bookkeeping {
 		if _, err := tx.Exec(ctx, q); err != nil {
-			return set, fmt.Errorf("creating the bookkeeping tables: %w", err)
+			return set, rep, fmt.Errorf("creating the bookkeeping tables: %w", err)
 		}
 	}
 	key := d.Table.Quoted()
 	var current int
 	if err := tx.QueryRow(ctx, d.ReadVersion, key).Scan(&current); err != nil && !isNoRows(err) {
-		return set, fmt.Errorf("reading schema version: %w", err)
+		return set, rep, fmt.Errorf("reading schema version: %w", err)
 	}
+	existed, err := d.tableExists(ctx, tx)
+	if err != nil {
+		return set, rep, fmt.Errorf("looking for the table: %w", err)
+	}
+	rep.Created, rep.From, rep.To = !existed, current, len(ms)
 	if current > len(ms) {
-		return set, fmt.Errorf("schema version %d is newer than this build knows (%d): upgrade idem", current, len(ms))
+		return set, rep, fmt.Errorf("schema version %d is newer than this build knows (%d): upgrade idem", current, len(ms))
 	}
 	for _, m := range ms[current:] {
 		for _, stmt := range m.statements {
 			if _, err := tx.Exec(ctx, stmt); err != nil {
-				return set, fmt.Errorf("applying %s: %w", m.name, err)
+				return set, rep, fmt.Errorf("applying %s: %w", m.name, err)
 			}
 		}
 	}
@@ -178,22 +190,22 @@ func (b *Inbox) migrate(ctx context.Context) (idem.Settings, error) {
 		// deduplicate as configured.
 		var kind string
 		if err := tx.QueryRow(ctx, d.Relkind, key).Scan(&kind); err != nil {
-			return set, fmt.Errorf("checking inbox layout: %w", err)
+			return set, rep, fmt.Errorf("checking inbox layout: %w", err)
 		}
 		want := map[idem.Layout]string{idem.LayoutPlain: "r", idem.LayoutPartitioned: "p"}[d.Layout]
 		if kind != want {
-			return set, fmt.Errorf("%w: table %s exists with relkind %q, not the %s layout; use another table name for the %s layout",
+			return set, rep, fmt.Errorf("%w: table %s exists with relkind %q, not the %s layout; use another table name for the %s layout",
 				idem.ErrConfig, d.Table, kind, d.Layout, d.Layout)
 		}
 	}
 	if current < len(ms) {
 		if _, err := tx.Exec(ctx, d.WriteVersion, key, len(ms)); err != nil {
-			return set, fmt.Errorf("recording schema version: %w", err)
+			return set, rep, fmt.Errorf("recording schema version: %w", err)
 		}
 	}
 	st, found, err := b.readSettings(ctx, tx)
 	if err != nil {
-		return set, err
+		return set, rep, err
 	}
 	switch {
 	case !found:
@@ -201,22 +213,24 @@ func (b *Inbox) migrate(ctx context.Context) (idem.Settings, error) {
 		if set.Window == 0 {
 			set.Window = DefaultWindow
 		}
+		rep.Layout, rep.Window = set.Layout, set.Window
 		if _, err := tx.Exec(ctx, d.InsertSettings, key, set.Layout.String(), set.Window.Milliseconds()); err != nil {
-			return set, fmt.Errorf("recording the inbox settings: %w", err)
+			return set, rep, fmt.Errorf("recording the inbox settings: %w", err)
 		}
 	case st.Layout != d.Layout:
-		return set, fmt.Errorf("%w: table %s is recorded with the %s layout, not %s", idem.ErrConfig, d.Table, st.Layout, d.Layout)
+		return set, rep, fmt.Errorf("%w: table %s is recorded with the %s layout, not %s", idem.ErrConfig, d.Table, st.Layout, d.Layout)
 	case b.Window != 0 && b.Window != st.Window:
-		return set, fmt.Errorf("%w: the configured window %v differs from the window stored with table %s, %v; "+
+		return set, rep, fmt.Errorf("%w: the configured window %v differs from the window stored with table %s, %v; "+
 			"leave the window unset to use the stored one, or change it for every consumer with: idem inbox window set %v --table %s",
 			idem.ErrConfig, b.Window, d.Table, st.Window, b.Window, d.Table)
 	default:
 		set = idem.Settings{Layout: st.Layout, Window: st.Guard}
+		rep.Layout, rep.Window = st.Layout, st.Window
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return set, fmt.Errorf("committing migration: %w", err)
+		return set, rep, fmt.Errorf("committing migration: %w", err)
 	}
-	return set, nil
+	return set, rep, nil
 }
 
 // isNoRows reports the "no rows" error of pgx or database/sql.
