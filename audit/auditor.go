@@ -103,9 +103,15 @@ func (a *Auditor) inspect(ctx context.Context, q querier, rows bool) (*tableInfo
 	if err := cr.Err(); err != nil {
 		return nil, fmt.Errorf("listing columns of %s: %w", a.p.table, err)
 	}
-	need := append([]Ident{a.p.status}, a.p.key...)
+	need := append([]Ident(nil), a.p.key...)
+	if a.p.status != nil {
+		need = append(need, a.p.status)
+	}
 	if rows {
-		need = append(need, a.p.id, a.p.time)
+		if a.p.id != nil {
+			need = append(need, a.p.id)
+		}
+		need = append(need, a.p.time)
 		if a.p.amount != nil {
 			need = append(need, a.p.amount)
 		}

@@ -62,14 +62,32 @@ func (d postgres) cols(ids []Ident, prefix string) string {
 }
 
 // live is the predicate for rows that count: not voided (NULL status counts
-// as live) and no NULL in the key.
+// as live; without a status column every row is) and no NULL in the key.
+// $1 is referenced either way, so every statement takes the same
+// parameters.
 func (d postgres) live(p *plan, alias string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s%s::text IS DISTINCT FROM $1::text", alias, d.quote(p.status))
+	if p.status != nil {
+		fmt.Fprintf(&b, "%s%s::text IS DISTINCT FROM $1::text", alias, d.quote(p.status))
+	} else {
+		// Always true (the void value is never empty); it keeps $1 in the
+		// statement, since PostgreSQL refuses a parameter it is not given
+		// a place for.
+		b.WriteString("$1::text IS NOT NULL")
+	}
 	for _, k := range p.key {
 		fmt.Fprintf(&b, " AND %s%s IS NOT NULL", alias, d.quote(k))
 	}
 	return b.String()
+}
+
+// rowID is the expression that names a row: the id column, or without one
+// the row's physical address, stable within the statement's snapshot.
+func (d postgres) rowID(p *plan, alias string) string {
+	if p.id == nil {
+		return alias + "ctid"
+	}
+	return alias + d.quote(p.id)
 }
 
 // ranked numbers the live rows of each duplicated key: rn 1 is the
@@ -88,9 +106,16 @@ func (d postgres) ranked(p *plan) string {
 	if p.amount != nil {
 		amount = "t." + d.quote(p.amount)
 	}
-	fmt.Fprintf(&b, "t.%s AS rid, t.%s AS rt, %s AS ram, t.%s::text AS rstatus,\n", d.quote(p.id), d.quote(p.time), amount, d.quote(p.status))
-	fmt.Fprintf(&b, "    CASE WHEN t.%s::text = ANY($2::text[]) THEN 1 ELSE 0 END AS paid,\n", d.quote(p.status))
-	b.WriteString("    row_number() OVER o AS rn, count(*) OVER g AS n, first_value(t." + d.quote(p.id) + "::text) OVER o AS keep\n")
+	if p.status != nil {
+		fmt.Fprintf(&b, "%s AS rid, t.%s AS rt, %s AS ram, t.%s::text AS rstatus,\n", d.rowID(p, "t."), d.quote(p.time), amount, d.quote(p.status))
+		fmt.Fprintf(&b, "    CASE WHEN t.%s::text = ANY($2::text[]) THEN 1 ELSE 0 END AS paid,\n", d.quote(p.status))
+	} else {
+		// No status: nothing is voided, and nothing is known to be paid
+		// ($2 stays in the statement for the same reason as $1 in live).
+		fmt.Fprintf(&b, "%s AS rid, t.%s AS rt, %s AS ram, NULL::text AS rstatus,\n", d.rowID(p, "t."), d.quote(p.time), amount)
+		b.WriteString("    CASE WHEN $2::text[] IS NULL THEN 0 ELSE 0 END AS paid,\n")
+	}
+	b.WriteString("    row_number() OVER o AS rn, count(*) OVER g AS n, first_value(" + d.rowID(p, "t.") + "::text) OVER o AS keep\n")
 	fmt.Fprintf(&b, "  FROM %s AS t JOIN dupkeys AS dk ON ", d.quote(p.table))
 	for i, k := range p.key {
 		if i > 0 {
@@ -99,7 +124,7 @@ func (d postgres) ranked(p *plan) string {
 		fmt.Fprintf(&b, "dk.%[1]s = t.%[1]s", d.quote(k))
 	}
 	fmt.Fprintf(&b, "\n  WHERE %s\n", d.live(p, "t."))
-	fmt.Fprintf(&b, "  WINDOW g AS (PARTITION BY %s), o AS (g ORDER BY t.%s, t.%s)\n)\n", d.cols(p.key, "t."), d.quote(p.time), d.quote(p.id))
+	fmt.Fprintf(&b, "  WINDOW g AS (PARTITION BY %s), o AS (g ORDER BY t.%s, %s)\n)\n", d.cols(p.key, "t."), d.quote(p.time), d.rowID(p, "t."))
 	return b.String()
 }
 
@@ -173,6 +198,10 @@ func (d postgres) addColumns(p *plan, cols []Ident) string {
 }
 
 func (d postgres) guardDDL(p *plan, index Ident) string {
+	if p.status == nil {
+		// Every row is live: the fence is the whole table.
+		return fmt.Sprintf("CREATE UNIQUE INDEX CONCURRENTLY %s ON %s (%s)", d.quote(index), d.quote(p.table), d.cols(p.key, ""))
+	}
 	// DDL takes no bind parameters: the void value is a literal, safe
 	// because compile restricted it to an alphabet with no quote.
 	return fmt.Sprintf("CREATE UNIQUE INDEX CONCURRENTLY %s ON %s (%s) WHERE %s <> '%s'",

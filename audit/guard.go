@@ -42,7 +42,8 @@ func (a *Auditor) index(name string) (Ident, error) {
 
 // GuardDDL returns the statement [Auditor.Guard] runs, for a migration or a
 // DBA: a partial unique index on the key over every row whose status is not
-// the void value. index may be empty for [Auditor.IndexName].
+// the void value, or on a table without a status column ([NoColumn]) a
+// plain unique index on the key. index may be empty for [Auditor.IndexName].
 func (a *Auditor) GuardDDL(index string) (string, error) {
 	id, err := a.index(index)
 	if err != nil {
@@ -71,7 +72,8 @@ type GuardResult struct {
 	Elapsed  string   `json:"elapsed"`
 }
 
-// Guard builds the partial unique index that fences the table for good,
+// Guard builds the partial unique index (plain, without a status column)
+// that fences the table for good,
 // with CREATE UNIQUE INDEX CONCURRENTLY so writers are not blocked. It
 // first checks that no live rows share a key (else [ErrViolations]: run
 // [Auditor.Void] first). It is idempotent: a valid index of that name is
@@ -129,7 +131,7 @@ func (a *Auditor) Guard(ctx context.Context, index string) (*GuardResult, error)
 	if res.Groups > 0 {
 		return res, fmt.Errorf("%w: %d groups, %d extra rows in %s; void them first (idem audit void)", ErrViolations, res.Groups, res.ExtraRows, a.p.table)
 	}
-	if c := ti.cols[a.p.status.Name()]; !c.notNull {
+	if c, ok := ti.cols[nameOf(a.p.status)]; ok && !c.notNull {
 		res.Warnings = append(res.Warnings, fmt.Sprintf("column %s is nullable: rows whose status is NULL are outside the index predicate and not fenced; make it NOT NULL", a.p.status))
 	}
 	if _, err := a.db.Exec(ctx, a.d.guardDDL(a.p, id)); err != nil {

@@ -53,6 +53,14 @@ func ParseIdent(name string, qualified bool) (Ident, error) {
 // Name returns the last part: the bare table or column name.
 func (id Ident) Name() string { return id[len(id)-1] }
 
+// nameOf is id's Name, or "" for a column the table does not have.
+func nameOf(id Ident) string {
+	if id == nil {
+		return ""
+	}
+	return id.Name()
+}
+
 // String returns the name as given, dot-joined and unquoted.
 func (id Ident) String() string { return strings.Join(id, ".") }
 

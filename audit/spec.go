@@ -26,7 +26,8 @@ type Spec struct {
 	// a unique index does not constrain them either.
 	Key []string
 	// ID is the row identity column, used to keep the earliest row when two
-	// rows share a time and to name rows in reports. Defaults to "id".
+	// rows share a time and to name rows in reports. Defaults to "id";
+	// [NoColumn] for a table without one (see there).
 	ID string
 	// Time is the creation time column; the earliest row of a group is kept.
 	// Defaults to "created_at".
@@ -34,7 +35,8 @@ type Spec struct {
 	// Amount is an optional money column; when set, reports carry exact
 	// totals (computed by the database, returned as decimal text).
 	Amount string
-	// Status is the status column. Defaults to "status".
+	// Status is the status column. Defaults to "status"; [NoColumn] for a
+	// table without one, where every row is live.
 	Status string
 	// VoidValue is the status that marks a voided duplicate; rows with it are
 	// not live. Defaults to "VoidedDuplicate".
@@ -63,10 +65,10 @@ type plan struct {
 	spec     Spec
 	table    Ident
 	key      []Ident
-	id       Ident
+	id       Ident // nil when the table has no id column: rows go by ctid
 	time     Ident
 	amount   Ident // nil when no amount column
-	status   Ident
+	status   Ident // nil when the table has no status column: every row is live
 	reason   Ident
 	actor    Ident
 	voidedAt Ident
@@ -126,12 +128,16 @@ func compile(s Spec) (*plan, error) {
 		seen[k] = true
 		p.key = append(p.key, ident("key", k, false))
 	}
-	p.id = ident("id column", s.ID, false)
+	if s.ID != NoColumn {
+		p.id = ident("id column", s.ID, false)
+	}
 	p.time = ident("time column", s.Time, false)
 	if s.Amount != "" {
 		p.amount = ident("amount column", s.Amount, false)
 	}
-	p.status = ident("status column", s.Status, false)
+	if s.Status != NoColumn {
+		p.status = ident("status column", s.Status, false)
+	}
 	p.reason = ident("reason column", s.ReasonColumn, false)
 	p.actor = ident("actor column", s.ActorColumn, false)
 	p.voidedAt = ident("voided-at column", s.VoidedAtColumn, false)
@@ -167,7 +173,7 @@ func compile(s Spec) (*plan, error) {
 		errs = append(errs, fmt.Errorf("%w: the reason, actor, voided-at and previous-status columns must be different columns", ErrInvalidSpec))
 	}
 	for _, c := range append([]string{s.ID, s.Time, s.Amount, s.Status}, s.Key...) {
-		if what, ok := audit[c]; ok && c != "" {
+		if what, ok := audit[c]; ok && c != "" && c != NoColumn {
 			errs = append(errs, fmt.Errorf("%w: the %s column %q is also a column the audit reads", ErrInvalidSpec, what, c))
 		}
 	}
@@ -185,3 +191,11 @@ func (p *plan) keyNames() []string {
 	}
 	return out
 }
+
+// NoColumn, as [Spec.Status] or [Spec.ID], says the table has no such
+// column. Without a status column every row is live (nothing can be
+// voided, and the guard is a plain unique index); without an id column
+// rows are told apart by their physical address (PostgreSQL's ctid),
+// which is enough to count, list and fence duplicates but not to void
+// them: [Auditor.Void] refuses.
+const NoColumn = "-"

@@ -19,7 +19,8 @@ import (
 var ErrStillBeingCreated = errors.New("duplicates are still being created")
 
 // ErrMissingColumns is returned by [Auditor.Void] when the table lacks the
-// reason, actor or voided-at column and [VoidOptions.AddColumns] is not set.
+// reason, actor or voided-at column and [VoidOptions.AddColumns] is not set:
+// set it, or name existing columns in the [Spec].
 var ErrMissingColumns = errors.New("audit columns missing")
 
 // ErrConcurrentChange is returned by [Auditor.Void] when rows it was about
@@ -77,7 +78,9 @@ type VoidResult struct {
 // Void marks every live row but the earliest of each duplicate group as
 // voided: the status column gets the void value and the reason, actor,
 // voided-at and previous-status columns are written. Paid rows are skipped and listed for
-// refund unless IncludePaid is set. It never deletes.
+// refund unless IncludePaid is set. It never deletes. It needs a status
+// and an id column: with [NoColumn] for either it refuses with an error
+// wrapping [ErrInvalidSpec].
 //
 // Everything happens in one REPEATABLE READ transaction: the rows listed
 // are exactly the rows updated, and a concurrent change to one of them
@@ -85,6 +88,12 @@ type VoidResult struct {
 // facts. Running it again once done changes nothing: voided rows are no
 // longer live, so no group is left with extras.
 func (a *Auditor) Void(ctx context.Context, opt VoidOptions) (*VoidResult, error) {
+	if a.p.status == nil {
+		return nil, fmt.Errorf("%w: voiding marks rows by their status column, and the spec names none", ErrInvalidSpec)
+	}
+	if a.p.id == nil {
+		return nil, fmt.Errorf("%w: voiding names every row it voids by its id column, and the spec names none", ErrInvalidSpec)
+	}
 	if opt.Apply && (strings.TrimSpace(opt.Reason) == "" || strings.TrimSpace(opt.Actor) == "") {
 		return nil, fmt.Errorf("%w: a void that writes needs a reason and an actor (who is voiding)", ErrInvalidSpec)
 	}
@@ -112,7 +121,7 @@ func (a *Auditor) Void(ctx context.Context, opt VoidOptions) (*VoidResult, error
 	res := &VoidResult{Table: a.p.table.String(), KeyColumns: a.p.keyNames(), Forced: opt.Force}
 	if missing := a.missingAuditColumns(ti); len(missing) > 0 {
 		if !opt.AddColumns {
-			return nil, fmt.Errorf("%w: table %s has no column %s; add them with --add-columns (VoidOptions.AddColumns), or name existing columns with --reason-column, --by-column, --at-column, --previous-column",
+			return nil, fmt.Errorf("%w: table %s has no column %s",
 				ErrMissingColumns, a.p.table, strings.Join(identNames(missing), ", "))
 		}
 		res.AddedColumns = identNames(missing)
@@ -142,7 +151,7 @@ func (a *Auditor) Void(ctx context.Context, opt VoidOptions) (*VoidResult, error
 		return nil, err
 	}
 	if len(res.Voided) > 0 && res.Activity.StillBeingCreated && !opt.Force {
-		return res, fmt.Errorf("%w: the newest duplicate row is %s old, inside the quiet period of %s; refusing to void %d rows: stop the producer and wait out the quiet period, or pass --force (VoidOptions.Force)",
+		return res, fmt.Errorf("%w: the newest duplicate row is %s old, inside the quiet period of %s; refusing to void %d rows: stop the producer and wait out the quiet period",
 			ErrStillBeingCreated, roundAge(res.Activity.Age()), res.Activity.QuietPeriod, len(res.Voided))
 	}
 	if !opt.Apply {
