@@ -39,6 +39,8 @@ type Consumer[TTx any] struct {
 	stats struct {
 		delivered, redelivered, applied, duplicates, requeued, held, deadLettered, reconnects atomic.Uint64
 	}
+	health   *idem.HealthState
+	inFlight atomic.Int64 // deliveries of the current session not settled
 }
 
 // Stats counts what a consumer did since it was created. Settlement counts
@@ -81,6 +83,7 @@ func NewConsumer[TTx any](proc *idem.Processor[TTx], cfg *Config) (*Consumer[TTx
 	return &Consumer[TTx]{
 		proc: proc, cfg: c, hooks: append(slices.Clip(proc.Hooks()), c.Hooks...),
 		reconnectBackoff: idem.RetryPolicy{InitialBackoff: c.ReconnectBackoff, MaxBackoff: c.MaxReconnectBackoff},
+		health:           idem.NewHealthState(proc.Consumer(), c.Queue),
 	}, nil
 }
 
@@ -147,6 +150,8 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 		return ErrRunning
 	}
 	defer c.running.Store(false)
+	c.health.Start(time.Now())
+	defer func() { c.health.Stop(time.Now()) }()
 	log := c.cfg.Logger.With(slog.String("consumer", c.proc.Consumer()), slog.String("queue", c.cfg.Queue))
 	if err := c.check(ctx, log); err != nil {
 		return err
@@ -155,6 +160,8 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 	everConsumed := false
 	for {
 		consumed, err := c.session(ctx, log)
+		c.inFlight.Store(0)
+		c.health.Disconnect(err, time.Now())
 		if ctx.Err() != nil {
 			if err != nil {
 				log.Info("consumer stopped", slog.Any("error", err))
@@ -190,11 +197,15 @@ func (c *Consumer[TTx]) check(ctx context.Context, log *slog.Logger) error {
 	for tries := 1; ; tries++ {
 		err := c.proc.Check(ctx)
 		switch {
-		case err == nil || ctx.Err() != nil:
+		case err == nil:
+			c.health.Reachable(time.Now())
+			return nil
+		case ctx.Err() != nil:
 			return nil
 		case !errors.Is(err, idem.ErrUnavailable):
 			return fmt.Errorf("consuming queue %s: %w", c.cfg.Queue, err)
 		}
+		c.health.Unreachable(err, time.Now())
 		wait := c.reconnectBackoff.Backoff(tries)
 		log.Warn("inbox database unreachable at start; checking again", slog.Any("error", err), slog.Duration("backoff", wait))
 		t := time.NewTimer(wait)
@@ -324,6 +335,7 @@ func (c *Consumer[TTx]) session(ctx context.Context, log *slog.Logger) (consumed
 	if err != nil {
 		return false, fmt.Errorf("starting consumer: %w", err)
 	}
+	c.health.Connect(time.Now())
 	log.Info("consuming", slog.String("consumer_tag", tag), slog.Int("prefetch", c.cfg.Prefetch),
 		slog.String("dead_letter_queue", c.cfg.DeadLetterQueue))
 
@@ -358,6 +370,7 @@ func (l *loop[TTx]) run(ctx context.Context, tag string, deliveries <-chan amqp.
 	done := ctx.Done()
 	for {
 		w, wake := l.s.next(time.Now())
+		l.c.inFlight.Store(int64(l.s.tr.len()))
 		for _, b := range w.batches {
 			l.process(b)
 		}
@@ -399,6 +412,7 @@ func (l *loop[TTx]) run(ctx context.Context, tag string, deliveries <-chan amqp.
 			l.logHeld(r.decisions)
 		case p := <-l.publications:
 			if p.err != nil {
+				l.c.health.Fail(fmt.Errorf("publishing dead letters: %w", p.err), time.Now())
 				l.log.Error("publishing dead letters failed; they stay unacked and are published again",
 					slog.Int("dead_letters", len(p.letters)), slog.Any("error", p.err))
 			}
@@ -444,7 +458,9 @@ func (l *loop[TTx]) process(b pending) {
 // processor's Dispose. It runs off the loop, so it must not touch the
 // session or send frames on the consuming channel.
 func (l *loop[TTx]) work(b pending) completion {
+	l.c.health.Begin(time.Now())
 	results := l.c.proc.ProcessBatch(l.bctx, b.msgs)
+	l.c.health.End(time.Now())
 	r := completion{batch: b, decisions: make([]decision, len(results))}
 	for i, res := range results {
 		r.decisions[i] = decide(l.c.proc.Dispose(res), res)
@@ -481,6 +497,9 @@ func (l *loop[TTx]) logHeld(ds []decision) {
 	n, first := 0, -1
 	for i := range ds {
 		if ds[i].verb == Hold {
+			if !l.s.stopping {
+				l.c.health.Settle(ds[i].disp, ds[i].res, time.Now())
+			}
 			n++
 			if first < 0 {
 				first = i
@@ -524,6 +543,7 @@ func (l *loop[TTx]) send(ops []op) error {
 			default:
 				st.applied.Add(1)
 			}
+			l.c.health.Settle(d.disp, d.res, time.Now())
 			idem.Each(l.c.hooks, func(h SettledHook) { h.Settled(cfg.Queue, d.verb, d.res) })
 			idem.Each(l.c.hooks, func(h idem.SettleHook) { h.OnSettle(l.c.proc.Consumer(), cfg.Queue, d.disp, d.res) })
 		}
