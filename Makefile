@@ -9,6 +9,7 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # RabbitMQ on 127.0.0.1 if they are down.
 test: services lint
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+	cd idemotel && $(GO) test -race -count=1 -timeout 15m ./...
 
 services:
 	@bash scripts/services.sh
@@ -17,6 +18,7 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	cd idemotel && $(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 
 # Benchmarks: claim vs no claim, batch sizes; see README for the figures.
