@@ -5,17 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"net/url"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -31,20 +28,21 @@ const auditUsage = `usage: idem audit <duplicates|void|guard|check> --table T --
 The repair of a table that already has duplicate rows, in this order:
   duplicates  report duplicate groups, exact totals, and whether they are still being created
   void        mark every duplicate but the earliest as voided (dry run; --apply writes)
-  guard       build the partial unique index that fences the table (--print shows it)
+  guard       build the unique index that fences the table (--print shows it)
   check       count duplicate groups among live rows; exit 1 when any (--every to watch)
+
+Live rows are those whose --status-column is not --void-value. A table with no
+status column: --status-column - (or ''), and every row is live. A table with
+no id column: --id - (or ''); rows are then told apart by their physical
+address, so duplicates, check and guard work, and void refuses.
 
 Run 'idem audit <subcommand> -h' for its flags.
 `
 
-// auditExitCheckFailed is check's exit status when it could not count
-// (database down, table missing), as distinct from 1, "duplicates found".
-const auditExitCheckFailed = 3
-
 func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, auditUsage)
-		return &exitError{code: 2}
+		return &usageError{cmd: "audit", msg: "missing subcommand"}
 	}
 	sub, rest := args[0], args[1:]
 	switch sub {
@@ -56,19 +54,18 @@ func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return auditGuard(ctx, rest, stdout, stderr)
 	case "check":
 		return auditCheck(ctx, rest, stdout, stderr)
-	case "-h", "--help", "help":
+	case "-h", "--help", "-help", "help":
 		fmt.Fprint(stdout, auditUsage)
 		return nil
 	default:
-		fmt.Fprintf(stderr, "idem audit: unknown subcommand %q\n\n%s", sub, auditUsage)
-		return &exitError{code: 2}
+		return &usageError{cmd: "audit", msg: fmt.Sprintf("unknown subcommand %q (want duplicates, void, guard or check)", sub)}
 	}
 }
 
 // auditFlags are the flags every audit subcommand shares.
 type auditFlags struct {
-	fs          *flag.FlagSet
-	database    string
+	fs          *cmdFlags
+	db          dbFlags
 	jsonOut     bool
 	table       string
 	key         string
@@ -83,22 +80,17 @@ type auditFlags struct {
 	reasonColumn, byColumn, atColumn, prevColumn string
 }
 
-func newAuditFlags(sub, summary string, stderr io.Writer) *auditFlags {
-	f := &auditFlags{fs: flag.NewFlagSet("idem audit "+sub, flag.ContinueOnError)}
+func newAuditFlags(sub, summary string, stdout io.Writer) *auditFlags {
+	f := &auditFlags{fs: newCmdFlags("audit "+sub, "--table T --key c1,c2 [flags]", summary, stdout)}
 	fs := f.fs
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: idem audit %s --table T --key c1,c2 [flags]\n\n%s\n\nflags:\n", sub, summary)
-		fs.PrintDefaults()
-	}
-	fs.StringVar(&f.database, "database", "", databaseFlagHelp)
+	f.db.add(fs.FlagSet)
 	fs.BoolVar(&f.jsonOut, "json", false, "print the result as JSON")
 	fs.StringVar(&f.table, "table", "", "business table, optionally schema.table (required)")
 	fs.StringVar(&f.key, "key", "", "comma-separated business key columns that must be unique among live rows (required)")
-	fs.StringVar(&f.id, "id", "id", "row identity column (ties on time are broken by it)")
+	fs.StringVar(&f.id, "id", "id", "row identity column (ties on time are broken by it); - or '' for a table without one")
 	fs.StringVar(&f.time, "time", "created_at", "creation time column: the earliest row of a group is kept")
 	fs.StringVar(&f.amount, "amount", "", "money column to total (optional)")
-	fs.StringVar(&f.status, "status-column", "status", "status column")
+	fs.StringVar(&f.status, "status-column", "status", "status column; - or '' for a table without one (every row is live)")
 	fs.StringVar(&f.voidValue, "void-value", "VoidedDuplicate", "status of a voided duplicate; rows with it are not live")
 	fs.StringVar(&f.paidValue, "paid-value", "Paid", "comma-separated statuses of paid rows (never voided without --include-paid)")
 	fs.DurationVar(&f.quietPeriod, "quiet-period", time.Hour, "duplicates are still being created when the newest duplicate row is younger than this (database clock)")
@@ -111,27 +103,38 @@ func newAuditFlags(sub, summary string, stderr io.Writer) *auditFlags {
 	return f
 }
 
-// parse parses args and maps a flag error to exit status 2.
+// parse parses args (flags only) and checks the required ones.
 func (f *auditFlags) parse(args []string) error {
-	if err := f.fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return &exitError{code: 2}
+	if err := f.fs.parse(args, false); err != nil {
+		return err
 	}
-	if f.fs.NArg() > 0 {
-		return &exitError{code: 2, msg: fmt.Sprintf("unexpected argument %q (flags only)", f.fs.Arg(0))}
+	switch {
+	case f.table == "" && f.key == "":
+		return f.fs.usagef("--table and --key are required")
+	case f.table == "":
+		return f.fs.usagef("--table is required")
+	case f.key == "":
+		return f.fs.usagef("--key is required")
+	case f.quietPeriod < 0:
+		return f.fs.usagef("--quiet-period must not be negative")
 	}
-	if f.table == "" || f.key == "" {
-		return &exitError{code: 2, msg: "--table and --key are required"}
+	return f.db.validate()
+}
+
+// noColumn maps the command line's two spellings of "no such column",
+// "-" and the empty string,
+// to the spec's.
+func noColumn(v string) string {
+	if v == "" || v == "-" {
+		return audit.NoColumn
 	}
-	return nil
+	return v
 }
 
 func (f *auditFlags) spec() audit.Spec {
 	return audit.Spec{
-		Table: f.table, Key: auditSplit(f.key), ID: f.id, Time: f.time, Amount: f.amount,
-		Status: f.status, VoidValue: f.voidValue, PaidValues: auditSplit(f.paidValue),
+		Table: f.table, Key: auditSplit(f.key), ID: noColumn(f.id), Time: f.time, Amount: f.amount,
+		Status: noColumn(f.status), VoidValue: f.voidValue, PaidValues: auditSplit(f.paidValue),
 		ReasonColumn: f.reasonColumn, ActorColumn: f.byColumn, VoidedAtColumn: f.atColumn,
 		PreviousStatusColumn: f.prevColumn,
 		QuietPeriod:          f.quietPeriod,
@@ -151,40 +154,45 @@ func auditSplit(s string) []string {
 // auditor validates the spec (a refused name is a usage error, exit 2)
 // and, unless offline, opens the database.
 func (f *auditFlags) auditor(ctx context.Context, offline bool) (*audit.Auditor, func(), error) {
+	if _, err := audit.New(nil, f.spec()); err != nil {
+		return nil, nil, f.fs.usagef("%s", auditFlagTerms(err.Error()))
+	}
 	if offline {
-		a, err := audit.New(nil, f.spec())
-		if err != nil {
-			return nil, nil, &exitError{code: 2, msg: err.Error()}
-		}
+		a, _ := audit.New(nil, f.spec())
 		return a, func() {}, nil
 	}
-	if _, err := audit.New(nil, f.spec()); err != nil {
-		return nil, nil, &exitError{code: 2, msg: err.Error()}
-	}
-	dbURL := databaseURL(f.database)
-	pool, err := pgxpool.New(ctx, dbURL)
+	pool, err := f.db.pool(ctx)
 	if err != nil {
-		return nil, nil, fmt.Errorf("opening %s: %w", auditRedact(dbURL), err)
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		return nil, nil, fmt.Errorf("connecting to %s: %w", auditRedact(dbURL), err)
+		return nil, nil, err
 	}
 	a, err := audit.New(pool, f.spec())
 	if err != nil {
 		pool.Close()
-		return nil, nil, &exitError{code: 2, msg: err.Error()}
+		return nil, nil, f.fs.usagef("%s", auditFlagTerms(err.Error()))
 	}
 	return a, pool.Close, nil
 }
 
-// auditRedact hides a password in a database URL.
-func auditRedact(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "the database URL"
-	}
-	return u.Redacted()
+// auditFlagTerms names the flags in a spec error, whose terms are the
+// library's ("status column", "void value").
+func auditFlagTerms(msg string) string {
+	r := strings.NewReplacer(
+		"invalid audit spec: ", "",
+		"table: ", "--table: ",
+		"key: ", "--key: ",
+		"id column: ", "--id: ",
+		"time column: ", "--time: ",
+		"amount column: ", "--amount: ",
+		"status column: ", "--status-column: ",
+		"reason column: ", "--reason-column: ",
+		"actor column: ", "--by-column: ",
+		"voided-at column: ", "--at-column: ",
+		"previous-status column: ", "--previous-column: ",
+		"void value ", "--void-value ",
+		"paid value", "--paid-value",
+		"quiet period", "--quiet-period",
+	)
+	return strings.ReplaceAll(r.Replace(msg), "\n", "; ")
 }
 
 func auditJSON(w io.Writer, v any) error {
@@ -194,10 +202,13 @@ func auditJSON(w io.Writer, v any) error {
 }
 
 func auditDuplicates(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f := newAuditFlags("duplicates", "Reports every key held by more than one live row: count, earliest, latest, amount, paid rows;\nexact totals over all groups; and whether duplicates are still being created.", stderr)
+	f := newAuditFlags("duplicates", "Reports every key held by more than one live row: count, earliest, latest, amount, paid rows;\nexact totals over all groups; and whether duplicates are still being created.", stdout)
 	limit := f.fs.Int("limit", 50, "list at most this many groups, newest first (0: all); totals always cover all")
 	if err := f.parse(args); err != nil {
 		return err
+	}
+	if *limit < 0 {
+		return f.fs.usagef("--limit must not be negative (0 lists all)")
 	}
 	a, closeDB, err := f.auditor(ctx, false)
 	if err != nil {
@@ -212,7 +223,11 @@ func auditDuplicates(ctx context.Context, args []string, stdout, stderr io.Write
 		return auditJSON(stdout, rep)
 	}
 	spec := a.Spec()
-	fmt.Fprintf(stdout, "table %s, key (%s); live rows: %s is not '%s'\n\n", rep.Table, strings.Join(rep.KeyColumns, ", "), spec.Status, spec.VoidValue)
+	live := fmt.Sprintf("%s is not '%s'", spec.Status, spec.VoidValue)
+	if spec.Status == audit.NoColumn {
+		live = "every row (no status column)"
+	}
+	fmt.Fprintf(stdout, "table %s, key (%s); live rows: %s\n\n", rep.Table, strings.Join(rep.KeyColumns, ", "), live)
 	if len(rep.Groups) > 0 {
 		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 		head := append(append([]string(nil), rep.KeyColumns...), "rows", "earliest", "latest")
@@ -265,7 +280,7 @@ func auditDuplicates(ctx context.Context, args []string, stdout, stderr io.Write
 }
 
 func auditVoid(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f := newAuditFlags("void", "Marks every live row but the earliest of each key as voided (status, reason, actor, time),\nin one transaction. Dry run unless --apply. Skips paid rows and lists them for refund.\nRefuses while duplicates are still being created, unless --force. Never deletes.", stderr)
+	f := newAuditFlags("void", "Marks every live row but the earliest of each key as voided (status, reason, actor, time),\nin one transaction. Dry run unless --apply. Skips paid rows and lists them for refund.\nRefuses while duplicates are still being created, unless --force. Never deletes.", stdout)
 	var opt audit.VoidOptions
 	f.fs.BoolVar(&opt.Apply, "apply", false, "write (default: dry run, nothing written)")
 	f.fs.StringVar(&opt.Reason, "reason", "", "why the rows are voided, written to --reason-column (required with --apply)")
@@ -278,11 +293,23 @@ func auditVoid(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := f.parse(args); err != nil {
 		return err
 	}
-	if opt.LockTimeout <= 0 {
+	if *limit < 0 {
+		return f.fs.usagef("--limit must not be negative (0 lists all)")
+	}
+	if opt.LockTimeout < 0 {
+		return f.fs.usagef("--lock-timeout must not be negative (0: the server's setting)")
+	}
+	if opt.LockTimeout == 0 {
 		opt.LockTimeout = -1
 	}
 	if opt.Apply && (strings.TrimSpace(opt.Reason) == "" || strings.TrimSpace(opt.Actor) == "") {
-		return &exitError{code: 2, msg: "--apply needs --reason and --by: every voided row records why and by whom"}
+		return f.fs.usagef("--apply needs --reason and --by: every voided row records why and by whom")
+	}
+	if noColumn(f.status) == audit.NoColumn {
+		return f.fs.usagef("void marks rows by their --status-column: a table without one has nothing to void with")
+	}
+	if noColumn(f.id) == audit.NoColumn {
+		return f.fs.usagef("void names every row it voids by its --id column: a table without one cannot be voided (duplicates, check and guard work without it)")
 	}
 	a, closeDB, err := f.auditor(ctx, false)
 	if err != nil {
@@ -290,6 +317,9 @@ func auditVoid(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	defer closeDB()
 	res, err := a.Void(ctx, opt)
+	if errors.Is(err, audit.ErrMissingColumns) {
+		return fmt.Errorf("%w; add them with --add-columns, or name existing columns with --reason-column, --by-column, --at-column, --previous-column", err)
+	}
 	if res == nil {
 		return err
 	}
@@ -301,7 +331,7 @@ func auditVoid(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		auditPrintVoid(stdout, a.Spec(), opt, res, *limit)
 	}
 	if errors.Is(err, audit.ErrStillBeingCreated) {
-		return &exitError{code: 1, msg: "refused: " + err.Error()}
+		return &exitError{code: exitFindings, msg: "refused: " + err.Error() + ", or pass --force"}
 	}
 	return err
 }
@@ -384,7 +414,7 @@ func auditPrintVoid(w io.Writer, spec audit.Spec, opt audit.VoidOptions, res *au
 }
 
 func auditGuard(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f := newAuditFlags("guard", "Builds the partial unique index on the key over rows that are not voided, with\nCREATE UNIQUE INDEX CONCURRENTLY, after checking that no live duplicates remain.\nWriters are not blocked; the build waits for every older transaction in the database.", stderr)
+	f := newAuditFlags("guard", "Builds the partial unique index on the key over rows that are not voided, with\nCREATE UNIQUE INDEX CONCURRENTLY, after checking that no live duplicates remain.\nWriters are not blocked; the build waits for every older transaction in the database.", stdout)
 	index := f.fs.String("index", "", "index name (default ux_<table>_<key columns>)")
 	printOnly := f.fs.Bool("print", false, "print the DDL and exit, without connecting")
 	if err := f.parse(args); err != nil {
@@ -398,7 +428,7 @@ func auditGuard(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if *printOnly {
 		ddl, err := a.GuardDDL(*index)
 		if err != nil {
-			return &exitError{code: 2, msg: err.Error()}
+			return f.fs.usagef("--index: %v", err)
 		}
 		if f.jsonOut {
 			return auditJSON(stdout, map[string]string{"ddl": ddl})
@@ -407,20 +437,24 @@ func auditGuard(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return nil
 	}
 	res, err := a.Guard(ctx, *index)
-	if errors.Is(err, audit.ErrInvalidName) {
-		return &exitError{code: 2, msg: err.Error()}
-	}
-	if res == nil {
+	switch {
+	case errors.Is(err, audit.ErrInvalidName):
+		return f.fs.usagef("--index: %v", err)
+	case errors.Is(err, audit.ErrIndexNameTaken):
+		return fmt.Errorf("%w; choose another with --index", err)
+	case errors.Is(err, audit.ErrViolations) && res != nil:
+		// A finding, like check's: the result says how many.
+		if f.jsonOut {
+			if jerr := auditJSON(stdout, res); jerr != nil {
+				return jerr
+			}
+		}
+		return &exitError{code: exitFindings, msg: "refused: " + err.Error()}
+	case err != nil:
 		return err
 	}
 	if f.jsonOut {
-		if jerr := auditJSON(stdout, res); jerr != nil {
-			return jerr
-		}
-		return err
-	}
-	if err != nil {
-		return err
+		return auditJSON(stdout, res)
 	}
 	for _, warn := range res.Warnings {
 		fmt.Fprintln(stderr, "warning: "+warn)
@@ -438,34 +472,30 @@ func auditGuard(ctx context.Context, args []string, stdout, stderr io.Writer) er
 }
 
 func auditCheck(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f := newAuditFlags("check", "Counts duplicate groups among live rows. Exit status 0 when none, 1 when any, 3 when the\ncheck could not run. With --every it keeps running and exports the count as a Prometheus\ngauge on --listen: once the guard index exists the count must stay 0; anything else means\nthe index was dropped or a write path bypassed it.", stderr)
+	f := newAuditFlags("check", "Counts duplicate groups among live rows. Exit status 0 when none, 1 when any, 3 when the\ncheck could not run. With --every it keeps running and exports the count as a Prometheus\ngauge on --listen: once the guard index exists the count must stay 0; anything else means\nthe index was dropped or a write path bypassed it.", stdout)
 	every := f.fs.Duration("every", 0, "check again at this interval and serve /metrics (for example 6h); 0: check once")
 	listen := f.fs.String("listen", ":9465", "address for /metrics with --every")
 	if err := f.parse(args); err != nil {
 		return err
 	}
 	if *every < 0 {
-		return &exitError{code: 2, msg: "--every must be positive"}
+		return f.fs.usagef("--every must be positive (0: check once)")
 	}
 	a, closeDB, err := f.auditor(ctx, false)
 	if err != nil {
-		var ee *exitError
-		if errors.As(err, &ee) {
-			return err
-		}
-		return &exitError{code: auditExitCheckFailed, msg: err.Error()}
+		return err
 	}
 	defer closeDB()
 	if *every == 0 {
 		res, err := a.Check(ctx)
 		if err != nil {
-			return &exitError{code: auditExitCheckFailed, msg: err.Error()}
+			return err
 		}
 		if err := auditPrintCheck(stdout, f.jsonOut, res); err != nil {
 			return err
 		}
 		if res.Groups > 0 {
-			return &exitError{code: 1}
+			return &exitError{code: exitFindings}
 		}
 		return nil
 	}

@@ -105,7 +105,7 @@ func TestAuditCLIRepairSession(t *testing.T) {
 		"verdict: not being created any more",
 	}, with("duplicates", "--amount", "amount")...)
 	auditExpect(t, 1, []string{"duplicate groups remain", "void them first"}, with("guard")...)
-	auditExpect(t, 1, []string{"no column voided_reason, voided_by, voided_at, voided_from_status", "--add-columns"}, with("void")...)
+	auditExpect(t, 3, []string{"no column voided_reason, voided_by, voided_at, voided_from_status", "--add-columns"}, with("void")...)
 	auditExpect(t, 0, []string{"DRY RUN", "rows to void: 4, amount 1100.00", "paid rows skipped: 2, amount 800.00", "columns to add: voided_reason, voided_by, voided_at, voided_from_status"},
 		with("void", "--amount", "amount", "--add-columns")...)
 	auditExpect(t, 2, []string{"--apply needs --reason and --by"}, with("void", "--apply")...)
@@ -193,7 +193,7 @@ func TestAuditCLIRefusesHostileNames(t *testing.T) {
 	} {
 		auditExpect(t, 2, []string{"invalid SQL name", "DROP TABLE x"}, args...)
 	}
-	auditExpect(t, 2, []string{"void value"}, "audit", "guard", "--print", "--table", "invoices", "--key", "customer_id", "--void-value", "x' OR 'a'='a")
+	auditExpect(t, 2, []string{"--void-value"}, "audit", "guard", "--print", "--table", "invoices", "--key", "customer_id", "--void-value", "x' OR 'a'='a")
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, db)
 	if err != nil {
@@ -207,13 +207,13 @@ func TestAuditCLIRefusesHostileNames(t *testing.T) {
 
 func TestAuditCLIUsage(t *testing.T) {
 	t.Parallel()
-	auditExpect(t, 2, []string{"usage: idem audit"}, "audit", "")
+	auditExpect(t, 2, []string{"unknown subcommand", "idem audit -h"}, "audit", "")
 	if code, _, errb := auditRun(t, "audit"); code != 2 || !strings.Contains(errb, "duplicates") {
 		t.Fatalf("idem audit: exit %d %s", code, errb)
 	}
 	auditExpect(t, 2, []string{"unknown subcommand"}, "audit", "dedupe")
-	auditExpect(t, 2, []string{"--table and --key are required"}, "audit", "check", "--table", "invoices")
-	auditExpect(t, 2, []string{"flag provided but not defined"}, "audit", "check", "--tabel", "invoices")
+	auditExpect(t, 2, []string{"--key is required"}, "audit", "check", "--table", "invoices")
+	auditExpect(t, 2, []string{"unknown flag --tabel"}, "audit", "check", "--tabel", "invoices")
 	auditExpect(t, 0, []string{"-include-paid"}, "audit", "void", "-h")
 	auditExpect(t, 0, []string{`WHERE "status" <> 'VoidedDuplicate';`}, "audit", "guard", "--print", "--table", "billing.invoices", "--key", "customer_id,period")
 	// check tells "could not check" (3) from "duplicates found" (1).

@@ -4,15 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"sort"
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/pgxinbox"
@@ -22,10 +22,44 @@ import (
 )
 
 func init() {
-	register(command{name: "inbox", summary: "the inbox table: migrate, prune, partitions ensure|drop, stats, window show|set", run: runInbox})
+	register(command{name: "inbox", summary: "the inbox table: " + inboxSummary(), run: runInbox})
 }
 
-const inboxUsage = `usage: idem inbox <migrate|prune|partitions ensure|partitions drop|stats|window show|window set> [flags]
+// inboxSub is one `idem inbox` subcommand.
+type inboxSub struct {
+	run     inboxCommand
+	summary string // one line for the subcommand list
+}
+
+// inboxCommand runs one `idem inbox` subcommand with its arguments.
+type inboxCommand func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+
+// inboxCommands is the dispatcher: a subcommand, or a group and its
+// subcommand ("window show"), to what runs it. A new subcommand is one
+// entry here.
+var inboxCommands = map[string]inboxSub{
+	"migrate":           {inboxMigrate, "create or upgrade the inbox table and record its layout and window (run it before the consumers start, and on upgrades)"},
+	"prune":             {inboxPrune, "delete markers past the window in batches (plain table), or drop the daily partitions past it (partitioned table)"},
+	"partitions ensure": {inboxEnsure, "create daily partitions ahead (run it daily)"},
+	"partitions drop":   {inboxDrop, "drop the daily partitions past the window"},
+	"stats":             {inboxStats, "rows, oldest marker, window headroom"},
+	"window show":       {inboxWindowShow, "the stored layout and window, and the consumers' horizons"},
+	"window set":        {inboxWindowSet, "change the stored window (<duration>; logged; --force under 1h or below a consumer's horizon)"},
+}
+
+func inboxNames() []string {
+	names := make([]string, 0, len(inboxCommands))
+	for n := range inboxCommands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+func inboxSummary() string { return strings.Join(inboxNames(), ", ") }
+
+func inboxUsage(w io.Writer) {
+	fmt.Fprint(w, `usage: idem inbox <subcommand> [flags]
 
 Markers are kept for the retention window stored with the inbox table (written
 by its migration, 14 days by default), counted from a marker's keep_until: the
@@ -33,126 +67,122 @@ latest of its write time and the event times of the messages that met it
 (partitioned tables: its partition time). Every consumer, prune and command
 reads the stored window; a prune or drop with a shorter --window is refused.
 
-  migrate           create or upgrade the inbox table and record its layout and
-                    window (run it before the consumers start, and on upgrades)
-  prune             delete markers past the window in batches (plain table), or
-                    drop the daily partitions past it (partitioned table)
-  partitions ensure create daily partitions ahead (run it daily)
-  partitions drop   drop the daily partitions past the window
-  stats             rows, oldest marker, window headroom (--json)
-  window show       the stored layout and window, and the consumers' horizons
-  window set <dur>  change the stored window (logged; --force under 1h or
-                    below a consumer's horizon)
+subcommands:
+`)
+	for _, n := range inboxNames() {
+		fmt.Fprintf(w, "  %-18s%s\n", n, inboxCommands[n].summary)
+	}
+	fmt.Fprint(w, "\nThe layout is read from the database. Run 'idem inbox <subcommand> -h' for flags.\n")
+}
 
-The layout is read from the database. Run 'idem inbox <subcommand> -h' for flags.
-`
+func isHelp(arg string) bool {
+	return arg == "-h" || arg == "--help" || arg == "-help" || arg == "help"
+}
 
 func runInbox(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, inboxUsage)
-		return &exitError{code: 2}
+		inboxUsage(stderr)
+		return &usageError{cmd: "inbox", msg: "missing subcommand"}
 	}
-	switch sub, rest := args[0], args[1:]; sub {
-	case "migrate":
-		return inboxMigrate(ctx, rest, stdout, stderr)
-	case "prune":
-		return inboxPrune(ctx, rest, stdout, stderr)
-	case "stats":
-		return inboxStats(ctx, rest, stdout, stderr)
-	case "window":
-		return inboxGroup(ctx, "window", rest, stdout, stderr, map[string]inboxCommand{
-			"show": inboxWindowShow, "set": inboxWindowSet,
-		})
-	case "partitions":
-		return inboxGroup(ctx, "partitions", rest, stdout, stderr, map[string]inboxCommand{
-			"ensure": inboxEnsure, "drop": inboxDrop,
-		})
-	case "-h", "--help", "help":
-		fmt.Fprint(stderr, inboxUsage)
+	if isHelp(args[0]) {
+		inboxUsage(stdout)
 		return nil
+	}
+	if len(args) > 1 {
+		if sub, ok := inboxCommands[args[0]+" "+args[1]]; ok {
+			return sub.run(ctx, args[2:], stdout, stderr)
+		}
+	}
+	if sub, ok := inboxCommands[args[0]]; ok {
+		return sub.run(ctx, args[1:], stdout, stderr)
+	}
+	// A group: `idem inbox window` alone, with -h, or with an unknown word.
+	var group []string
+	for _, n := range inboxNames() {
+		if g, sub, ok := strings.Cut(n, " "); ok && g == args[0] {
+			group = append(group, sub)
+		}
+	}
+	switch {
+	case len(group) == 0:
+		return &usageError{cmd: "inbox", msg: fmt.Sprintf("unknown subcommand %q (want one of: %s)", args[0], inboxSummary())}
+	case len(args) > 1 && isHelp(args[1]):
+		inboxUsage(stdout)
+		return nil
+	case len(args) == 1:
+		return &usageError{cmd: "inbox", msg: fmt.Sprintf("inbox %s: want one of: %s", args[0], strings.Join(group, ", "))}
 	default:
-		fmt.Fprintf(stderr, "idem inbox: unknown subcommand %q\n\n%s", sub, inboxUsage)
-		return &exitError{code: 2}
+		return &usageError{cmd: "inbox", msg: fmt.Sprintf("inbox %s: unknown subcommand %q (want one of: %s)", args[0], args[1], strings.Join(group, ", "))}
 	}
-}
-
-// inboxCommand runs one `idem inbox` subcommand with its arguments.
-type inboxCommand func(ctx context.Context, args []string, stdout, stderr io.Writer) error
-
-// inboxGroup runs the subcommand of a group (`idem inbox window show`)
-// named by rest[0].
-func inboxGroup(ctx context.Context, group string, rest []string, stdout, stderr io.Writer, cmds map[string]inboxCommand) error {
-	if len(rest) == 0 {
-		fmt.Fprint(stderr, inboxUsage)
-		return &exitError{code: 2}
-	}
-	if cmd, ok := cmds[rest[0]]; ok {
-		return cmd(ctx, rest[1:], stdout, stderr)
-	}
-	fmt.Fprintf(stderr, "idem inbox %s: unknown subcommand %q\n\n%s", group, rest[0], inboxUsage)
-	return &exitError{code: 2}
 }
 
 // inboxFlags are the flags every inbox subcommand shares.
 type inboxFlags struct {
-	fs       *flag.FlagSet
-	database string
-	sqlite   string
-	table    string
-	window   time.Duration
-	jsonOut  bool
-	logger   *slog.Logger
+	fs      *cmdFlags
+	db      dbFlags
+	sqlite  string
+	table   string
+	window  time.Duration
+	jsonOut bool
+	logger  *slog.Logger
 }
 
-func newInboxFlags(name, doc string, stderr io.Writer, sqliteOK bool) *inboxFlags {
-	f := &inboxFlags{fs: flag.NewFlagSet("idem inbox "+name, flag.ContinueOnError), logger: slog.New(slog.NewTextHandler(stderr, nil))}
-	f.fs.SetOutput(stderr)
-	f.fs.StringVar(&f.database, "database", "", databaseFlagHelp)
+// newInboxFlags returns the flags of `idem inbox <name>`, documented by
+// doc; sqliteOK adds --sqlite. Help goes to stdout, the store's log lines
+// to stderr.
+func newInboxFlags(name, doc string, stdout, stderr io.Writer, sqliteOK bool) *inboxFlags {
+	synopsis := "[flags]"
+	if n, args, ok := strings.Cut(name, " <"); ok {
+		name, synopsis = n, "<"+args+" [flags]"
+	}
+	f := &inboxFlags{fs: newCmdFlags("inbox "+name, synopsis, doc, stdout), logger: slog.New(slog.NewTextHandler(stderr, nil))}
+	f.db.add(f.fs.FlagSet)
 	if sqliteOK {
 		f.fs.StringVar(&f.sqlite, "sqlite", "", "SQLite database file, instead of --database")
 	}
 	f.fs.StringVar(&f.table, "table", "idem_inbox", "inbox table, optionally schema-qualified")
 	f.fs.DurationVar(&f.window, "window", 0, "retention window to remove markers by (default the window stored with the table; a shorter one is refused)")
 	f.fs.BoolVar(&f.jsonOut, "json", false, "print JSON")
-	f.fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: idem inbox %s [flags]\n\n%s\n\nflags:\n", name, doc)
-		f.fs.PrintDefaults()
-	}
 	return f
 }
 
 // noWindow refuses --window on a command that only reads or sets the
 // stored window: a window of its own would be ignored, or mistaken for the
 // one consumers use.
-func (f *inboxFlags) noWindow(cmd string) error {
+func (f *inboxFlags) noWindow() error {
 	if f.window != 0 {
-		return &exitError{code: 2, msg: cmd + " uses the window stored with the table (see idem inbox window show); --window applies to prune and partitions drop"}
+		return f.fs.usagef("this command uses the window stored with the table (see idem inbox window show); --window applies to prune and partitions drop")
 	}
 	return nil
 }
 
+// parse parses args (flags only) and validates the shared flags.
 func (f *inboxFlags) parse(args []string) error {
-	if err := f.fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return &exitError{code: 2}
+	if err := f.fs.parse(args, false); err != nil {
+		return err
 	}
-	if f.fs.NArg() > 0 {
-		return &exitError{code: 2, msg: "unexpected arguments: " + strings.Join(f.fs.Args(), " ")}
-	}
+	return f.validate()
+}
+
+func (f *inboxFlags) validate() error {
 	if f.window < 0 {
-		return &exitError{code: 2, msg: "--window must be positive"}
+		return f.fs.usagef("--window must be positive")
 	}
-	return nil
+	if f.sqlite != "" && f.db.database != "" {
+		return f.fs.usagef("--sqlite and --database name two databases: give one")
+	}
+	if f.table == "" {
+		return f.fs.usagef("--table must not be empty")
+	}
+	return f.db.validate()
 }
 
 // pgStore opens the PostgreSQL inbox named by the flags, in the layout the
-// table has in the database.
+// table has in the database, and checks that the table is an idem inbox.
 func (f *inboxFlags) pgStore(ctx context.Context) (*pgxinbox.Store, func(), error) {
-	pool, err := pgxpool.New(ctx, databaseURL(f.database))
+	pool, err := f.db.pool(ctx)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connecting to PostgreSQL: %w", err)
+		return nil, nil, err
 	}
 	var kind *string
 	if err := pool.QueryRow(ctx, `SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1))`, f.table).Scan(&kind); err != nil {
@@ -161,7 +191,7 @@ func (f *inboxFlags) pgStore(ctx context.Context) (*pgxinbox.Store, func(), erro
 	}
 	if kind == nil {
 		pool.Close()
-		return nil, nil, fmt.Errorf("table %s does not exist in this database (wrong --table or --database?)", f.table)
+		return nil, nil, fmt.Errorf("table %s does not exist in this database (wrong --table or --database?); create it with: %s", f.table, f.migrateHint())
 	}
 	layout := pgxinbox.Plain
 	if *kind == "p" {
@@ -172,12 +202,56 @@ func (f *inboxFlags) pgStore(ctx context.Context) (*pgxinbox.Store, func(), erro
 		pool.Close()
 		return nil, nil, err
 	}
+	if err := f.requireInbox(ctx, store); err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
 	return store, pool.Close, nil
 }
 
-func (f *inboxFlags) sqliteStore() (*sqlinbox.Store, func(), error) {
+// settingsReader is what requireInbox needs of either store.
+type settingsReader interface {
+	Settings(ctx context.Context) (idem.Settings, error)
+}
+
+// requireInbox refuses a table that is not an idem inbox (no settings
+// stored with it) in one line that says how to make it one, before a
+// command reads columns the table does not have.
+func (f *inboxFlags) requireInbox(ctx context.Context, store settingsReader) error {
+	_, err := store.Settings(ctx)
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, idem.ErrConfig), errors.As(err, &pgErr) && pgErr.Code == "42P01", isSQLiteNoTable(err):
+		// 42P01: the settings table beside it does not exist either.
+		return fmt.Errorf("table %s is not an idem inbox (no stored settings); create it with: %s", f.table, f.migrateHint())
+	default:
+		return fmt.Errorf("reading the settings of inbox table %s: %w", f.table, err)
+	}
+}
+
+// isSQLiteNoTable reports SQLite's "no such table", which has no code of
+// its own (SQLITE_ERROR).
+func isSQLiteNoTable(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "no such table")
+}
+
+// migrateHint is the command that makes the flags' table an inbox.
+func (f *inboxFlags) migrateHint() string {
+	hint := "idem inbox migrate --table " + f.table
+	if f.sqlite != "" {
+		hint += " --sqlite " + f.sqlite
+	}
+	return hint
+}
+
+func (f *inboxFlags) sqliteStore(ctx context.Context) (*sqlinbox.Store, func(), error) {
 	if _, err := os.Stat(f.sqlite); err != nil {
-		return nil, nil, fmt.Errorf("opening SQLite inbox: %w", err)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil, fmt.Errorf("SQLite file %s does not exist (wrong --sqlite?); create the inbox with: %s", f.sqlite, f.migrateHint())
+		}
+		return nil, nil, fmt.Errorf("opening SQLite file %s: %w", f.sqlite, err)
 	}
 	db, err := sqliteinbox.Open(f.sqlite)
 	if err != nil {
@@ -188,25 +262,29 @@ func (f *inboxFlags) sqliteStore() (*sqlinbox.Store, func(), error) {
 		_ = db.Close()
 		return nil, nil, err
 	}
+	if err := f.requireInbox(ctx, store); err != nil {
+		_ = db.Close()
+		return nil, nil, err
+	}
 	return store, func() { _ = db.Close() }, nil
 }
 
 func inboxPrune(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f := newInboxFlags("prune", "Deletes markers past the window in batches, each its own short transaction (plain\ntable), or drops the daily partitions past it (partitioned table). One instance prunes\na table at a time; another finds it busy, says so and exits 0.", stderr, true)
+	f := newInboxFlags("prune", "Deletes markers past the window in batches, each its own short transaction (plain\ntable), or drops the daily partitions past it (partitioned table). One instance prunes\na table at a time; another finds it busy, says so and exits 0.", stdout, stderr, true)
 	batch := f.fs.Int("batch", retention.DefaultBatchSize, "markers per delete transaction")
 	dryRun := f.fs.Bool("dry-run", false, "count what would go; change nothing")
 	if err := f.parse(args); err != nil {
 		return err
 	}
 	if *batch < 1 {
-		return &exitError{code: 2, msg: "--batch must be at least 1"}
+		return f.fs.usagef("--batch must be positive (got %d)", *batch)
 	}
 	opts := retention.Options{Window: f.window, BatchSize: *batch, DryRun: *dryRun}
 	var res retention.Result
 	var table string
 	partitioned := false
 	if f.sqlite != "" {
-		store, closeDB, err := f.sqliteStore()
+		store, closeDB, err := f.sqliteStore(ctx)
 		if err != nil {
 			return err
 		}
@@ -240,30 +318,43 @@ func inboxPrune(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	case partitioned:
 		return printDropped(stdout, table, res)
 	}
-	verb := "deleted"
-	if res.DryRun {
-		verb = "would delete"
-	}
-	_, err := fmt.Fprintf(stdout, "%s: %s %d markers older than %s (%d batches)\n", table, verb, res.Markers,
-		res.Cutoff.UTC().Format(time.RFC3339), res.Batches)
+	_, err := fmt.Fprintln(stdout, pruneLine(table, res, *batch))
 	return err
 }
 
+// pruneLine says what a plain table's prune did, or would do, in plain words.
+func pruneLine(table string, res retention.Result, batch int) string {
+	cutoff := res.Cutoff.UTC().Format(time.RFC3339)
+	switch {
+	case res.DryRun && res.Markers == 0:
+		return fmt.Sprintf("%s: dry run: nothing to delete, no markers older than %s", table, cutoff)
+	case res.DryRun:
+		return fmt.Sprintf("%s: dry run: would delete %d markers older than %s, in batches of %d; nothing deleted", table, res.Markers, cutoff, batch)
+	case res.Markers == 0:
+		return fmt.Sprintf("%s: nothing to delete, no markers older than %s", table, cutoff)
+	default:
+		return fmt.Sprintf("%s: deleted %d markers older than %s, in %d transactions", table, res.Markers, cutoff, res.Batches)
+	}
+}
+
 func inboxEnsure(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f := newInboxFlags("partitions ensure", "Creates the daily partitions (UTC) from --from for --days days, skipping those that\nexist. Run it daily so claims always find today's and the next days' partitions.", stderr, false)
+	f := newInboxFlags("partitions ensure", "Creates the daily partitions (UTC) from --from for --days days, skipping those that\nexist. Run it daily so claims always find today's and the next days' partitions.", stdout, stderr, false)
 	days := f.fs.Int("days", pgxinbox.DefaultDaysAhead+1, "number of days to cover")
 	from := f.fs.String("from", "", "first day, YYYY-MM-DD (default today, UTC)")
 	if err := f.parse(args); err != nil {
 		return err
 	}
-	if err := f.noWindow("partitions ensure"); err != nil {
+	if err := f.noWindow(); err != nil {
 		return err
+	}
+	if *days < 1 {
+		return f.fs.usagef("--days must be positive (got %d)", *days)
 	}
 	start := time.Now().UTC()
 	if *from != "" {
 		var err error
 		if start, err = time.Parse(time.DateOnly, *from); err != nil {
-			return &exitError{code: 2, msg: "--from: want YYYY-MM-DD"}
+			return f.fs.usagef("--from %q: want a day as YYYY-MM-DD", *from)
 		}
 	}
 	store, closeDB, err := f.pgStore(ctx)
@@ -283,7 +374,7 @@ func inboxEnsure(ctx context.Context, args []string, stdout, stderr io.Writer) e
 }
 
 func inboxDrop(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f := newInboxFlags("partitions drop", "Drops the daily partitions whose every event time is older than the window.", stderr, false)
+	f := newInboxFlags("partitions drop", "Drops the daily partitions whose every event time is older than the window.", stdout, stderr, false)
 	dryRun := f.fs.Bool("dry-run", false, "name what would go; change nothing")
 	if err := f.parse(args); err != nil {
 		return err
@@ -307,27 +398,31 @@ func inboxDrop(ctx context.Context, args []string, stdout, stderr io.Writer) err
 }
 
 func printDropped(w io.Writer, table string, res retention.Result) error {
-	verb := "dropped"
-	if res.DryRun {
-		verb = "would drop"
+	cutoff := res.Cutoff.UTC().Format(time.RFC3339)
+	var err error
+	switch {
+	case len(res.Partitions) == 0:
+		_, err = fmt.Fprintf(w, "%s: nothing to drop, no partitions entirely older than %s\n", table, cutoff)
+	case res.DryRun:
+		_, err = fmt.Fprintf(w, "%s: dry run: would drop %d partitions older than %s: %s; nothing dropped\n", table, len(res.Partitions), cutoff, strings.Join(res.Partitions, " "))
+	default:
+		_, err = fmt.Fprintf(w, "%s: dropped %d partitions older than %s: %s\n", table, len(res.Partitions), cutoff, strings.Join(res.Partitions, " "))
 	}
-	_, err := fmt.Fprintf(w, "%s: %s %d partitions older than %s: %s\n", table, verb, len(res.Partitions),
-		res.Cutoff.UTC().Format(time.RFC3339), strings.Join(res.Partitions, " "))
 	return err
 }
 
 func inboxStats(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f := newInboxFlags("stats", "Reads rows, the oldest marker and the window headroom: how long until the oldest\nmarker may be pruned (negative: the prune is late by that much). Scans the table once.", stderr, true)
+	f := newInboxFlags("stats", "Reads rows, the oldest marker and the window headroom: how long until the oldest\nmarker may be pruned (negative: the prune is late by that much). Scans the table once.", stdout, stderr, true)
 	if err := f.parse(args); err != nil {
 		return err
 	}
-	if err := f.noWindow("stats"); err != nil {
+	if err := f.noWindow(); err != nil {
 		return err
 	}
 	var st retention.Stats
 	layout := "plain"
 	if f.sqlite != "" {
-		store, closeDB, err := f.sqliteStore()
+		store, closeDB, err := f.sqliteStore(ctx)
 		if err != nil {
 			return err
 		}
@@ -383,7 +478,7 @@ type windowStore interface {
 // openWindowStore opens the store the flags name, for the window commands.
 func (f *inboxFlags) openWindowStore(ctx context.Context) (windowStore, string, func(), error) {
 	if f.sqlite != "" {
-		s, closeDB, err := f.sqliteStore()
+		s, closeDB, err := f.sqliteStore(ctx)
 		if err != nil {
 			return nil, "", nil, err
 		}
@@ -397,11 +492,11 @@ func (f *inboxFlags) openWindowStore(ctx context.Context) (windowStore, string, 
 }
 
 func inboxWindowShow(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f := newInboxFlags("window show", "Prints the layout and retention window stored with the inbox table, and the horizon\neach consumer last recorded (longest first).", stderr, true)
+	f := newInboxFlags("window show", "Prints the layout and retention window stored with the inbox table, and the horizon\neach consumer last recorded (longest first).", stdout, stderr, true)
 	if err := f.parse(args); err != nil {
 		return err
 	}
-	if err := f.noWindow("window show"); err != nil {
+	if err := f.noWindow(); err != nil {
 		return err
 	}
 	store, table, closeDB, err := f.openWindowStore(ctx)
@@ -448,39 +543,39 @@ func inboxWindowShow(ctx context.Context, args []string, stdout, stderr io.Write
 }
 
 func inboxWindowSet(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f := newInboxFlags("window set <duration>", "Changes the retention window stored with the inbox table, which every consumer, prune\nand command reads, and logs the old and new values. A window under 1h, or shorter than\nthe horizon a consumer recorded, is refused unless --force. Markers older than the old\nwindow may already be gone: after lengthening, wait the difference before a consumer\nguards with the new window.", stderr, true)
+	f := newInboxFlags("window set <duration>", "Changes the retention window stored with the inbox table, which every consumer, prune\nand command reads, and logs the old and new values. A window under 1h, or shorter than\nthe horizon a consumer recorded, is refused unless --force. Markers older than the old\nwindow may already be gone: after lengthening, wait the difference before a consumer\nguards with the new window.", stdout, stderr, true)
 	force := f.fs.Bool("force", false, "set a window under 1h or below a consumer's horizon anyway")
 	// The duration may come before or after the flags.
 	var dur string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		dur, args = args[0], args[1:]
 	}
-	if err := f.fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return &exitError{code: 2}
+	if err := f.fs.parse(args, true); err != nil {
+		return err
 	}
 	rest := f.fs.Args()
 	if dur == "" && len(rest) > 0 {
-		dur, rest = rest[0], rest[1:]
-		if err := f.fs.Parse(rest); err != nil {
-			return &exitError{code: 2}
+		dur = rest[0]
+		if err := f.fs.parse(rest[1:], true); err != nil {
+			return err
 		}
 		rest = f.fs.Args()
 	}
 	if len(rest) > 0 {
-		return &exitError{code: 2, msg: "unexpected arguments: " + strings.Join(rest, " ")}
+		return f.fs.usagef("unexpected arguments: %s", strings.Join(rest, " "))
 	}
-	if err := f.noWindow("window set"); err != nil {
+	if err := f.validate(); err != nil {
+		return err
+	}
+	if err := f.noWindow(); err != nil {
 		return err
 	}
 	if dur == "" {
-		return &exitError{code: 2, msg: "window set: want a duration, such as 720h"}
+		return f.fs.usagef("want the new window, such as: idem inbox window set 720h")
 	}
 	w, err := time.ParseDuration(dur)
 	if err != nil || w <= 0 {
-		return &exitError{code: 2, msg: fmt.Sprintf("window set: %q is not a positive duration (such as 720h)", dur)}
+		return f.fs.usagef("%q is not a positive duration (such as 720h)", dur)
 	}
 	store, table, closeDB, err := f.openWindowStore(ctx)
 	if err != nil {
@@ -489,6 +584,9 @@ func inboxWindowSet(ctx context.Context, args []string, stdout, stderr io.Writer
 	defer closeDB()
 	old, err := store.SetWindow(ctx, w, *force)
 	if err != nil {
+		if !*force && strings.Contains(err.Error(), "force it") {
+			return fmt.Errorf("%w (to set it anyway: idem inbox window set %s --force)", err, dur)
+		}
 		return err
 	}
 	if f.jsonOut {
@@ -508,7 +606,7 @@ func printJSON(w io.Writer, v any) error {
 }
 
 func inboxMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f := newInboxFlags("migrate", "Creates the inbox table, or upgrades it to this build's schema, and records its layout and\nretention window beside it. Safe to run on every deploy and from several instances at once.\nA new table gets --window (default 14 days); an existing one keeps its stored window (change\nit with: idem inbox window set). Consumers refuse to start on a table that was not migrated.", stderr, true)
+	f := newInboxFlags("migrate", "Creates the inbox table, or upgrades it to this build's schema, and records its layout and\nretention window beside it. Safe to run on every deploy and from several instances at once.\nA new table gets --window (default 14 days); an existing one keeps its stored window (change\nit with: idem inbox window set). Consumers refuse to start on a table that was not migrated.", stdout, stderr, true)
 	layout := f.fs.String("layout", "plain", "layout of a new table: plain or partitioned (PostgreSQL)")
 	if err := f.parse(args); err != nil {
 		return err
@@ -520,13 +618,13 @@ func inboxMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	case "partitioned":
 		l = pgxinbox.Partitioned
 	default:
-		return &exitError{code: 2, msg: fmt.Sprintf("--layout %q: want plain or partitioned", *layout)}
+		return f.fs.usagef("--layout %q: want plain or partitioned", *layout)
 	}
 	var set idem.Settings
 	var table string
 	if f.sqlite != "" {
 		if l != pgxinbox.Plain {
-			return &exitError{code: 2, msg: "SQLite inboxes have the plain layout"}
+			return f.fs.usagef("--layout partitioned is for PostgreSQL; SQLite inboxes have the plain layout")
 		}
 		db, err := sqliteinbox.Open(f.sqlite)
 		if err != nil {
@@ -545,9 +643,9 @@ func inboxMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 		table = store.Table()
 	} else {
-		pool, err := pgxpool.New(ctx, databaseURL(f.database))
+		pool, err := f.db.pool(ctx)
 		if err != nil {
-			return fmt.Errorf("connecting to PostgreSQL: %w", err)
+			return err
 		}
 		defer pool.Close()
 		store, err := pgxinbox.New(pool, &pgxinbox.Config{Table: f.table, Layout: l, Window: f.window, Logger: f.logger})

@@ -1,25 +1,72 @@
 // Command idem runs the idem toolkit from the shell: the demo, inbox
 // migrations and maintenance, duplicate audits and benchmarks.
 //
-//	idem <command> [flags]
+//	idem <command> [subcommand] [flags]
+//
+// Help: 'idem -h', 'idem help <command>' and '<any command> -h' (or --help)
+// print their help on stdout and exit 0.
+//
+// Exit status, the same for every command:
+//
+//	0  success: done, or nothing to do
+//	1  findings: the command ran and found what it looks for (duplicates,
+//	   a failed demo, a refused void); the result says what
+//	2  usage: a bad flag, argument or command; nothing was done
+//	3  runtime: the command could not run or finish (database unreachable
+//	   or silent past --connect-timeout, a missing table, an error)
+//
+// Errors go to stderr as one line "idem <command>: <message>". With --json,
+// an error (exit 2 or 3) is also written to stdout as one JSON object,
+//
+//	{"error": "<message>", "exit": 3, "command": "inbox stats"}
+//
+// so a script that reads stdout always gets JSON: the result on exit 0 and
+// 1, this object on exit 2 and 3.
+//
+// Commands that connect to PostgreSQL take --database (default
+// $IDEM_DATABASE_URL, else the local test server) and --connect-timeout
+// (default 10s): a server that accepts the connection but never answers
+// fails the command with exit 3 instead of hanging it.
 //
 // Each command lives in its own file and registers itself in commands.
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/signal"
 	"sort"
+	"strconv"
+	"strings"
 	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Exit statuses; see the package documentation.
+const (
+	exitOK       = 0
+	exitFindings = 1
+	exitUsage    = 2
+	exitRuntime  = 3
 )
 
 // command is one subcommand of idem. Run gets the arguments after the
 // command's name (and any sub-subcommand) and writes to stdout/stderr.
+//
+// Run returns nil for success; flag.ErrHelp after printing help (exit 0);
+// a usage error from usagef or cmdFlags (exit 2); an *exitError with code
+// exitFindings for findings (exit 1, the result already printed); any
+// other error for a runtime failure (exit 3). run prints the error; a
+// command never prints its own.
 type command struct {
 	name    string
 	summary string
@@ -35,8 +82,9 @@ func register(c command) {
 	commands[c.name] = c
 }
 
-// exitError carries a specific exit status (for example `audit check`,
-// which exits 1 when it finds duplicates) without printing more.
+// exitError carries a specific exit status, above all exitFindings (for
+// example `audit check`, which exits 1 when it finds duplicates), with an
+// optional message; an empty one prints nothing more.
 type exitError struct {
 	code int
 	msg  string
@@ -44,12 +92,33 @@ type exitError struct {
 
 func (e *exitError) Error() string { return e.msg }
 
+// usageError is a mistake in the command line: exit 2, printed with a
+// pointer to the command's help.
+type usageError struct {
+	cmd string // "inbox stats"; empty: the top-level command
+	msg string
+}
+
+func (e *usageError) Error() string { return e.msg }
+
+// usagef returns a usage error (exit 2) with a message in the user's
+// terms, naming the flag or argument at fault ("--events must be
+// positive"). cmdFlags.usagef names the subcommand's help instead of the
+// command's.
+func usagef(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...)}
+}
+
 // localDatabaseURL is the database commands use when neither --database nor
 // IDEM_DATABASE_URL names one: the local test server.
 const localDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 
 // databaseFlagHelp documents a --database flag.
 const databaseFlagHelp = "PostgreSQL URL (default $IDEM_DATABASE_URL, else " + localDatabaseURL + ")"
+
+// defaultConnectTimeout bounds how long a command waits for PostgreSQL to
+// accept and answer a connection.
+const defaultConnectTimeout = 10 * time.Second
 
 // databaseURL resolves a --database flag: the flag, else IDEM_DATABASE_URL,
 // else localDatabaseURL. It is resolved at use rather than as the flag's
@@ -64,6 +133,186 @@ func databaseURL(flagValue string) string {
 	return localDatabaseURL
 }
 
+// dbFlags are --database and --connect-timeout, for every command that
+// connects to PostgreSQL.
+type dbFlags struct {
+	database       string
+	connectTimeout time.Duration
+}
+
+// add defines the flags on fs.
+func (d *dbFlags) add(fs *flag.FlagSet) {
+	fs.StringVar(&d.database, "database", "", databaseFlagHelp)
+	fs.DurationVar(&d.connectTimeout, "connect-timeout", defaultConnectTimeout, "give up when PostgreSQL has not accepted and answered a connection within this time (0: no limit)")
+}
+
+// validate refuses a negative --connect-timeout.
+func (d *dbFlags) validate() error {
+	if d.connectTimeout < 0 {
+		return usagef("--connect-timeout must not be negative (0: no limit)")
+	}
+	return nil
+}
+
+// pool opens a pool on the database the flags name and checks that it
+// answers, within --connect-timeout per connection.
+func (d *dbFlags) pool(ctx context.Context) (*pgxpool.Pool, error) {
+	return openPool(ctx, databaseURL(d.database), d.connectTimeout)
+}
+
+// openPool opens a pool on dbURL whose every connection attempt is bounded
+// by timeout (0: no limit), and pings it, so that an unreachable or silent
+// server fails here, with a message naming the timeout, rather than in the
+// first query.
+func openPool(ctx context.Context, dbURL string, timeout time.Duration) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		return nil, fmt.Errorf("--database %s is not a PostgreSQL URL: %w", redactURL(dbURL), err)
+	}
+	cfg.ConnConfig.ConnectTimeout = timeout
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to %s: %w", redactURL(dbURL), err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		if ctx.Err() == nil && timeout > 0 && (pgconn.Timeout(err) || errors.Is(err, context.DeadlineExceeded)) {
+			return nil, fmt.Errorf("connecting to %s: no answer within %s (--connect-timeout): the server is unreachable or not answering", redactURL(dbURL), timeout)
+		}
+		return nil, fmt.Errorf("connecting to %s: %w", redactURL(dbURL), err)
+	}
+	return pool, nil
+}
+
+// redactURL hides a password in a database URL.
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "(the database URL)"
+	}
+	return u.Redacted()
+}
+
+// cmdFlags is a flag set with the command line's conventions: -h and
+// --help print the help on stdout (exit 0); a bad flag is a usage error
+// (exit 2) printed once, on stderr, with a pointer to the help.
+type cmdFlags struct {
+	*flag.FlagSet
+	name     string // "inbox stats"
+	synopsis string // after the name: "[flags]", "--table T --key c1,c2 [flags]"
+	doc      string
+	stdout   io.Writer
+}
+
+// newCmdFlags returns the flag set of `idem <name>`.
+func newCmdFlags(name, synopsis, doc string, stdout io.Writer) *cmdFlags {
+	f := &cmdFlags{FlagSet: flag.NewFlagSet("idem "+name, flag.ContinueOnError), name: name, synopsis: synopsis, doc: doc, stdout: stdout}
+	// The flag package prints its errors and the usage itself; run prints
+	// them instead, once, on the right stream.
+	f.SetOutput(io.Discard)
+	f.Usage = func() {}
+	return f
+}
+
+// help prints the command's usage, doc and flags to w.
+func (f *cmdFlags) help(w io.Writer) {
+	fmt.Fprintf(w, "usage: idem %s %s\n\n", f.name, f.synopsis)
+	if f.doc != "" {
+		fmt.Fprintf(w, "%s\n\n", strings.TrimRight(f.doc, "\n"))
+	}
+	fmt.Fprintln(w, "flags:")
+	f.SetOutput(w)
+	f.PrintDefaults()
+	f.SetOutput(io.Discard)
+	fmt.Fprintf(w, "\nexit status: 0 ok, 1 findings, 2 usage, 3 runtime error (see idem -h)\n")
+}
+
+// parse parses args. It returns flag.ErrHelp after printing the help for
+// -h, and a usage error for a bad flag or, unless positional is set, for
+// any argument left over.
+func (f *cmdFlags) parse(args []string, positional bool) error {
+	if err := f.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			f.help(f.stdout)
+			return flag.ErrHelp
+		}
+		return f.usagef("%s", flagError(err))
+	}
+	if !positional && f.NArg() > 0 {
+		return f.usagef("unexpected argument %q (this command takes flags only)", f.Arg(0))
+	}
+	return nil
+}
+
+// usagef is a usage error pointing at this command's help.
+func (f *cmdFlags) usagef(format string, args ...any) error {
+	return &usageError{cmd: f.name, msg: fmt.Sprintf(format, args...)}
+}
+
+// flagError rewords the flag package's errors with the flag as typed
+// ("--batch"), not its bare name.
+func flagError(err error) string {
+	msg := err.Error()
+	if rest, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+		return "unknown flag --" + rest
+	}
+	if rest, ok := strings.CutPrefix(msg, "flag needs an argument: -"); ok {
+		return "--" + rest + " needs a value"
+	}
+	if rest, ok := strings.CutPrefix(msg, "invalid value "); ok {
+		// invalid value "x" for flag -batch: parse error
+		if i := strings.Index(rest, " for flag -"); i >= 0 {
+			val := rest[:i]
+			name, why, _ := strings.Cut(rest[i+len(" for flag -"):], ": ")
+			return fmt.Sprintf("--%s %s: %s", name, val, flagWhy(why))
+		}
+	}
+	return msg
+}
+
+// flagWhy shortens the strconv and time errors the flag package passes on.
+func flagWhy(why string) string {
+	switch {
+	case strings.Contains(why, "invalid syntax") && strings.Contains(why, "parse"):
+		return "not a number"
+	case strings.Contains(why, "value out of range"):
+		return "out of range"
+	case strings.HasPrefix(why, "time: "):
+		return "not a duration (such as 90s, 10m, 720h)"
+	}
+	return why
+}
+
+// positive refuses a numeric flag under 1, naming it: 0 never silently
+// means a default.
+func positive(flagName string, v int) error {
+	if v < 1 {
+		return usagef("--%s must be positive (got %d)", flagName, v)
+	}
+	return nil
+}
+
+// wantsJSON reports whether the command line asks for JSON output, so that
+// even an error found before the command's own flags are parsed is
+// printed as JSON.
+func wantsJSON(args []string) bool {
+	for _, a := range args {
+		if a == "--" {
+			return false
+		}
+		name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") || name != "json" {
+			continue
+		}
+		if !hasVal {
+			return true
+		}
+		b, err := strconv.ParseBool(val)
+		return err == nil && b
+	}
+	return false
+}
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
@@ -71,40 +320,81 @@ func main() {
 	os.Exit(code)
 }
 
+// run runs the command line args and returns its exit status.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	jsonOut := wantsJSON(args)
+	if len(args) == 0 {
 		usage(stderr)
-		if len(args) == 0 {
-			return 2
+		return exitUsage
+	}
+	switch args[0] {
+	case "-h", "--help", "-help":
+		usage(stdout)
+		return exitOK
+	case "help":
+		if len(args) == 1 {
+			usage(stdout)
+			return exitOK
 		}
-		return 0
+		// idem help inbox stats == idem inbox stats -h
+		args = append(append([]string(nil), args[1:]...), "-h")
 	}
 	c, ok := commands[args[0]]
 	if !ok {
-		fmt.Fprintf(stderr, "idem: unknown command %q\n\n", args[0])
-		usage(stderr)
-		return 2
+		return report(stdout, stderr, jsonOut, "", &usageError{msg: fmt.Sprintf("unknown command %q", args[0])})
 	}
-	err := c.run(ctx, args[1:], stdout, stderr)
+	return report(stdout, stderr, jsonOut, c.name, c.run(ctx, args[1:], stdout, stderr))
+}
+
+// report prints err as the package documentation says and returns the exit
+// status it maps to.
+func report(stdout, stderr io.Writer, jsonOut bool, name string, err error) int {
+	code, msg, cmd := exitOK, "", name
+	var ue *usageError
 	var ee *exitError
 	switch {
-	case err == nil:
-		return 0
-	case errors.Is(err, flag.ErrHelp):
-		return 0
-	case errors.As(err, &ee):
-		if ee.msg != "" {
-			fmt.Fprintln(stderr, "idem "+c.name+": "+ee.msg)
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return exitOK
+	case errors.As(err, &ue):
+		code, msg = exitUsage, ue.msg
+		if ue.cmd != "" {
+			cmd = ue.cmd
 		}
-		return ee.code
+	case errors.As(err, &ee):
+		code, msg = ee.code, ee.msg
 	default:
-		fmt.Fprintf(stderr, "idem %s: %v\n", c.name, err)
-		return 1
+		code, msg = exitRuntime, err.Error()
 	}
+	if msg != "" {
+		prefix := "idem"
+		if cmd != "" {
+			prefix += " " + cmd
+		}
+		fmt.Fprintf(stderr, "%s: %s\n", prefix, msg)
+	}
+	if code == exitUsage {
+		help := "idem -h"
+		if cmd != "" {
+			help = "idem " + cmd + " -h"
+		}
+		fmt.Fprintf(stderr, "Run '%s' for usage.\n", help)
+	}
+	if jsonOut && code >= exitUsage {
+		if msg == "" {
+			msg = "exit status " + strconv.Itoa(code)
+		}
+		b, _ := json.Marshal(struct {
+			Error   string `json:"error"`
+			Exit    int    `json:"exit"`
+			Command string `json:"command,omitempty"`
+		}{msg, code, cmd})
+		fmt.Fprintf(stdout, "%s\n", b)
+	}
+	return code
 }
 
 func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: idem <command> [flags]\n\ncommands:")
+	fmt.Fprintln(w, "usage: idem <command> [subcommand] [flags]\n\ncommands:")
 	names := make([]string, 0, len(commands))
 	for n := range commands {
 		names = append(names, n)
@@ -113,5 +403,19 @@ func usage(w io.Writer) {
 	for _, n := range names {
 		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
 	}
-	fmt.Fprintln(w, "\nRun 'idem <command> -h' for a command's flags.")
+	fmt.Fprint(w, `
+Run 'idem <command> -h' (or 'idem help <command>') for a command's flags.
+
+exit status:
+  0  success
+  1  findings: the command ran and found what it looks for (duplicates,
+     a failed demo, a refused void)
+  2  usage: a bad flag, argument or command; nothing was done
+  3  runtime: the command could not run or finish (database unreachable
+     or silent past --connect-timeout, missing table, other errors)
+
+Errors go to stderr. With --json, an error (exit 2 or 3) is also printed to
+stdout as {"error": "...", "exit": N, "command": "..."}, so stdout is always JSON.
+Commands that connect take --database and --connect-timeout (default 10s).
+`)
 }
