@@ -35,6 +35,11 @@ type Consumer[TTx any] struct {
 	stats    counters
 
 	running atomic.Bool
+	health  *idem.HealthState
+	lag     lagTracker
+	// pollFailed is set after a poll that brought only errors, and
+	// cleared by one the broker served.
+	pollFailed atomic.Bool
 
 	crashOnce sync.Once
 	crashed   chan struct{}
@@ -74,6 +79,7 @@ func NewConsumer[TTx any](cl *kgo.Client, proc *idem.Processor[TTx], cfg *Config
 		cl: cl, dlq: dlq, proc: proc, cfg: c, hooks: append(slices.Clip(proc.Hooks()), c.Hooks...),
 		backoff: idem.RetryPolicy{InitialBackoff: c.InitialBackoff, MaxBackoff: c.MaxBackoff},
 		crashed: make(chan struct{}),
+		health:  idem.NewHealthState(proc.Consumer(), topicsOf(cl)),
 	}
 	cons.dlTopics = deadLetterTopics{cl: dlq, name: c.DeadLetterTopic, create: c.CreateDeadLetterTopics, known: map[string]bool{}}
 	cons.settler = settler{
@@ -157,6 +163,8 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("idemkafka: Run called twice")
 	}
+	c.health.Start(time.Now())
+	defer func() { c.health.Stop(time.Now()) }()
 	if err := c.start(ctx); err != nil {
 		// The client joined the group when it was built: leave it, or
 		// the partitions assigned to this member would wait for a poll
@@ -168,7 +176,10 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	sig := &rebalanceSignal{count: func() { c.stats.rebalances.Add(1) }}
+	sig := &rebalanceSignal{count: func() {
+		c.stats.rebalances.Add(1)
+		c.lag.reset()
+	}}
 	waiting.Store(c.cl, sig)
 	defer waiting.Delete(c.cl)
 	ctx, cancel := context.WithCancel(ctx)
@@ -186,7 +197,9 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 		rebalance := sig.arm()
 		fetches := c.cl.PollRecords(ctx, c.cfg.MaxPollRecords)
 		closed := fetches.IsClientClosed()
-		newRound(ctx, c.cl, c.runPartition, c.cfg.MaxPollRecords, c.cfg.RebalanceGrace, rebalance, c.cfg.Logger, &c.stats).run(fetches)
+		rd := newRound(ctx, c.cl, c.runPartition, c.cfg.MaxPollRecords, c.cfg.RebalanceGrace, rebalance, c.cfg.Logger, &c.stats)
+		rd.observe = c.observePoll
+		rd.run(fetches)
 		sig.disarm()
 		// Every batch of this poll is settled and committed, or given up
 		// with its partition rewound: only now may a rebalance revoke its
@@ -225,9 +238,14 @@ func (c *Consumer[TTx]) start(ctx context.Context) error {
 	cancel()
 	switch {
 	case err == nil:
+		c.health.Reachable(time.Now())
 	case ctx.Err() != nil:
 		return fmt.Errorf("idemkafka: not starting: %w", ctx.Err())
 	case errors.Is(err, idem.ErrUnavailable), timedOut:
+		if !errors.Is(err, idem.ErrUnavailable) {
+			err = fmt.Errorf("%w: %w", idem.ErrUnavailable, err)
+		}
+		c.health.Unreachable(err, time.Now())
 		c.cfg.Logger.Warn("inbox database unreachable at start; consuming, records are held until it answers",
 			"consumer", c.proc.Consumer(), "error", err)
 	default:
@@ -286,8 +304,10 @@ func (c *Consumer[TTx]) commit(ctx context.Context, r *kgo.Record) bool {
 	idem.Each(c.hooks, func(h CommitHook) { h.OnCommit(r.Topic, r.Partition, offset, cerr) })
 	if cerr == nil {
 		c.stats.commits.Add(1)
+		c.lag.commit(r.Topic, r.Partition, offset)
 	} else {
 		c.stats.commitErrors.Add(1)
+		c.health.Fail(fmt.Errorf("committing offset %d of %s: %w", offset, source(r.Topic, r.Partition), cerr), time.Now())
 	}
 	if cerr != nil {
 		c.cfg.Logger.Warn("offset commit failed; the records will be redelivered and deduplicated",

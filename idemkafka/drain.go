@@ -61,6 +61,9 @@ type round struct {
 	grace time.Duration
 	log   *slog.Logger
 	stats *counters
+	// observe, when set, sees every poll of the round (for the
+	// consumer's health).
+	observe func(kgo.Fetches)
 
 	ctx        context.Context // Run's
 	workCtx    context.Context // the workers'
@@ -137,6 +140,9 @@ func (r *round) run(fetches kgo.Fetches) {
 
 // add queues the records of f by partition.
 func (r *round) add(f kgo.Fetches) {
+	if r.observe != nil {
+		r.observe(f)
+	}
 	f.EachError(func(topic string, partition int32, err error) {
 		if !errors.Is(err, context.Canceled) && !errors.Is(err, kgo.ErrClientClosed) {
 			r.log.Warn("fetch error", "source", source(topic, partition), "error", err)

@@ -136,6 +136,7 @@ func (s *settler) settle(ctx context.Context, recs []*kgo.Record, results []idem
 // onSettle tells the processor's hooks (idem.SettleHook) what was done
 // with r: for a record done with, once its offset commit was sent.
 func (c *Consumer[TTx]) onSettle(r *kgo.Record, d idem.Disposition, res idem.Result) {
+	c.health.Settle(d, res, time.Now())
 	idem.Each(c.hooks, func(h idem.SettleHook) { h.OnSettle(c.proc.Consumer(), source(r.Topic, r.Partition), d, res) })
 }
 
@@ -168,6 +169,8 @@ func (c *Consumer[TTx]) process(ctx context.Context, recs []*kgo.Record, runs in
 		idx = append(idx, i)
 	}
 	if len(msgs) > 0 {
+		c.health.Begin(time.Now())
+		defer func() { c.health.End(time.Now()) }()
 		for j, r := range c.proc.ProcessBatchInOrder(ctx, msgs) {
 			if noID := noIDs[idx[j]]; noID != nil && r.Outcome == idem.DeadLettered && errors.Is(r.Err, idem.ErrNoMessageID) {
 				// The dead letter says where the ID was looked for.
