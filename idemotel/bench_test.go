@@ -8,7 +8,10 @@ import (
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemotel"
 )
 
 // memStore is an inbox in memory, so that the benchmarks measure the
@@ -63,7 +66,7 @@ func benchMessages(n int) []idem.Message {
 
 // BenchmarkProcess measures one fresh message through Process over an
 // inbox in memory: untraced is the cost every consumer pays, traced adds a
-// recording span per message.
+// recorded span per message (and, for a batch, the batch's).
 func BenchmarkProcess(b *testing.B) {
 	run := func(b *testing.B, p *idem.Processor[struct{}]) {
 		msgs := benchMessages(b.N)
@@ -77,6 +80,7 @@ func BenchmarkProcess(b *testing.B) {
 		}
 	}
 	b.Run("untraced", func(b *testing.B) { run(b, benchProcessor(b)) })
+	b.Run("traced", func(b *testing.B) { run(b, benchProcessor(b, benchTracer(b))) })
 }
 
 // BenchmarkProcessBatch measures batches of 10 fresh messages.
@@ -95,4 +99,13 @@ func BenchmarkProcessBatch(b *testing.B) {
 		}
 	}
 	b.Run("untraced", func(b *testing.B) { run(b, benchProcessor(b)) })
+	b.Run("traced", func(b *testing.B) { run(b, benchProcessor(b, benchTracer(b))) })
+}
+
+// benchTracer records every span and exports none: the cost of tracing
+// itself, without an exporter's.
+func benchTracer(b *testing.B) *idemotel.Tracer {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()))
+	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	return idemotel.New(idemotel.RabbitMQ, idemotel.WithTracerProvider(tp))
 }
