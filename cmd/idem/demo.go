@@ -8,8 +8,9 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
-	"github.com/idemkit/idem/examples/billing/incident"
+	"github.com/idemkit/idem/internal/demo"
 )
 
 func init() {
@@ -24,21 +25,41 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs := flag.NewFlagSet("idem demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
-		opts    incident.Options
+		opts    demo.Options
 		kafka   string
 		asJSON  bool
 		quiet   bool
 		renewal int
 	)
-	fs.StringVar(&opts.Postgres, "postgres", "", "PostgreSQL URL; the demo recreates the schemas idem_demo_naive and idem_demo_idem there (default: SQLite in a temporary directory)")
+	fs.StringVar(&opts.Postgres, "postgres", "", "PostgreSQL URL; the demo recreates the schemas idem_demo_naive and idem_demo_idem there and keeps them (default: SQLite)")
+	fs.StringVar(&opts.SQLiteDir, "sqlite-dir", "", "without --postgres: keep the SQLite files naive.db and idem.db in this directory, replacing them (default: a temporary directory removed at exit)")
 	fs.StringVar(&opts.RabbitMQ, "rabbitmq", "", "RabbitMQ URL, e.g. amqp://guest:guest@127.0.0.1:5672/ (default: Kafka in process)")
 	fs.StringVar(&kafka, "kafka", "", "comma-separated Kafka brokers of a real cluster (default: Kafka in process)")
+	fs.DurationVar(&opts.ConnectTimeout, "connect-timeout", 10*time.Second, "give up when PostgreSQL or RabbitMQ has not accepted and answered a connection within this time (0: no limit)")
 	fs.IntVar(&renewal, "events", 3100, "SubscriptionRenewed events, one customer each; half as many orders come with them")
-	fs.Int64Var(&opts.Seed, "seed", 1, "seed of the generated events and republished copies")
+	fs.Int64Var(&opts.Seed, "seed", 1, "random seed of the generated events and of which of them are republished; the redelivery counts still vary with timing")
 	fs.BoolVar(&asJSON, "json", false, "print the report as JSON")
 	fs.BoolVar(&quiet, "quiet", false, "no progress bar")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: idem demo [flags]\n\nReplays the seeds' incident: a broker restart redelivers deliveries that were processed\nbut not acknowledged, and the producer republishes 5% of events. A naive consumer and an\nidem consumer get the same deliveries; the report compares what they did.\nExit status 0 only when the idem side has no duplicate effect and applied every event.\n\nflags:")
+		fmt.Fprint(stderr, `usage: idem demo [flags]
+
+Replays the billing incident of the source documents: a broker restart redelivers
+deliveries that were processed but not acknowledged, and the producer republishes 5%
+of events. A naive consumer and an idem consumer get the same deliveries; the report
+compares what they did.
+
+What varies between runs: which deliveries the restart catches unacknowledged depends
+on timing, so the counts of redeliveries and of the naive side's damage change from
+run to run, even with the same --seed (the seed fixes the events published). What
+does not: the naive side applies redelivered events again; the idem side applies
+each event once.
+
+Exit status: 0 when the idem side has no duplicate effect and applied every event;
+1 when it has or did not; 2 for a bad flag; 3 when the demo could not run (a service
+unreachable or not answering within --connect-timeout).
+
+flags:
+`)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -47,39 +68,53 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if fs.NArg() > 0 {
 		return &exitError{code: 2, msg: "unexpected arguments: " + strings.Join(fs.Args(), " ")}
 	}
+	if opts.ConnectTimeout == 0 {
+		opts.ConnectTimeout = -1 // the flag's 0 is "no limit"
+	} else if opts.ConnectTimeout < 0 {
+		return &exitError{code: 2, msg: "--connect-timeout must not be negative (0: no limit)"}
+	}
 	opts.Renewals = renewal
 	if kafka != "" {
 		opts.Kafka = strings.Split(kafka, ",")
+	}
+	if err := opts.Validate(); err != nil {
+		return &exitError{code: 2, msg: err.Error()}
 	}
 	var bar *progressBar
 	if !quiet {
 		bar = newProgressBar(stderr)
 		opts.Progress = bar.update
 	}
-	rep, err := incident.Run(ctx, opts)
+	rep, err := demo.Run(ctx, opts)
 	if bar != nil {
 		bar.finish() // clear the bar before the report takes its line
 	}
 	if err != nil {
-		return err
+		return &exitError{code: 3, msg: oneLine(err.Error())}
 	}
 	if asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		err = enc.Encode(struct {
-			*incident.Report
+			*demo.Report
 			OK bool `json:"ok"`
 		}{rep, rep.OK()})
 	} else {
 		err = rep.WriteText(stdout)
 	}
 	if err != nil {
-		return fmt.Errorf("writing the report: %w", err)
+		return &exitError{code: 3, msg: "writing the report: " + err.Error()}
 	}
 	if !rep.OK() {
 		return &exitError{code: 1, msg: "the idem side has duplicate effects or missing events"}
 	}
 	return nil
+}
+
+// oneLine joins the lines of an error (errors.Join puts one per line) so
+// that the command fails with one line.
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", "; ")), " ")
 }
 
 // progressBar draws the demo's progress on a terminal, redrawing one line;
@@ -101,7 +136,7 @@ func newProgressBar(w io.Writer) *progressBar {
 	return &progressBar{w: w, tty: tty}
 }
 
-func (b *progressBar) update(p incident.Progress) {
+func (b *progressBar) update(p demo.Progress) {
 	if !b.tty {
 		if p.Phase != b.phase {
 			fmt.Fprintf(b.w, "demo: %s (%d/%d deliveries acknowledged)\n", p.Phase, p.Done, p.Total)

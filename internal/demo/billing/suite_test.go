@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/examples/billing"
 	"github.com/idemkit/idem/idemtest"
+	"github.com/idemkit/idem/internal/demo/billing"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/sqlinbox"
 	"github.com/idemkit/idem/sqliteinbox"
@@ -15,7 +15,7 @@ import (
 
 // TestEveryConsumer runs idemtest's three checks (delivered twice,
 // delivered concurrently, crash after commit) on every billing consumer, on
-// both databases: the seed's "a test for every consumer", with the list of
+// both databases: the source documents' "a test for every consumer", with the list of
 // consumers taken from the code that wires them.
 func TestEveryConsumer(t *testing.T) {
 	var wired []string

@@ -11,8 +11,8 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/examples/billing"
 	"github.com/idemkit/idem/idemtest"
+	"github.com/idemkit/idem/internal/demo/billing"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/sqlinbox"
 	"github.com/idemkit/idem/sqliteinbox"
@@ -233,7 +233,7 @@ func TestNaiveConsumersApplyTwice(t *testing.T) {
 			t.Errorf("naive charges: %+v, want 2 charges to one customer", s)
 		}
 		if n := e.count(t, `SELECT balance FROM merchant_balances`); n != 25_000 {
-			t.Errorf("naive balance after two deliveries: %d, want 25000 (the seed's example)", n)
+			t.Errorf("naive balance after two deliveries: %d, want 25000 (the source documents' example)", n)
 		}
 	})
 }

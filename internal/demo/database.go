@@ -1,20 +1,25 @@
-package incident
+package demo
 
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"io/fs"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/examples/billing"
+	"github.com/idemkit/idem/internal/demo/billing"
 	"github.com/idemkit/idem/sqlinbox"
 	"github.com/idemkit/idem/sqliteinbox"
 )
@@ -51,37 +56,56 @@ func (o *observer) count(out idem.Outcome) int {
 }
 
 // openSides creates the naive and the idem databases, fresh: two SQLite
-// files in dir, or two schemas (prefix_naive, prefix_idem) of the PostgreSQL
-// database at pgURL, dropped first if they exist.
+// files in opts.SQLiteDir (a temporary directory when empty), or two schemas
+// (prefix_naive, prefix_idem) of the PostgreSQL database at opts.Postgres,
+// dropped first if they exist. closeAll closes them and removes a temporary
+// directory; on error, openSides has already done so.
 func openSides(ctx context.Context, opts *Options, p *plan) (naive, safe *side, closeAll func(), err error) {
 	var closers []func()
-	closeAll = func() {
+	closeOpened := func() {
 		for i := len(closers) - 1; i >= 0; i-- {
 			closers[i]()
 		}
 	}
 	defer func() {
 		if err != nil {
-			closeAll()
+			closeOpened()
 		}
 	}()
-	open := func(name string) (*sql.DB, sqlinbox.Dialect, string, error) {
-		if opts.Postgres == "" {
-			path := filepath.Join(opts.dir, name+".db")
-			db, err := sqliteinbox.Open(path)
-			return db, sqlinbox.SQLite, path, err
-		}
-		schema := opts.SchemaPrefix + "_" + name
-		db, err := postgresSchema(ctx, opts.Postgres, schema)
-		return db, sqlinbox.Postgres, "schema " + schema, err
-	}
-	if opts.Postgres == "" && opts.dir == "" {
-		dir, err := os.MkdirTemp("", "idem-demo-")
+	dir := opts.SQLiteDir
+	if opts.Postgres == "" && dir == "" {
+		tmp, err := os.MkdirTemp("", "idem-demo-")
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("creating a directory for SQLite: %w", err)
 		}
-		opts.dir = dir
-		closers = append(closers, func() { _ = os.RemoveAll(dir) })
+		dir = tmp
+		closers = append(closers, func() { _ = os.RemoveAll(tmp) })
+	} else if opts.Postgres == "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, nil, nil, fmt.Errorf("creating the SQLite directory: %w", err)
+		}
+	}
+	open := func(name string) (*sql.DB, sqlinbox.Dialect, string, error) {
+		if opts.Postgres == "" {
+			path := filepath.Join(dir, name+".db")
+			if opts.SQLiteDir != "" {
+				// Fresh files, as the PostgreSQL schemas are recreated.
+				for _, f := range []string{path, path + "-wal", path + "-shm"} {
+					if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+						return nil, nil, "", err
+					}
+				}
+			}
+			db, err := sqliteinbox.Open(path)
+			where := path
+			if opts.SQLiteDir == "" {
+				where = "" // removed at the end of the run
+			}
+			return db, sqlinbox.SQLite, where, err
+		}
+		schema := opts.SchemaPrefix + "_" + name
+		db, err := postgresSchema(ctx, opts.Postgres, schema, opts.ConnectTimeout)
+		return db, sqlinbox.Postgres, "schema " + schema, err
 	}
 	sides := make([]*side, 2)
 	for i, name := range []string{"naive", "idem"} {
@@ -112,7 +136,7 @@ func openSides(ctx context.Context, opts *Options, p *plan) (naive, safe *side, 
 		}
 		sides[i] = s
 	}
-	return sides[0], sides[1], closeAll, nil
+	return sides[0], sides[1], closeOpened, nil
 }
 
 func (s *side) processors(opts *Options) error {
@@ -141,34 +165,66 @@ func (s *side) processors(opts *Options) error {
 }
 
 // postgresSchema drops and creates schema in the database at rawURL and
-// returns a *sql.DB whose connections use it.
-func postgresSchema(ctx context.Context, rawURL, schema string) (*sql.DB, error) {
+// returns a *sql.DB whose connections use it. Every connection attempt,
+// including the first, gives up after timeout (0: no limit), so a server
+// that accepts connections but never answers fails the demo instead of
+// hanging it.
+func postgresSchema(ctx context.Context, rawURL, schema string, timeout time.Duration) (*sql.DB, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		return nil, fmt.Errorf("--postgres must be a postgres:// URL, got %q", rawURL)
-	}
-	admin, err := sql.Open("pgx", rawURL)
-	if err != nil {
-		return nil, fmt.Errorf("connecting to PostgreSQL: %w", err)
-	}
-	defer admin.Close()
-	q := pgx.Identifier{schema}.Sanitize()
-	if _, err := admin.ExecContext(ctx, "DROP SCHEMA IF EXISTS "+q+" CASCADE"); err != nil {
-		return nil, fmt.Errorf("dropping schema %s: %w", schema, err)
-	}
-	if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+q); err != nil {
-		return nil, fmt.Errorf("creating schema %s: %w", schema, err)
+		return nil, fmt.Errorf("the PostgreSQL URL must start with postgres://, got %q", redact(rawURL))
 	}
 	v := u.Query()
 	v.Set("search_path", schema)
 	u.RawQuery = v.Encode()
-	db, err := sql.Open("pgx", u.String())
+	cfg, err := pgx.ParseConfig(u.String())
 	if err != nil {
-		return nil, fmt.Errorf("connecting to PostgreSQL: %w", err)
+		return nil, fmt.Errorf("the PostgreSQL URL %s: %w", redact(rawURL), err)
 	}
+	cfg.ConnectTimeout = timeout
+	db := stdlib.OpenDB(*cfg)
 	// Each side runs three consumers with a few workers each; leave room
 	// on a server with the default max_connections.
 	db.SetMaxOpenConns(24)
 	db.SetMaxIdleConns(24)
+	where := fmt.Sprintf("PostgreSQL at %s", hostPort(cfg.Host, cfg.Port))
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		if ctx.Err() == nil && timeout > 0 && (pgconn.Timeout(err) || errors.Is(err, context.DeadlineExceeded)) {
+			return nil, fmt.Errorf("%s did not answer within %v: the server is unreachable or not answering", where, timeout)
+		}
+		return nil, fmt.Errorf("connecting to %s: %w", where, connectCause(err))
+	}
+	// search_path names the schema before it exists; PostgreSQL resolves it
+	// per statement, so the statements below create what the pool uses.
+	q := pgx.Identifier{schema}.Sanitize()
+	if _, err := db.ExecContext(ctx, "DROP SCHEMA IF EXISTS "+q+" CASCADE"); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("dropping schema %s on %s: %w", schema, where, err)
+	}
+	if _, err := db.ExecContext(ctx, "CREATE SCHEMA "+q); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("creating schema %s on %s: %w", schema, where, err)
+	}
 	return db, nil
+}
+
+// connectCause is the part of a failed connection's error that says why:
+// the server's refusal (a wrong password, a missing database) or the
+// network's (connection refused), rather than pgx's attempt-by-attempt
+// account of each address and TLS mode it tried.
+func connectCause(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr
+	}
+	var opErr *net.OpError
+	if errors.As(err, &opErr) {
+		return opErr
+	}
+	return err
+}
+
+func hostPort(host string, port uint16) string {
+	return net.JoinHostPort(host, strconv.Itoa(int(port)))
 }

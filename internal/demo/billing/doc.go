@@ -23,6 +23,6 @@
 // and counts real charges. The naive variants ([NaiveInvoicesConfig],
 // [NaiveLedgerConfig], [NaiveInventoryConfig]) are the code of the incident:
 // no inbox, no constraint, a charge without a key. They exist only so that
-// the demo (package incident, `idem demo`) can show the damage next to its
+// the demo (package internal/demo, `idem demo`) can show the damage next to its
 // absence.
 package billing

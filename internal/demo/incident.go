@@ -1,4 +1,4 @@
-// Package incident replays the billing incident of the seeds side by side:
+// Package demo replays the billing incident of the source documents side by side:
 // a broker restart redelivers the deliveries a consumer had processed but
 // not acknowledged, and a producer republishes some events with the same
 // ID. A naive consumer (no inbox, no constraint, a charge without a key) and
@@ -8,7 +8,7 @@
 // The default run needs no services: Kafka in process (kfake) and SQLite
 // files in a temporary directory. Options name a real PostgreSQL, RabbitMQ
 // or Kafka instead. `idem demo` is the command line of this package.
-package incident
+package demo
 
 import (
 	"context"
@@ -16,10 +16,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"sync"
 	"time"
 
-	"github.com/idemkit/idem/examples/billing"
+	"github.com/idemkit/idem/internal/demo/billing"
 )
 
 // Options configures [Run]. The zero value replays the incident at its size
@@ -29,13 +30,24 @@ type Options struct {
 	// each. Half as many orders come with them. Defaults to 3,100, the
 	// incident's count of unacknowledged messages.
 	Renewals int
-	// Seed makes the events and their republished copies reproducible.
-	// Defaults to 1.
+	// Seed is the random seed of the generated events and of which of them
+	// are republished: the same seed publishes the same messages. What the
+	// broker restart catches unacknowledged depends on timing, so the
+	// redelivery counts differ between runs of one seed; the verdict does
+	// not. Defaults to 1.
 	Seed int64
 	// Postgres is a postgres:// URL. The demo drops and recreates the
 	// schemas <SchemaPrefix>_naive and <SchemaPrefix>_idem there and leaves
-	// them for inspection. Empty uses SQLite files in a temporary directory.
+	// them for inspection. Empty uses SQLite.
 	Postgres string
+	// SQLiteDir, without Postgres, is the directory of the two SQLite files
+	// (naive.db and idem.db, replaced if they exist), kept after the run for
+	// inspection. Empty uses a temporary directory removed at the end.
+	SQLiteDir string
+	// ConnectTimeout bounds each connection attempt to PostgreSQL and
+	// RabbitMQ: a server that accepts connections but never answers fails
+	// the run after it. Defaults to 10 seconds; negative means no limit.
+	ConnectTimeout time.Duration
 	// SchemaPrefix names the PostgreSQL schemas. Defaults to "idem_demo".
 	SchemaPrefix string
 	// RabbitMQ is an amqp:// URL. The demo declares its exchanges and queues
@@ -62,8 +74,6 @@ type Options struct {
 	// reconnects, duplicates skipped). Defaults to discarding them: the
 	// report tells the story.
 	Logger *slog.Logger
-
-	dir string // SQLite files
 }
 
 // Progress is a snapshot of a running demo.
@@ -105,21 +115,47 @@ func (o *Options) setDefaults() {
 	if o.Timeout == 0 {
 		o.Timeout = 3 * time.Minute
 	}
+	if o.ConnectTimeout == 0 {
+		o.ConnectTimeout = 10 * time.Second
+	}
+	if o.ConnectTimeout < 0 {
+		o.ConnectTimeout = 0
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 }
 
+// Validate reports what is wrong with opts, defaults applied, without
+// running anything: the mistakes [Run] would refuse.
+func (o Options) Validate() error {
+	o.setDefaults()
+	return o.validate()
+}
+
 func (o *Options) validate() error {
 	var errs []error
 	if o.Renewals < 10 || o.Renewals > 1_000_000 {
-		errs = append(errs, fmt.Errorf("renewals %d must be between 10 and 1,000,000", o.Renewals))
+		errs = append(errs, fmt.Errorf("the number of renewals (--events) must be between 10 and 1,000,000, got %d", o.Renewals))
 	}
 	if o.Republish > 1 || o.OutageAfter < 0 || o.OutageAfter > 1 || o.OutageHeld < 0 || o.OutageHeld > 1 {
 		errs = append(errs, errors.New("republish and outage shares must be between 0 and 1"))
 	}
 	if o.RabbitMQ != "" && len(o.Kafka) > 0 {
 		errs = append(errs, errors.New("choose RabbitMQ or Kafka, not both"))
+	}
+	if o.Postgres != "" {
+		if u, err := url.Parse(o.Postgres); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+			errs = append(errs, fmt.Errorf("the PostgreSQL URL must be postgres://user@host:port/database, got %q", redact(o.Postgres)))
+		}
+	}
+	if o.RabbitMQ != "" {
+		if u, err := url.Parse(o.RabbitMQ); err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") {
+			errs = append(errs, fmt.Errorf("the RabbitMQ URL must be amqp://user:password@host:port/, got %q", redact(o.RabbitMQ)))
+		}
+	}
+	if o.Postgres != "" && o.SQLiteDir != "" {
+		errs = append(errs, errors.New("choose PostgreSQL or a SQLite directory, not both"))
 	}
 	return errors.Join(errs...)
 }
@@ -149,7 +185,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 
 	var tr transport
 	if opts.RabbitMQ != "" {
-		tr, err = newRabbit(opts.RabbitMQ, opts.Logger)
+		tr, err = newRabbit(opts.RabbitMQ, opts.ConnectTimeout, opts.Logger)
 	} else {
 		tr, err = newKafka(opts.Kafka, opts.Logger)
 	}

@@ -1,4 +1,4 @@
-package incident
+package demo
 
 import (
 	"context"
@@ -24,8 +24,11 @@ type rabbitTransport struct {
 	topo   map[string]idemrabbitmq.Topology // side/stream → queue
 }
 
-func newRabbit(rawURL string, log *slog.Logger) (*rabbitTransport, error) {
-	conn, err := amqp.Dial(rawURL)
+func newRabbit(rawURL string, timeout time.Duration, log *slog.Logger) (*rabbitTransport, error) {
+	if timeout == 0 {
+		timeout = 24 * time.Hour // amqp091's dialer takes no "no limit"
+	}
+	conn, err := amqp.DialConfig(rawURL, amqp.Config{Dial: amqp.DefaultDial(timeout), Heartbeat: 10 * time.Second, Locale: "en_US"})
 	if err != nil {
 		return nil, fmt.Errorf("connecting to RabbitMQ at %s: %w", redact(rawURL), err)
 	}

@@ -1,4 +1,4 @@
-package incident
+package demo
 
 import (
 	"context"

@@ -1,11 +1,11 @@
-package incident
+package demo
 
 import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 
-	"github.com/idemkit/idem/examples/billing"
+	"github.com/idemkit/idem/internal/demo/billing"
 )
 
 // Streams of the scenario, one per event type. Brokers prefix them.
@@ -105,7 +105,7 @@ func newPlan(renewals int, seed int64, republish float64) *plan {
 		id := fmt.Sprintf("sku-%04d", i+1)
 		p.initialStock[id] = 10_000
 		p.stock[id] = 10_000
-		unit[i] = 12_500 * int64(1+rng.IntN(8)) // 12,500 is the seed's OrderPaid amount
+		unit[i] = 12_500 * int64(1+rng.IntN(8)) // 12,500 is the source documents' OrderPaid amount
 	}
 	p.orders = max(1, renewals/2)
 	for i := range p.orders {
