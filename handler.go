@@ -28,3 +28,20 @@ func JSON[T any, TTx any](h func(ctx context.Context, tx TTx, msg Message, v T) 
 		return h(ctx, tx, msg, v)
 	}
 }
+
+// JSONBatch adapts a batch handler that takes every body decoded from JSON
+// into T: vs[i] is msgs[i]'s body. A body that does not decode fails the
+// whole batch with a permanent error naming that message; the processor
+// then tries the batch's messages one by one, so the others are applied
+// and only that one is dead-lettered, as [JSON] would.
+func JSONBatch[T any, TTx any](h func(ctx context.Context, tx TTx, msgs []Message, vs []T) error) BatchHandler[TTx] {
+	return func(ctx context.Context, tx TTx, msgs []Message) error {
+		vs := make([]T, len(msgs))
+		for i, msg := range msgs {
+			if err := json.Unmarshal(msg.Body, &vs[i]); err != nil {
+				return Permanent(fmt.Errorf("decoding message %s as %T: %w", msg.ID, vs[i], err))
+			}
+		}
+		return h(ctx, tx, msgs, vs)
+	}
+}
