@@ -45,6 +45,8 @@ var inboxCommands = map[string]inboxSub{
 	"stats":             {inboxStats, "rows, oldest marker, window headroom"},
 	"window show":       {inboxWindowShow, "the stored layout and window, and the consumers' horizons"},
 	"window set":        {inboxWindowSet, "change the stored window (<duration>; logged; --force under 1h or below a consumer's horizon)"},
+	"ddl":               {inboxDDL, "print the SQL migrate runs, for golang-migrate, goose, Atlas or Flyway (--format)"},
+	"check":             {inboxCheck, "verify the table, indexes, layout, stored window, schema version and partitions; each problem with its fix"},
 }
 
 func inboxNames() []string {
@@ -620,8 +622,7 @@ func inboxMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	default:
 		return f.fs.usagef("--layout %q: want plain or partitioned", *layout)
 	}
-	var set idem.Settings
-	var table string
+	var rep idem.MigrateReport
 	if f.sqlite != "" {
 		if l != pgxinbox.Plain {
 			return f.fs.usagef("--layout partitioned is for PostgreSQL; SQLite inboxes have the plain layout")
@@ -635,13 +636,9 @@ func inboxMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		if err != nil {
 			return err
 		}
-		if err := store.Migrate(ctx); err != nil {
+		if rep, err = store.MigrateReport(ctx); err != nil {
 			return err
 		}
-		if set, err = store.Settings(ctx); err != nil {
-			return err
-		}
-		table = store.Table()
 	} else {
 		pool, err := f.db.pool(ctx)
 		if err != nil {
@@ -652,17 +649,14 @@ func inboxMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		if err != nil {
 			return err
 		}
-		if err := store.Migrate(ctx); err != nil {
+		if rep, err = store.MigrateReport(ctx); err != nil {
 			return err
 		}
-		if set, err = store.Settings(ctx); err != nil {
-			return err
-		}
-		table = f.table
 	}
 	if f.jsonOut {
-		return printJSON(stdout, map[string]any{"table": table, "layout": set.Layout.String(), "window": set.Window.String()})
+		return printJSON(stdout, map[string]any{"table": rep.Table, "layout": rep.Layout.String(), "window": rep.Window.String(),
+			"created": rep.Created, "from": rep.From, "to": rep.To, "partitions": rep.Partitions})
 	}
-	_, err := fmt.Fprintf(stdout, "%s: migrated (%s layout, window %v)\n", table, set.Layout, set.Window)
+	_, err := fmt.Fprintln(stdout, rep.String())
 	return err
 }

@@ -299,7 +299,7 @@ func TestInboxWindow(t *testing.T) {
 func TestInboxMigrate(t *testing.T) {
 	url := pgtest.Schema(t)
 	out := inboxRun(t, 0, "migrate", "--database", url, "--table", "billing_inbox", "--window", "720h")
-	if !strings.Contains(out, "billing_inbox: migrated (plain layout, window 720h0m0s)") {
+	if !strings.Contains(out, "created billing_inbox (plain layout, window 30d, schema version 2)") {
 		t.Fatalf("migrate said %q", out)
 	}
 	inboxRun(t, 0, "migrate", "--database", url, "--table", "billing_inbox")
@@ -308,7 +308,7 @@ func TestInboxMigrate(t *testing.T) {
 		t.Fatalf("window show after migrate: %q", out)
 	}
 	file := filepath.Join(t.TempDir(), "app.db")
-	if out := inboxRun(t, 0, "migrate", "--sqlite", file); !strings.Contains(out, "migrated (plain layout, window 336h0m0s)") {
+	if out := inboxRun(t, 0, "migrate", "--sqlite", file); !strings.Contains(out, "created idem_inbox (plain layout, window 14d, schema version 2)") {
 		t.Fatalf("migrate --sqlite said %q", out)
 	}
 }

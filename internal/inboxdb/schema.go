@@ -21,8 +21,8 @@ type catalog struct {
 	partKey string
 	// today and tomorrow: a partition covers now and now plus a day.
 	today, tomorrow bool
-	// bookkeeping: the version and settings tables exist.
-	bookkeeping bool
+	// versions and settings: the version and the settings tables exist.
+	versions, settings bool
 	// file is the SQLite database's file, for the fixes' commands.
 	file string
 }
@@ -41,7 +41,7 @@ type index struct {
 const pgCatalog = `SELECT c.relkind::text,
        coalesce(cols.list, ''), coalesce(idx.list, ''), coalesce(pk.cols, ''),
        coalesce(parts.today, false), coalesce(parts.tomorrow, false),
-       to_regclass($2) IS NOT NULL AND to_regclass($3) IS NOT NULL
+       to_regclass($2) IS NOT NULL, to_regclass($3) IS NOT NULL
 FROM pg_class c
 CROSS JOIN LATERAL (
     SELECT string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod), E'\n' ORDER BY a.attnum) AS list
@@ -85,11 +85,11 @@ func (d *Dialect) pgReadCatalog(ctx context.Context, c Conn) (catalog, error) {
 	t := d.Table
 	var cols, idx string
 	err := c.QueryRow(ctx, pgCatalog, t.Quoted(), t.Sibling(migrationsTable), t.Sibling(settingsTable)).
-		Scan(&cat.relkind, &cols, &idx, &cat.partKey, &cat.today, &cat.tomorrow, &cat.bookkeeping)
+		Scan(&cat.relkind, &cols, &idx, &cat.partKey, &cat.today, &cat.tomorrow, &cat.versions, &cat.settings)
 	if isNoRows(err) {
 		// The table is missing; are the bookkeeping tables?
-		err = c.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL`,
-			t.Sibling(migrationsTable), t.Sibling(settingsTable)).Scan(&cat.bookkeeping)
+		err = c.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL`,
+			t.Sibling(migrationsTable), t.Sibling(settingsTable)).Scan(&cat.versions, &cat.settings)
 		return cat, err
 	}
 	if err != nil {
@@ -124,12 +124,11 @@ func (d *Dialect) sqliteReadCatalog(ctx context.Context, c Conn) (catalog, error
 		return cat, err
 	}
 	var n int
-	err = c.QueryRow(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN (?1, ?2)`,
-		migrationsTable, settingsTable).Scan(&n)
+	err = c.QueryRow(ctx, `SELECT count(*) FILTER (WHERE name = ?1), count(*) FILTER (WHERE name = ?2) FROM sqlite_master WHERE type = 'table'`,
+		migrationsTable, settingsTable).Scan(&cat.versions, &cat.settings)
 	if err != nil {
 		return cat, err
 	}
-	cat.bookkeeping = n == 2
 	if err := c.QueryRow(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1`, t.Name).Scan(&n); err != nil {
 		return cat, err
 	}
@@ -255,7 +254,7 @@ func (b *Inbox) checkCatalog(ctx context.Context, c Conn, cat catalog) ([]idem.S
 	// The version first: a newer schema is the one problem a migrate must
 	// not be suggested for.
 	version, hasVersion := 0, false
-	if cat.bookkeeping {
+	if cat.versions {
 		err := c.QueryRow(ctx, d.ReadVersion, t.Quoted()).Scan(&version)
 		switch {
 		case err == nil:
@@ -344,7 +343,7 @@ func (b *Inbox) checkCatalog(ctx context.Context, c Conn, cat catalog) ([]idem.S
 			add("idem inbox partitions ensure "+target+" (and run it daily)", "table %s has no partition for tomorrow (UTC): claims fail from midnight", t)
 		}
 	}
-	if !cat.bookkeeping {
+	if !cat.settings {
 		add(migrate, "table %s has no stored layout and retention window (the settings table is missing)", t)
 		return probs, nil
 	}
