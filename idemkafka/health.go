@@ -23,12 +23,10 @@ import (
 // asks neither the broker nor the database.
 func (c *Consumer[TTx]) Health() idem.Health {
 	h := c.health.Health()
-	if h.Running {
-		_, gen := c.cl.GroupMetadata()
-		h.Connected = gen > 0 && !c.pollFailed.Load()
-		if !h.Connected {
-			h.ConnectedSince = time.Time{}
-		}
+	_, gen := c.cl.GroupMetadata()
+	h.Connected = h.Running && gen > 0 && !c.pollFailed.Load()
+	if !h.Connected {
+		h.ConnectedSince = time.Time{}
 	}
 	h.Lag, h.TotalLag = c.lag.lags(c.cl.CommittedOffsets())
 	return h
@@ -129,9 +127,10 @@ func (c *Consumer[TTx]) observePoll(f kgo.Fetches) {
 	switch {
 	case f.NumRecords() > 0 || failed == nil && len(f.Errors()) == 0:
 		c.pollFailed.Store(false)
+		c.health.Connect(time.Now())
 	case failed != nil:
 		c.pollFailed.Store(true)
-		c.health.Fail(failed, time.Now())
+		c.health.Disconnect(failed, time.Now())
 	}
 }
 
