@@ -269,13 +269,18 @@ func auditDuplicates(ctx context.Context, args []string, stdout, stderr io.Write
 	fmt.Fprintf(tw, "duplicate groups:\t%d\t\t\n", s.Groups)
 	fmt.Fprintf(tw, "rows in them:\t%d\t%s\t\n", s.Rows, amt(s.Amount))
 	fmt.Fprintf(tw, "extra rows:\t%d\t%s\tall but the earliest of each group\n", s.ExtraRows, amt(s.ExtraAmount))
-	fmt.Fprintf(tw, "  unpaid:\t%d\t%s\t-> idem audit void\n", s.UnpaidExtraRows, amt(s.UnpaidExtraAmount))
-	fmt.Fprintf(tw, "  paid:\t%d\t%s\t-> refund first; void skips them\n", s.PaidExtraRows, amt(s.PaidExtraAmount))
+	if spec.Status != audit.NoColumn {
+		fmt.Fprintf(tw, "  unpaid:\t%d\t%s\t-> idem audit void\n", s.UnpaidExtraRows, amt(s.UnpaidExtraAmount))
+		fmt.Fprintf(tw, "  paid:\t%d\t%s\t-> refund first; void skips them\n", s.PaidExtraRows, amt(s.PaidExtraAmount))
+	}
 	_ = tw.Flush()
 	for _, line := range strings.SplitAfter(buf.String(), "\n") {
 		fmt.Fprint(stdout, strings.TrimRight(line, " \n")+strings.Repeat("\n", strings.Count(line, "\n")))
 	}
 	fmt.Fprintf(stdout, "verdict: %s\n", s.Activity.Verdict())
+	if spec.Status == audit.NoColumn && s.ExtraRows > 0 {
+		fmt.Fprintln(stdout, "no status column: void cannot mark the extra rows; remove or merge them, then fence the table with idem audit guard")
+	}
 	return nil
 }
 

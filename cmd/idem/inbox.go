@@ -111,10 +111,10 @@ func runInbox(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	case len(args) > 1 && isHelp(args[1]):
 		inboxUsage(stdout)
 		return nil
-	case len(args) == 1:
-		return &usageError{cmd: "inbox", msg: fmt.Sprintf("inbox %s: want one of: %s", args[0], strings.Join(group, ", "))}
+	case len(args) == 1 || strings.HasPrefix(args[1], "-"):
+		return &usageError{cmd: "inbox " + args[0], msg: "want a subcommand: " + strings.Join(group, " or ")}
 	default:
-		return &usageError{cmd: "inbox", msg: fmt.Sprintf("inbox %s: unknown subcommand %q (want one of: %s)", args[0], args[1], strings.Join(group, ", "))}
+		return &usageError{cmd: "inbox " + args[0], msg: fmt.Sprintf("unknown subcommand %q (want %s)", args[1], strings.Join(group, " or "))}
 	}
 }
 
@@ -278,8 +278,8 @@ func inboxPrune(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := f.parse(args); err != nil {
 		return err
 	}
-	if *batch < 1 {
-		return f.fs.usagef("--batch must be positive (got %d)", *batch)
+	if err := f.fs.positive("batch", *batch); err != nil {
+		return err
 	}
 	opts := retention.Options{Window: f.window, BatchSize: *batch, DryRun: *dryRun}
 	var res retention.Result
@@ -349,8 +349,8 @@ func inboxEnsure(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err := f.noWindow(); err != nil {
 		return err
 	}
-	if *days < 1 {
-		return f.fs.usagef("--days must be positive (got %d)", *days)
+	if err := f.fs.positive("days", *days); err != nil {
+		return err
 	}
 	start := time.Now().UTC()
 	if *from != "" {

@@ -221,9 +221,7 @@ func (f *cmdFlags) help(w io.Writer) {
 		fmt.Fprintf(w, "%s\n\n", strings.TrimRight(f.doc, "\n"))
 	}
 	fmt.Fprintln(w, "flags:")
-	f.SetOutput(w)
-	f.PrintDefaults()
-	f.SetOutput(io.Discard)
+	f.printFlags(w)
 	fmt.Fprintf(w, "\nexit status: 0 ok, 1 findings, 2 usage, 3 runtime error (see idem -h)\n")
 }
 
@@ -236,7 +234,7 @@ func (f *cmdFlags) parse(args []string, positional bool) error {
 			f.help(f.stdout)
 			return flag.ErrHelp
 		}
-		return f.usagef("%s", flagError(err))
+		return f.usagef("%s", f.flagError(err))
 	}
 	if !positional && f.NArg() > 0 {
 		return f.usagef("unexpected argument %q (this command takes flags only)", f.Arg(0))
@@ -250,8 +248,8 @@ func (f *cmdFlags) usagef(format string, args ...any) error {
 }
 
 // flagError rewords the flag package's errors with the flag as typed
-// ("--batch"), not its bare name.
-func flagError(err error) string {
+// ("--batch") and what its value should look like.
+func (f *cmdFlags) flagError(err error) string {
 	msg := err.Error()
 	if rest, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
 		return "unknown flag --" + rest
@@ -259,35 +257,61 @@ func flagError(err error) string {
 	if rest, ok := strings.CutPrefix(msg, "flag needs an argument: -"); ok {
 		return "--" + rest + " needs a value"
 	}
-	if rest, ok := strings.CutPrefix(msg, "invalid value "); ok {
-		// invalid value "x" for flag -batch: parse error
-		if i := strings.Index(rest, " for flag -"); i >= 0 {
-			val := rest[:i]
-			name, why, _ := strings.Cut(rest[i+len(" for flag -"):], ": ")
-			return fmt.Sprintf("--%s %s: %s", name, val, flagWhy(why))
+	// invalid boolean value "x" for -apply: parse error
+	if rest, ok := strings.CutPrefix(msg, "invalid boolean value "); ok {
+		if val, name, ok := strings.Cut(rest, " for -"); ok {
+			name, _, _ = strings.Cut(name, ":")
+			return fmt.Sprintf("--%s=%s: want true or false (or the flag alone)", name, val)
 		}
 	}
-	return msg
+	// invalid value "x" for flag -batch: parse error
+	rest, ok := strings.CutPrefix(msg, "invalid value ")
+	i := strings.Index(rest, " for flag -")
+	if !ok || i < 0 {
+		return msg
+	}
+	val := rest[:i]
+	name, why, _ := strings.Cut(rest[i+len(" for flag -"):], ": ")
+	if fl := f.Lookup(name); fl != nil {
+		switch typ, _ := flag.UnquoteUsage(fl); typ {
+		case "int":
+			why = "want a whole number"
+		case "duration":
+			why = "want a duration such as 90s, 10m or 720h"
+		case "":
+			why = "want true or false"
+		}
+	}
+	return fmt.Sprintf("--%s %s: %s", name, val, why)
 }
 
-// flagWhy shortens the strconv and time errors the flag package passes on.
-func flagWhy(why string) string {
-	switch {
-	case strings.Contains(why, "invalid syntax") && strings.Contains(why, "parse"):
-		return "not a number"
-	case strings.Contains(why, "value out of range"):
-		return "out of range"
-	case strings.HasPrefix(why, "time: "):
-		return "not a duration (such as 90s, 10m, 720h)"
-	}
-	return why
+// printFlags lists the flags as they are typed, with two dashes.
+func (f *cmdFlags) printFlags(w io.Writer) {
+	f.VisitAll(func(fl *flag.Flag) {
+		typ, usage := flag.UnquoteUsage(fl)
+		line := "  --" + fl.Name
+		if typ != "" {
+			line += " " + typ
+		}
+		line += "\n    \t" + strings.ReplaceAll(usage, "\n", "\n    \t")
+		switch fl.DefValue {
+		case "", "0", "false", "0s":
+		default:
+			if typ == "string" {
+				line += fmt.Sprintf(" (default %q)", fl.DefValue)
+			} else {
+				line += fmt.Sprintf(" (default %s)", fl.DefValue)
+			}
+		}
+		fmt.Fprintln(w, line)
+	})
 }
 
 // positive refuses a numeric flag under 1, naming it: 0 never silently
 // means a default.
-func positive(flagName string, v int) error {
+func (f *cmdFlags) positive(flagName string, v int) error {
 	if v < 1 {
-		return usagef("--%s must be positive (got %d)", flagName, v)
+		return f.usagef("--%s must be positive (got %d)", flagName, v)
 	}
 	return nil
 }
@@ -343,7 +367,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return report(stdout, stderr, jsonOut, "", &usageError{msg: fmt.Sprintf("unknown command %q", args[0])})
 	}
-	return report(stdout, stderr, jsonOut, c.name, c.run(ctx, args[1:], stdout, stderr))
+	return report(stdout, stderr, jsonOut, commandPath(args), c.run(ctx, args[1:], stdout, stderr))
+}
+
+// commandPath names the command being run for its error line: the words
+// before the first flag, at most three ("inbox window set").
+func commandPath(args []string) string {
+	var words []string
+	for _, a := range args {
+		if strings.HasPrefix(a, "-") || len(words) == 3 {
+			break
+		}
+		words = append(words, a)
+	}
+	return strings.Join(words, " ")
 }
 
 // report prints err as the package documentation says and returns the exit

@@ -1,0 +1,606 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"path/filepath"
+	"regexp"
+	"runtime/debug"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/pgxinbox"
+	"github.com/idemkit/idem/sqliteinbox"
+)
+
+// cliResult is one run of the command line.
+type cliResult struct {
+	code           int
+	stdout, stderr string
+}
+
+// cli runs idem with args under a generous deadline of its own, so that a
+// command that hangs fails the test instead of stalling it.
+func cli(t *testing.T, args ...string) cliResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out, errb bytes.Buffer
+	code := run(ctx, args, &out, &errb)
+	if ctx.Err() != nil {
+		t.Fatalf("idem %s: still running after the test's deadline", strings.Join(args, " "))
+	}
+	return cliResult{code, out.String(), errb.String()}
+}
+
+// expect fails the test unless the run exited with code.
+func (r cliResult) expect(t *testing.T, code int, args []string) {
+	t.Helper()
+	if r.code != code {
+		t.Fatalf("idem %s: exit %d, want %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), r.code, code, r.stdout, r.stderr)
+	}
+}
+
+// jsonError parses the error object a --json run prints on stdout.
+type jsonError struct {
+	Error   string `json:"error"`
+	Exit    int    `json:"exit"`
+	Command string `json:"command"`
+}
+
+func parseJSONError(t *testing.T, r cliResult, args []string) jsonError {
+	t.Helper()
+	var je jsonError
+	dec := json.NewDecoder(strings.NewReader(r.stdout))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&je); err != nil {
+		t.Fatalf("idem %s: stdout %q is not one JSON error object: %v", strings.Join(args, " "), r.stdout, err)
+	}
+	if dec.More() {
+		t.Fatalf("idem %s: stdout %q holds more than one JSON value", strings.Join(args, " "), r.stdout)
+	}
+	return je
+}
+
+// helpArgs lists every way to ask the commands this file covers for help.
+func helpArgs() [][]string {
+	cases := [][]string{
+		{"-h"}, {"--help"}, {"help"}, {"help", "inbox"}, {"help", "audit", "check"},
+		{"inbox", "-h"}, {"inbox", "--help"}, {"inbox", "help"},
+		{"inbox", "partitions", "-h"}, {"inbox", "window", "--help"},
+		{"audit", "-h"}, {"audit", "--help"}, {"version", "-h"}, {"version", "--help"},
+	}
+	for name := range inboxCommands {
+		words := append([]string{"inbox"}, strings.Fields(name)...)
+		cases = append(cases, append(words, "-h"), append(words, "--help"))
+	}
+	for _, sub := range []string{"duplicates", "void", "guard", "check"} {
+		cases = append(cases, []string{"audit", sub, "-h"}, []string{"audit", sub, "--help"})
+	}
+	return cases
+}
+
+// TestHelpOnStdout: every command and subcommand prints its help on
+// stdout for -h and --help and exits 0, with nothing on stderr; the help of
+// a command with flags lists them as typed, with two dashes.
+func TestHelpOnStdout(t *testing.T) {
+	t.Parallel()
+	for _, args := range helpArgs() {
+		r := cli(t, args...)
+		r.expect(t, 0, args)
+		if !strings.HasPrefix(r.stdout, "usage: idem") || r.stderr != "" {
+			t.Fatalf("idem %s: stdout %q, stderr %q: want the help on stdout only", strings.Join(args, " "), r.stdout, r.stderr)
+		}
+		if len(args) > 1 && (args[0] == "inbox" || args[0] == "audit") && len(args) >= 3 && args[1] != "partitions" && args[1] != "window" {
+			if !strings.Contains(r.stdout, "  --table ") || regexp.MustCompile(`(?m)^  -[a-z]`).MatchString(r.stdout) {
+				t.Fatalf("idem %s: flags not listed as --flag:\n%s", strings.Join(args, " "), r.stdout)
+			}
+		}
+	}
+	// The top-level help documents the exit codes and the JSON error.
+	r := cli(t, "-h")
+	for _, want := range []string{"0  success", "1  findings", "2  usage", "3  runtime", `{"error": "...", "exit": N`, "--connect-timeout"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Fatalf("idem -h lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	// So does a subcommand's, with the default connect timeout.
+	if r := cli(t, "inbox", "stats", "-h"); !strings.Contains(r.stdout, "--connect-timeout duration") || !strings.Contains(r.stdout, "(default 10s)") ||
+		!strings.Contains(r.stdout, "exit status: 0 ok, 1 findings, 2 usage, 3 runtime") {
+		t.Fatalf("idem inbox stats -h:\n%s", r.stdout)
+	}
+}
+
+// TestUsageErrors: a mistake in the command line exits 2, says on stderr
+// what is wrong with the flag named as typed, and where the help is; stdout
+// stays empty.
+func TestUsageErrors(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{}, []string{"usage: idem <command>"}},
+		{[]string{"nosuch"}, []string{`idem: unknown command "nosuch"`, "Run 'idem -h'"}},
+		{[]string{"inbox"}, []string{"missing subcommand", "Run 'idem inbox -h'"}},
+		{[]string{"inbox", "nosuch"}, []string{`unknown subcommand "nosuch"`, "partitions drop"}},
+		{[]string{"inbox", "partitions"}, []string{"idem inbox partitions: want a subcommand: drop or ensure", "Run 'idem inbox partitions -h'"}},
+		{[]string{"inbox", "window", "nosuch"}, []string{`idem inbox window: unknown subcommand "nosuch" (want set or show)`}},
+		{[]string{"inbox", "stats", "--bogus"}, []string{"idem inbox stats: unknown flag --bogus", "Run 'idem inbox stats -h' for usage."}},
+		{[]string{"inbox", "stats", "extra"}, []string{`unexpected argument "extra"`}},
+		{[]string{"inbox", "prune", "--batch", "0"}, []string{"--batch must be positive (got 0)"}},
+		{[]string{"inbox", "prune", "--batch", "-3"}, []string{"--batch must be positive (got -3)"}},
+		{[]string{"inbox", "prune", "--batch", "many"}, []string{`--batch "many": want a whole number`}},
+		{[]string{"inbox", "prune", "--window", "2weeks"}, []string{`--window "2weeks": want a duration`}},
+		{[]string{"inbox", "prune", "--window", "-1h"}, []string{"--window must be positive"}},
+		{[]string{"inbox", "prune", "--dry-run=maybe"}, []string{`--dry-run="maybe": want true or false`}},
+		{[]string{"inbox", "prune", "--table"}, []string{"--table needs a value"}},
+		{[]string{"inbox", "prune", "--table", ""}, []string{"--table must not be empty"}},
+		{[]string{"inbox", "partitions", "ensure", "--days", "0"}, []string{"--days must be positive (got 0)"}},
+		{[]string{"inbox", "partitions", "ensure", "--from", "tomorrow"}, []string{`--from "tomorrow": want a day as YYYY-MM-DD`}},
+		{[]string{"inbox", "stats", "--connect-timeout", "-1s"}, []string{"--connect-timeout must not be negative"}},
+		{[]string{"inbox", "stats", "--sqlite", "a.db", "--database", "postgres://x/y"}, []string{"--sqlite and --database name two databases"}},
+		{[]string{"inbox", "migrate", "--layout", "sharded"}, []string{`--layout "sharded": want plain or partitioned`}},
+		{[]string{"inbox", "window", "set", "soon"}, []string{`"soon" is not a positive duration`, "Run 'idem inbox window set -h'"}},
+		{[]string{"audit"}, []string{"missing subcommand", "Run 'idem audit -h'"}},
+		{[]string{"audit", "check", "--table", "t"}, []string{"idem audit check: --key is required"}},
+		{[]string{"audit", "check", "--key", "k"}, []string{"--table is required"}},
+		{[]string{"audit", "check", "--table", "t", "--key", "k", "--every", "-1h"}, []string{"--every must be positive"}},
+		{[]string{"audit", "duplicates", "--table", "t", "--key", "k", "--limit", "-1"}, []string{"--limit must not be negative"}},
+		{[]string{"audit", "void", "--table", "t", "--key", "k", "--lock-timeout", "-1s"}, []string{"--lock-timeout must not be negative"}},
+		{[]string{"audit", "guard", "--print", "--table", "t", "--key", "k", "--status-column", "a b"}, []string{"--status-column: invalid SQL name"}},
+		{[]string{"audit", "void", "--table", "t", "--key", "k", "--status-column", "-"}, []string{"void marks rows by their --status-column"}},
+		{[]string{"audit", "void", "--table", "t", "--key", "k", "--id", ""}, []string{"void names every row it voids by its --id column"}},
+		{[]string{"version", "extra"}, []string{`unexpected argument "extra"`}},
+	} {
+		r := cli(t, tc.args...)
+		r.expect(t, 2, tc.args)
+		for _, w := range tc.want {
+			if !strings.Contains(r.stderr, w) {
+				t.Fatalf("idem %s: stderr %q lacks %q", strings.Join(tc.args, " "), r.stderr, w)
+			}
+		}
+		if r.stdout != "" {
+			t.Fatalf("idem %s: stdout %q, want nothing", strings.Join(tc.args, " "), r.stdout)
+		}
+	}
+}
+
+// goSelector matches a Go field or type reference such as VoidOptions.Force.
+var goSelector = regexp.MustCompile(`\b[A-Z][A-Za-z]*(Options|Config|Spec|Result)\.[A-Z][A-Za-z]*\b|store's Migrate`)
+
+// TestMessagesInUserTerms: refusals and errors name flags and commands,
+// never the library's Go names.
+func TestMessagesInUserTerms(t *testing.T) {
+	t.Parallel()
+	db := auditSeed(t, `INSERT INTO invoices (customer_id, period, amount, status, created_at) VALUES
+		('c-9', '2026-04', 1.00, 'Issued', now()), ('c-9', '2026-04', 1.00, 'Issued', now());`)
+	common := []string{"--database", db, "--table", "invoices", "--key", "customer_id,period"}
+	for _, tc := range []struct {
+		code int
+		args []string
+		want string
+	}{
+		{3, []string{"audit", "void"}, "add them with --add-columns"},
+		{1, []string{"audit", "void", "--add-columns"}, "or pass --force"},
+		{1, []string{"audit", "guard"}, "void them first (idem audit void)"},
+	} {
+		args := append(tc.args, common...)
+		r := cli(t, args...)
+		r.expect(t, tc.code, args)
+		if !strings.Contains(r.stderr, tc.want) {
+			t.Fatalf("idem %s: stderr %q lacks %q", strings.Join(args, " "), r.stderr, tc.want)
+		}
+		if m := goSelector.FindString(r.stdout + r.stderr); m != "" {
+			t.Fatalf("idem %s names %q:\n%s%s", strings.Join(args, " "), m, r.stdout, r.stderr)
+		}
+	}
+}
+
+// TestRuntimeErrorsExit3: the same failure, a database that is not there,
+// exits 3 from every command that needs it, with one line on stderr.
+func TestRuntimeErrorsExit3(t *testing.T) {
+	t.Parallel()
+	// A port that was just closed: connections are refused at once.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	down := "postgres://postgres@" + addr + "/test?sslmode=disable"
+	for _, args := range [][]string{
+		{"inbox", "migrate"}, {"inbox", "stats"}, {"inbox", "prune"}, {"inbox", "prune", "--dry-run"},
+		{"inbox", "partitions", "ensure"}, {"inbox", "partitions", "drop"}, {"inbox", "window", "show"}, {"inbox", "window", "set", "720h"},
+		{"audit", "duplicates", "--table", "t", "--key", "k"}, {"audit", "void", "--table", "t", "--key", "k"},
+		{"audit", "guard", "--table", "t", "--key", "k"}, {"audit", "check", "--table", "t", "--key", "k"},
+	} {
+		args = append(args, "--database", down)
+		r := cli(t, args...)
+		r.expect(t, 3, args)
+		want := "idem " + strings.Join(args[:2], " ")
+		if lines := strings.Split(strings.TrimSpace(r.stderr), "\n"); len(lines) != 1 || !strings.HasPrefix(lines[0], want) ||
+			!strings.Contains(lines[0], "connecting to postgres://postgres@"+addr) {
+			t.Fatalf("idem %s: stderr %q, want one line from %q naming the database", strings.Join(args, " "), r.stderr, want)
+		}
+	}
+}
+
+// silentServer accepts TCP connections and never answers, as a database
+// host behind a dead switch or a process that stopped reading. It reports
+// how many connections it accepted.
+func silentServer(t *testing.T) (addr string, accepted func() int) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c) // held open, never read or written
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return ln.Addr().String(), func() int { mu.Lock(); defer mu.Unlock(); return len(conns) }
+}
+
+// TestConnectTimeout: a server that accepts the connection and never
+// answers fails the command with exit 3 and a message naming the timeout,
+// instead of hanging it until killed (cli's deadline would fail the test).
+func TestConnectTimeout(t *testing.T) {
+	t.Parallel()
+	addr, accepted := silentServer(t)
+	silent := "postgres://postgres@" + addr + "/test?sslmode=disable"
+	for _, args := range [][]string{
+		{"inbox", "stats", "--database", silent, "--connect-timeout", "300ms"},
+		{"inbox", "migrate", "--database", silent, "--connect-timeout", "300ms"},
+		{"audit", "check", "--database", silent, "--connect-timeout", "300ms", "--table", "t", "--key", "k"},
+		{"audit", "duplicates", "--database", silent, "--connect-timeout", "300ms", "--table", "t", "--key", "k"},
+	} {
+		before := accepted()
+		r := cli(t, args...)
+		r.expect(t, 3, args)
+		if !strings.Contains(r.stderr, "no answer within 300ms (--connect-timeout)") || !strings.Contains(r.stderr, addr) {
+			t.Fatalf("idem %s: stderr %q, want the timeout and the server named", strings.Join(args, " "), r.stderr)
+		}
+		if accepted() == before {
+			t.Fatalf("idem %s: the silent server accepted no connection: the failure was not the timeout", strings.Join(args, " "))
+		}
+	}
+	// With --json the same failure is a JSON object on stdout.
+	args := []string{"audit", "check", "--json", "--database", silent, "--connect-timeout", "300ms", "--table", "t", "--key", "k"}
+	r := cli(t, args...)
+	r.expect(t, 3, args)
+	if je := parseJSONError(t, r, args); je.Exit != 3 || je.Command != "audit check" || !strings.Contains(je.Error, "--connect-timeout") {
+		t.Fatalf("JSON error %+v", je)
+	}
+}
+
+// TestJSONErrors: with --json, an error is one JSON object on stdout (the
+// plain line stays on stderr), for usage and runtime errors alike; findings
+// print their result only.
+func TestJSONErrors(t *testing.T) {
+	t.Parallel()
+	url := pgtest.Schema(t)
+	for _, tc := range []struct {
+		code    int
+		args    []string
+		command string
+		want    string
+	}{
+		{2, []string{"inbox", "stats", "--json", "--bogus"}, "inbox stats", "unknown flag --bogus"},
+		{2, []string{"inbox", "prune", "--batch", "0", "--json"}, "inbox prune", "--batch must be positive"},
+		{2, []string{"nosuch", "--json"}, "", `unknown command "nosuch"`},
+		{2, []string{"inbox", "partitions", "--json"}, "inbox partitions", "want a subcommand"},
+		{3, []string{"inbox", "stats", "--json", "--database", url, "--table", "missing"}, "inbox stats", "table missing does not exist"},
+		{3, []string{"inbox", "window", "show", "--json=true", "--database", url, "--table", "missing"}, "inbox window show", "table missing does not exist"},
+		{3, []string{"audit", "check", "--json", "--database", url, "--table", "missing", "--key", "k"}, "audit check", "table missing: not found"},
+	} {
+		r := cli(t, tc.args...)
+		r.expect(t, tc.code, tc.args)
+		je := parseJSONError(t, r, tc.args)
+		if je.Exit != tc.code || je.Command != tc.command || !strings.Contains(je.Error, tc.want) {
+			t.Fatalf("idem %s: JSON error %+v, want exit %d, command %q, error with %q", strings.Join(tc.args, " "), je, tc.code, tc.command, tc.want)
+		}
+		if !strings.Contains(r.stderr, tc.want) {
+			t.Fatalf("idem %s: stderr %q, want the plain message too", strings.Join(tc.args, " "), r.stderr)
+		}
+	}
+	// Without --json, stdout stays empty.
+	if r := cli(t, "inbox", "stats", "--database", url, "--table", "missing"); r.code != 3 || r.stdout != "" {
+		t.Fatalf("without --json: exit %d, stdout %q", r.code, r.stdout)
+	}
+	// --json=false is no JSON.
+	if r := cli(t, "inbox", "stats", "--json=false", "--bogus"); r.code != 2 || r.stdout != "" {
+		t.Fatalf("--json=false: exit %d, stdout %q", r.code, r.stdout)
+	}
+	// Findings (exit 1) print the result, one JSON document, not an error.
+	db := auditSeed(t, "")
+	args := []string{"audit", "check", "--json", "--database", db, "--table", "invoices", "--key", "customer_id,period"}
+	r := cli(t, args...)
+	r.expect(t, 1, args)
+	var res map[string]any
+	dec := json.NewDecoder(strings.NewReader(r.stdout))
+	if err := dec.Decode(&res); err != nil || dec.More() || res["groups"] != float64(5) || res["error"] != nil {
+		t.Fatalf("check --json with duplicates: %q (%v), want one result with 5 groups", r.stdout, err)
+	}
+	args = []string{"audit", "guard", "--json", "--database", db, "--table", "invoices", "--key", "customer_id,period"}
+	r = cli(t, args...)
+	r.expect(t, 1, args)
+	dec = json.NewDecoder(strings.NewReader(r.stdout))
+	if err := dec.Decode(&res); err != nil || dec.More() || res["groups"] != float64(5) || res["created"] != false {
+		t.Fatalf("guard --json with duplicates: %q (%v), want one result with 5 groups, not created", r.stdout, err)
+	}
+}
+
+// TestNotAnInbox: a table that is not an idem inbox, or is missing, is
+// refused in one line that says how to make it one, by every inbox
+// command, instead of a SQL error about a column.
+func TestNotAnInbox(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	// One schema with an inbox beside the stranger (its settings table
+	// exists), one with the stranger alone.
+	withInbox := pgtest.Schema(t)
+	alone := pgtest.Schema(t)
+	for _, url := range []string{withInbox, alone} {
+		pool, err := pgxpool.New(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, `CREATE TABLE t_notinbox (id int, event_name text)`); err != nil {
+			t.Fatal(err)
+		}
+		if url == withInbox {
+			store, err := pgxinbox.New(pool, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := store.Migrate(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		pool.Close()
+	}
+	const want = "table t_notinbox is not an idem inbox (no stored settings); create it with: idem inbox migrate --table t_notinbox"
+	for _, url := range []string{withInbox, alone} {
+		for _, sub := range [][]string{{"stats"}, {"prune"}, {"prune", "--dry-run"}, {"window", "show"}, {"window", "set", "720h"}, {"partitions", "drop"}, {"partitions", "ensure"}} {
+			args := append(append([]string{"inbox"}, sub...), "--database", url, "--table", "t_notinbox")
+			r := cli(t, args...)
+			r.expect(t, 3, args)
+			if got := strings.TrimSpace(r.stderr); !strings.HasPrefix(got, "idem inbox ") || !strings.HasSuffix(got, ": "+want) || strings.Contains(got, "\n") {
+				t.Fatalf("idem %s: stderr %q, want one line ending %q", strings.Join(args, " "), r.stderr, want)
+			}
+		}
+	}
+	args := []string{"inbox", "stats", "--database", alone, "--table", "nosuch"}
+	r := cli(t, args...)
+	r.expect(t, 3, args)
+	if !strings.Contains(r.stderr, "table nosuch does not exist in this database (wrong --table or --database?); create it with: idem inbox migrate --table nosuch") {
+		t.Fatalf("missing table: %q", r.stderr)
+	}
+	// SQLite: a database file without an inbox, and a file that is not there.
+	file := filepath.Join(t.TempDir(), "app.db")
+	db, err := sqliteinbox.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE orders (id integer)`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	args = []string{"inbox", "stats", "--sqlite", file}
+	r = cli(t, args...)
+	r.expect(t, 3, args)
+	if !strings.Contains(r.stderr, "table idem_inbox is not an idem inbox (no stored settings); create it with: idem inbox migrate --table idem_inbox --sqlite "+file) {
+		t.Fatalf("sqlite without inbox: %q", r.stderr)
+	}
+	missing := filepath.Join(t.TempDir(), "missing.db")
+	args = []string{"inbox", "prune", "--sqlite", missing}
+	r = cli(t, args...)
+	r.expect(t, 3, args)
+	if !strings.Contains(r.stderr, "SQLite file "+missing+" does not exist (wrong --sqlite?)") {
+		t.Fatalf("missing sqlite file: %q", r.stderr)
+	}
+}
+
+// TestPruneSaysWhatItWouldDo: a dry run says in words how many markers it
+// would delete and that it deleted none; a run with nothing to do says so.
+func TestPruneSaysWhatItWouldDo(t *testing.T) {
+	t.Parallel()
+	url, pool := seedInbox(t, pgxinbox.Plain)
+	out := inboxRun(t, 0, "prune", "--database", url, "--dry-run", "--batch", "2")
+	if !regexp.MustCompile(`^idem_inbox: dry run: would delete 3 markers older than \S+, in batches of 2; nothing deleted\n$`).MatchString(out) || rows(t, pool) != 4 {
+		t.Fatalf("dry run said %q, left %d rows", out, rows(t, pool))
+	}
+	inboxRun(t, 0, "prune", "--database", url)
+	out = inboxRun(t, 0, "prune", "--database", url, "--dry-run")
+	if !strings.Contains(out, "dry run: nothing to delete, no markers older than") || strings.Contains(out, "batches") {
+		t.Fatalf("dry run after the prune said %q", out)
+	}
+	if out := inboxRun(t, 0, "prune", "--database", url); !strings.Contains(out, "nothing to delete") {
+		t.Fatalf("prune with nothing to do said %q", out)
+	}
+	purl, _ := seedInbox(t, pgxinbox.Partitioned)
+	out = inboxRun(t, 0, "partitions", "drop", "--database", purl, "--dry-run")
+	if !strings.Contains(out, "dry run: would drop") || !strings.Contains(out, "nothing dropped") {
+		t.Fatalf("partitions drop --dry-run said %q", out)
+	}
+}
+
+// TestVersion: the module path, version and source revision come from the
+// build information, in text and JSON.
+func TestVersion(t *testing.T) {
+	t.Parallel()
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		t.Skip("test binary built without build information")
+	}
+	settings := map[string]string{}
+	for _, s := range bi.Settings {
+		settings[s.Key] = s.Value
+	}
+	r := cli(t, "version")
+	r.expect(t, 0, []string{"version"})
+	if !strings.HasPrefix(r.stdout, "idem ") || !strings.Contains(r.stdout, bi.Main.Path) || !strings.Contains(r.stdout, bi.GoVersion) ||
+		!strings.Contains(r.stdout, settings["vcs.revision"]) {
+		t.Fatalf("version: %q, want %s, %s and revision %q", r.stdout, bi.Main.Path, bi.GoVersion, settings["vcs.revision"])
+	}
+	r = cli(t, "version", "--json")
+	r.expect(t, 0, []string{"version", "--json"})
+	var v struct {
+		Module, Version, Revision, Go string
+		Modified                      bool
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &v); err != nil {
+		t.Fatalf("version --json: %q: %v", r.stdout, err)
+	}
+	wantVersion := bi.Main.Version
+	if wantVersion == "" {
+		wantVersion = "(devel)"
+	}
+	if v.Module != bi.Main.Path || v.Version != wantVersion || v.Go != bi.GoVersion || v.Revision != settings["vcs.revision"] ||
+		v.Modified != (settings["vcs.modified"] == "true") {
+		t.Fatalf("version --json %+v, build info %+v", v, bi.Main)
+	}
+}
+
+// bareTableSQL is a business table without status or id columns, with two
+// duplicated keys.
+const bareTableSQL = `
+CREATE TABLE ledger (
+	customer_id text NOT NULL,
+	period      text NOT NULL,
+	created_at  timestamptz NOT NULL
+);
+INSERT INTO ledger VALUES
+	('c-1', '2026-03', now() - interval '3 days'), ('c-1', '2026-03', now() - interval '3 days' + interval '1 min'),
+	('c-2', '2026-03', now() - interval '3 days'), ('c-2', '2026-03', now() - interval '3 days' + interval '1 min'),
+	('c-2', '2026-03', now() - interval '3 days' + interval '2 min'), ('c-3', '2026-03', now() - interval '3 days');
+`
+
+// TestAuditWithoutStatusOrID: check, duplicates and guard work on a table
+// with neither column, with either spelling of "none"; void refuses.
+func TestAuditWithoutStatusOrID(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := auditSchemaURL(t)
+	conn, err := pgx.Connect(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, bareTableSQL); err != nil {
+		t.Fatal(err)
+	}
+	common := []string{"--database", db, "--table", "ledger", "--key", "customer_id,period"}
+	with := func(sub string, more ...string) []string {
+		return append(append([]string{"audit", sub}, common...), more...)
+	}
+	// Before: the default columns are demanded, by name.
+	args := with("check")
+	r := cli(t, args...)
+	r.expect(t, 3, args)
+	if !strings.Contains(r.stderr, "has no column status") {
+		t.Fatalf("check with the default status column: %q", r.stderr)
+	}
+	for _, none := range [][]string{{"--status-column", "", "--id", ""}, {"--status-column", "-", "--id", "-"}, {"--status-column=", "--id=-"}} {
+		args := with("check", none...)
+		r := cli(t, args...)
+		r.expect(t, 1, args)
+		if !strings.Contains(r.stdout, "2 duplicate groups, 3 extra rows") {
+			t.Fatalf("idem %s: %q", strings.Join(args, " "), r.stdout)
+		}
+	}
+	none := []string{"--status-column", "-", "--id", "-"}
+	args = with("duplicates", none...)
+	r = cli(t, args...)
+	r.expect(t, 0, args)
+	if !strings.Contains(r.stdout, "live rows: every row (no status column)") || !regexp.MustCompile(`duplicate groups:\s+2\n`).MatchString(r.stdout) ||
+		!strings.Contains(r.stdout, "void cannot mark the extra rows") || strings.Contains(r.stdout, "-> idem audit void") {
+		t.Fatalf("duplicates: %s", r.stdout)
+	}
+	args = with("guard", append(none, "--print")...)
+	r = cli(t, args...)
+	r.expect(t, 0, args)
+	if strings.TrimSpace(r.stdout) != `CREATE UNIQUE INDEX CONCURRENTLY "ux_ledger_customer_id_period" ON "ledger" ("customer_id", "period");` {
+		t.Fatalf("guard --print: %q, want a plain unique index", r.stdout)
+	}
+	args = with("guard", none...)
+	r = cli(t, args...)
+	r.expect(t, 1, args)
+	if !strings.Contains(r.stderr, "2 groups, 3 extra rows") {
+		t.Fatalf("guard with duplicates: %q", r.stderr)
+	}
+	args = with("void", none...)
+	r = cli(t, args...)
+	r.expect(t, 2, args)
+	if _, err := conn.Exec(ctx, `DELETE FROM ledger l USING ledger e
+WHERE l.customer_id = e.customer_id AND l.period = e.period AND l.created_at > e.created_at`); err != nil {
+		t.Fatal(err)
+	}
+	args = with("guard", none...)
+	r = cli(t, args...)
+	r.expect(t, 0, args)
+	if !strings.Contains(r.stdout, "created index ux_ledger_customer_id_period") || strings.Contains(r.stderr, "warning") {
+		t.Fatalf("guard: stdout %q stderr %q", r.stdout, r.stderr)
+	}
+	var def string
+	if err := conn.QueryRow(ctx, `SELECT pg_get_indexdef('ux_ledger_customer_id_period'::regclass)`).Scan(&def); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(def, "WHERE") {
+		t.Fatalf("index %s, want no predicate", def)
+	}
+	args = with("check", none...)
+	r = cli(t, args...)
+	r.expect(t, 0, args)
+	if !strings.Contains(r.stdout, "guarded by ux_ledger_customer_id_period") {
+		t.Fatalf("check after guard: %q", r.stdout)
+	}
+}
+
+// TestInboxDispatcher: every entry of the dispatcher is reachable by its
+// words and listed in the inbox help.
+func TestInboxDispatcher(t *testing.T) {
+	t.Parallel()
+	r := cli(t, "inbox", "-h")
+	names := make([]string, 0, len(inboxCommands))
+	for n := range inboxCommands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		if !regexp.MustCompile(`(?m)^  ` + regexp.QuoteMeta(n) + ` +\S`).MatchString(r.stdout) {
+			t.Fatalf("inbox help does not list %q:\n%s", n, r.stdout)
+		}
+		args := append(append([]string{"inbox"}, strings.Fields(n)...), "-h")
+		if r := cli(t, args...); r.code != 0 || !strings.HasPrefix(r.stdout, "usage: idem inbox "+n) {
+			t.Fatalf("idem %s: exit %d, %q", strings.Join(args, " "), r.code, r.stdout)
+		}
+	}
+}
