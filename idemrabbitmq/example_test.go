@@ -41,6 +41,12 @@ func ExampleNewConsumer() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	// Creates or upgrades the inbox table; a team with a migration tool
+	// applies `idem inbox ddl` instead, and the consumer checks the table
+	// when it starts.
+	if err := store.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
 	proc, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{
 		Consumer: "billing-invoice",
 		Key:      idem.ByMessageID,
