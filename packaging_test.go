@@ -8,7 +8,8 @@ import (
 
 // TestPackaging pins what each package links: a PostgreSQL user of
 // sqlinbox or pgxinbox does not get SQLite (modernc.org/sqlite and its
-// libc) in their binary.
+// libc) in their binary, and the idem command builds on no example, so an
+// example can change without changing the command.
 func TestPackaging(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("the go command is not on PATH")
@@ -21,6 +22,7 @@ func TestPackaging(t *testing.T) {
 		{"github.com/idemkit/idem/pgxinbox", "modernc.org/"},
 		{"github.com/idemkit/idem/idemrabbitmq", "modernc.org/"},
 		{"github.com/idemkit/idem/idemkafka", "modernc.org/"},
+		{"github.com/idemkit/idem/cmd/idem", "github.com/idemkit/idem/examples/"},
 	}
 	for _, c := range cases {
 		out, err := exec.Command("go", "list", "-deps", c.pkg).CombinedOutput()
