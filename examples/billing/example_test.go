@@ -15,14 +15,18 @@ import (
 	"github.com/idemkit/idem/sqliteinbox"
 )
 
-// openBilling opens a fresh database in dir with the inbox and the
-// services' tables.
-func openBilling(ctx context.Context, dir string) (*sql.DB, *sqlinbox.Store) {
-	db, err := sqliteinbox.Open(filepath.Join(dir, "billing.db"))
+// openBilling opens a fresh database in a temporary directory with the
+// inbox and the services' tables; done closes and removes it.
+func openBilling(ctx context.Context) (db *sql.DB, store *sqlinbox.Store, done func()) {
+	dir, err := os.MkdirTemp("", "billing-example")
 	if err != nil {
 		log.Fatal(err)
 	}
-	store, err := sqlinbox.New(db, sqlinbox.SQLite, nil)
+	db, err = sqliteinbox.Open(filepath.Join(dir, "billing.db"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	store, err = sqlinbox.New(db, sqlinbox.SQLite, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -32,7 +36,10 @@ func openBilling(ctx context.Context, dir string) (*sql.DB, *sqlinbox.Store) {
 	if err := billing.Migrate(ctx, db, sqlinbox.SQLite); err != nil {
 		log.Fatal(err)
 	}
-	return db, store
+	return db, store, func() {
+		db.Close()
+		os.RemoveAll(dir)
+	}
 }
 
 // The invoices service gets one renewal three times: delivered, delivered
@@ -42,13 +49,8 @@ func openBilling(ctx context.Context, dir string) (*sql.DB, *sqlinbox.Store) {
 // outbox, with an idempotency key, after the commit.
 func Example_invoices() {
 	ctx := context.Background()
-	dir, err := os.MkdirTemp("", "billing-example")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	db, store := openBilling(ctx, dir)
-	defer db.Close()
+	db, store, done := openBilling(ctx)
+	defer done()
 
 	cfg := billing.InvoicesConfig()
 	cfg.Logger = slog.New(slog.DiscardHandler)
@@ -85,13 +87,8 @@ func Example_invoices() {
 // after a lost ack is skipped, and the balance moves once.
 func Example_ledger() {
 	ctx := context.Background()
-	dir, err := os.MkdirTemp("", "billing-example")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	db, store := openBilling(ctx, dir)
-	defer db.Close()
+	db, store, done := openBilling(ctx)
+	defer done()
 
 	cfg := billing.LedgerConfig()
 	cfg.Logger = slog.New(slog.DiscardHandler)
