@@ -19,8 +19,10 @@ import (
 // record was last settled, the last error, and the lag of each partition
 // it holds: the high watermark of the partition's last fetch minus the
 // offset the group resumes from. The lag is as fresh as the last fetch of
-// the partition; an idle partition keeps the lag of its last fetch. Health
-// asks neither the broker nor the database.
+// the partition: a partition whose record is held or retried is not
+// fetched meanwhile, so its lag stays what it was when that record came
+// (the records produced since are not in it). Health asks neither the
+// broker nor the database.
 func (c *Consumer[TTx]) Health() idem.Health {
 	h := c.health.Health()
 	_, gen := c.cl.GroupMetadata()
