@@ -17,7 +17,7 @@ var _ idem.SchemaChecker = (*Store)(nil)
 // and the settings row recording layout and window (14 days when 0), so
 // that a later Migrate, `idem inbox check` or a consumer's start finds the
 // table up to date. It is rendered from the migration files Migrate
-// applies.
+// applies. An empty table is "idem_inbox".
 //
 // The SQL is safe to run again: the migrations run in one PL/pgSQL block,
 // each only on a table below its version, and an existing table keeps its

@@ -373,3 +373,45 @@ func TestMigrateReport(t *testing.T) {
 		t.Fatalf("partitioned migrate: %q, want %q", rep, want)
 	}
 }
+
+// BenchmarkCheck is what a consumer's start pays for the schema check, and
+// the whole Processor.Check around it (schema, settings, probe claim), per
+// layout.
+func BenchmarkCheck(b *testing.B) {
+	for _, layout := range layouts {
+		ctx := context.Background()
+		pool, err := pgxpool.New(ctx, pgtest.Schema(b))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(pool.Close)
+		store, err := pgxinbox.New(pool, &pgxinbox.Config{Layout: layout})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := store.Migrate(ctx); err != nil {
+			b.Fatal(err)
+		}
+		proc, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{
+			Consumer: "billing", Key: idem.ByMessageID,
+			Handler: func(context.Context, pgx.Tx, idem.Message) error { return nil },
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(layout.String()+"/Store.Check", func(b *testing.B) {
+			for b.Loop() {
+				if probs, err := store.Check(ctx); err != nil || len(probs) != 0 {
+					b.Fatal(probs, err)
+				}
+			}
+		})
+		b.Run(layout.String()+"/Processor.Check", func(b *testing.B) {
+			for b.Loop() {
+				if err := proc.Check(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -18,7 +18,7 @@ var _ idem.SchemaChecker = (*Store)(nil)
 // 0), so that a later Migrate, `idem inbox check` or a consumer's start
 // finds the table up to date. It is rendered from the migration files
 // Migrate applies. On PostgreSQL it is the DDL of package pgxinbox's plain
-// layout.
+// layout. An empty table is [DefaultTable].
 //
 // On PostgreSQL the SQL is safe to run again (each migration runs only on a
 // table below its version). SQLite has no conditional DDL: apply its SQL
