@@ -1,9 +1,9 @@
-// Package demo replays the billing incident of the source documents side by side:
-// a broker restart redelivers the deliveries a consumer had processed but
-// not acknowledged, and a producer republishes some events with the same
-// ID. A naive consumer (no inbox, no constraint, a charge without a key) and
-// an idem consumer receive the same deliveries from the same broker; [Run]
-// measures what each did to its database and to the payment gateway.
+// Package demo replays the billing incident of the source documents side by
+// side: a broker restart redelivers the deliveries a consumer had processed but
+// not acknowledged, and a producer republishes some events with the same ID. A
+// naive consumer (no inbox, no constraint, a charge without a key) and an idem
+// consumer receive the same deliveries from the same broker; [Run] measures
+// what each did to its database and to the payment gateway.
 //
 // The default run needs no services: Kafka in process (kfake) and SQLite
 // files in a temporary directory. Options name a real PostgreSQL, RabbitMQ

@@ -11,8 +11,8 @@ import (
 	"github.com/idemkit/idem"
 )
 
-// DuplicateInvoiceQuery is the source documents' first tracing step: customers with
-// more than one invoice for a period. It is run unchanged on both sides.
+// DuplicateInvoiceQuery is the source documents' first tracing step: customers
+// with more than one invoice for a period. It is run unchanged on both sides.
 const DuplicateInvoiceQuery = `SELECT customer_id, period, COUNT(*) AS invoices
 FROM invoices
 GROUP BY customer_id, period
@@ -146,8 +146,8 @@ func measure(ctx context.Context, s *side, p *plan) (*SideReport, error) {
 		SELECT customer_id FROM invoices GROUP BY customer_id, period HAVING COUNT(*) > 1) d`); err != nil {
 		return nil, err
 	}
-	// The source documents' "amount billed too much": per customer and period, all but
-	// one invoice.
+	// The source documents' "amount billed too much": per customer and period,
+	// all but one invoice.
 	if err := one(&r.AmountDoubleBilled, `SELECT COALESCE(SUM(extra), 0) FROM (
 		SELECT SUM(amount) - MAX(amount) AS extra FROM invoices
 		GROUP BY customer_id, period HAVING COUNT(*) > 1) d`); err != nil {
@@ -207,7 +207,8 @@ func abs(n int64) int64 {
 }
 
 // WriteText writes the report as a person reads it: the scenario, the
-// side-by-side table, the source documents' query on both sides and the verdict.
+// side-by-side table, the source documents' query on both sides and the
+// verdict.
 func (r *Report) WriteText(w io.Writer) error {
 	var b strings.Builder
 	n, i := r.Naive, r.Idem

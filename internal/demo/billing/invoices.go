@@ -26,13 +26,13 @@ func InvoicesConfig() *idem.Config[*sql.Tx] {
 	}
 }
 
-// CreateInvoice writes the invoice of a renewal and queues its charge, in
-// tx, the transaction holding the inbox claim. The insert names the partial
-// unique index as its conflict target: should an invoice for the customer
-// and period exist anyway (written by another path, or before the inbox
-// existed), nothing is written and nothing is charged, and the message
-// counts as handled, which is what the source documents' catch of the unique violation
-// does, without aborting the transaction on PostgreSQL.
+// CreateInvoice writes the invoice of a renewal and queues its charge, in tx,
+// the transaction holding the inbox claim. The insert names the partial unique
+// index as its conflict target: should an invoice for the customer and period
+// exist anyway (written by another path, or before the inbox existed), nothing
+// is written and nothing is charged, and the message counts as handled, which
+// is what the source documents' catch of the unique violation does, without
+// aborting the transaction on PostgreSQL.
 func CreateInvoice(ctx context.Context, tx *sql.Tx, msg idem.Message, e SubscriptionRenewed) error {
 	if err := e.validate(); err != nil {
 		return idem.Permanent(err)
