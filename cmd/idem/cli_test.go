@@ -149,6 +149,10 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"inbox", "partitions", "ensure", "--from", "tomorrow"}, []string{`--from "tomorrow": want a day as YYYY-MM-DD`}},
 		{[]string{"inbox", "stats", "--connect-timeout", "-1s"}, []string{"--connect-timeout must not be negative"}},
 		{[]string{"inbox", "stats", "--sqlite", "a.db", "--database", "postgres://x/y"}, []string{"--sqlite and --database name two databases"}},
+		{[]string{"inbox", "stats", "--table", "a;b"}, []string{`--table "a;b": want a table name`}},
+		{[]string{"inbox", "migrate", "--sqlite", "a.db", "--table", "s.t"}, []string{`--table "s.t": SQLite tables take no schema`}},
+		{[]string{"inbox", "stats", "--database", "not a url"}, []string{"--database not a url is not a PostgreSQL URL", "Run 'idem inbox stats -h'"}},
+		{[]string{"audit", "check", "--table", "t", "--key", "k", "--database", "not a url"}, []string{"--database not a url is not a PostgreSQL URL"}},
 		{[]string{"inbox", "migrate", "--layout", "sharded"}, []string{`--layout "sharded": want plain or partitioned`}},
 		{[]string{"inbox", "window", "set", "soon"}, []string{`"soon" is not a positive duration`, "Run 'idem inbox window set -h'"}},
 		{[]string{"audit"}, []string{"missing subcommand", "Run 'idem audit -h'"}},
@@ -601,6 +605,31 @@ func TestInboxDispatcher(t *testing.T) {
 		args := append(append([]string{"inbox"}, strings.Fields(n)...), "-h")
 		if r := cli(t, args...); r.code != 0 || !strings.HasPrefix(r.stdout, "usage: idem inbox "+n) {
 			t.Fatalf("idem %s: exit %d, %q", strings.Join(args, " "), r.code, r.stdout)
+		}
+	}
+}
+
+// TestPasswordsNotPrinted: a failed connection names the database without
+// its password, in URL and keyword/value form.
+func TestPasswordsNotPrinted(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, port, _ := net.SplitHostPort(ln.Addr().String())
+	ln.Close()
+	for _, db := range []string{
+		"postgres://ops:s3cr3t-pw@" + host + ":" + port + "/test?sslmode=disable",
+		"host=" + host + " port=" + port + " user=ops password=s3cr3t-pw sslmode=disable",
+		"host=" + host + " port=" + port + " user=ops password='s3cr3t pw' sslmode=disable",
+	} {
+		for _, args := range [][]string{{"inbox", "stats", "--json", "--database", db}, {"audit", "check", "--table", "t", "--key", "k", "--database", db}} {
+			r := cli(t, args...)
+			r.expect(t, 3, args)
+			if strings.Contains(r.stdout+r.stderr, "s3cr3t") || !strings.Contains(r.stderr, "connecting to") {
+				t.Fatalf("idem %s: output shows the password or no database:\n%s%s", args[0], r.stdout, r.stderr)
+			}
 		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -118,6 +119,9 @@ func runInbox(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 }
 
+// tableName is what the inbox stores accept as a table name.
+var tableName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$`)
+
 // inboxFlags are the flags every inbox subcommand shares.
 type inboxFlags struct {
 	fs      *cmdFlags
@@ -175,6 +179,12 @@ func (f *inboxFlags) validate() error {
 	}
 	if f.table == "" {
 		return f.fs.usagef("--table must not be empty")
+	}
+	if !tableName.MatchString(f.table) {
+		return f.fs.usagef("--table %q: want a table name, optionally schema.table, of letters, digits and _ (starting with a letter or _)", f.table)
+	}
+	if f.sqlite != "" && strings.Contains(f.table, ".") {
+		return f.fs.usagef("--table %q: SQLite tables take no schema", f.table)
 	}
 	return f.db.validate()
 }

@@ -38,9 +38,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/url"
 	"os"
 	"os/signal"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -167,7 +169,7 @@ func (d *dbFlags) pool(ctx context.Context) (*pgxpool.Pool, error) {
 func openPool(ctx context.Context, dbURL string, timeout time.Duration) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
-		return nil, fmt.Errorf("--database %s is not a PostgreSQL URL: %w", redactURL(dbURL), err)
+		return nil, usagef("--database %s is not a PostgreSQL URL (such as postgres://user@host:5432/db)", redactURL(dbURL))
 	}
 	cfg.ConnConfig.ConnectTimeout = timeout
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -179,13 +181,39 @@ func openPool(ctx context.Context, dbURL string, timeout time.Duration) (*pgxpoo
 		if ctx.Err() == nil && timeout > 0 && (pgconn.Timeout(err) || errors.Is(err, context.DeadlineExceeded)) {
 			return nil, fmt.Errorf("connecting to %s: no answer within %s (--connect-timeout): the server is unreachable or not answering", redactURL(dbURL), timeout)
 		}
-		return nil, fmt.Errorf("connecting to %s: %w", redactURL(dbURL), err)
+		return nil, fmt.Errorf("connecting to %s: %s", redactURL(dbURL), connectReason(err))
 	}
 	return pool, nil
 }
 
-// redactURL hides a password in a database URL.
+// connectReason says in one line why a connection failed: the server's
+// refusal (authentication, unknown database) or the network's, rather than
+// pgx's report of every address and attempt on lines of their own.
+func connectReason(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Message + " (SQLSTATE " + pgErr.Code + ")"
+	}
+	var opErr *net.OpError
+	if errors.As(err, &opErr) && opErr.Err != nil {
+		return opErr.Op + " " + opErr.Addr.String() + ": " + opErr.Err.Error()
+	}
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) {
+		return dnsErr.Error()
+	}
+	line, _, _ := strings.Cut(err.Error(), "\n")
+	return strings.TrimSuffix(line, ":")
+}
+
+// dsnPassword is the password of a keyword/value connection string.
+var dsnPassword = regexp.MustCompile(`password=(?:'(?:[^'\\]|\\.)*'|\S+)`)
+
+// redactURL hides a password in a database URL or keyword/value string.
 func redactURL(s string) string {
+	if !strings.Contains(s, "://") {
+		return dsnPassword.ReplaceAllString(s, "password=xxxxx")
+	}
 	u, err := url.Parse(s)
 	if err != nil {
 		return "(the database URL)"
