@@ -104,10 +104,10 @@ func TestSQLiteDDLSameAsMigrate(t *testing.T) {
 	if _, err := viaDDL.ExecContext(ctx, down); err != nil {
 		t.Fatalf("down: %v", err)
 	}
-	if n := countRows(t, viaDDL, "sqlite_master WHERE name LIKE 'idem_inbox%' AND name NOT LIKE 'idem_inbox_%'"); n != 0 {
+	if n := countRows(t, viaDDL, "sqlite_master WHERE tbl_name = 'idem_inbox'"); n != 0 {
 		t.Fatalf("down left %d inbox objects", n)
 	}
-	if n := countRows(t, viaDDL, "idem_migrations")+countRows(t, viaDDL, "idem_inbox_settings"); n != 0 {
+	if n := countRows(t, viaDDL, "idem_migrations") + countRows(t, viaDDL, "idem_inbox_settings"); n != 0 {
 		t.Fatalf("down left %d bookkeeping rows", n)
 	}
 	if _, err := viaDDL.ExecContext(ctx, sqliteDDL(t)); err != nil {
