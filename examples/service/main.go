@@ -101,7 +101,10 @@ func run(ctx context.Context, log *slog.Logger) error {
 		return err
 	}
 	defer pool.Close()
-	store, err := pgxinbox.New(pool, nil)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := idemprom.New(reg)
+	store, err := pgxinbox.New(pool, &pgxinbox.Config{Hooks: metrics})
 	if err != nil {
 		return err
 	}
@@ -111,18 +114,25 @@ func run(ctx context.Context, log *slog.Logger) error {
 	if _, err := pool.Exec(ctx, schema); err != nil {
 		return fmt.Errorf("creating the ledger: %w", err)
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	proc, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{
 		Consumer: *name,
 		Key:      idem.ByMessageID,
 		Handler:  idem.JSON(credit),
-		Hooks:    []idem.Hook{idemprom.New(reg)},
+		Hooks:    []idem.Hook{metrics},
 		Logger:   log,
 		Retry:    idem.RetryPolicy{WaitUnavailable: *holdWait},
 	})
 	if err != nil {
 		return err
+	}
+	if *broker == "kafka" && *fake {
+		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, *source, *source+".dlq"))
+		if err != nil {
+			return err
+		}
+		defer cluster.Close() // after the consumer's last commit
+		*brokers = strings.Join(cluster.ListenAddrs(), ",")
+		log.Info("in-process Kafka", "brokers", *brokers)
 	}
 	var c consumer
 	switch *broker {
@@ -186,19 +196,10 @@ func rabbitmq(ctx context.Context, proc *idem.Processor[pgx.Tx], log *slog.Logge
 }
 
 func kafka(ctx context.Context, proc *idem.Processor[pgx.Tx], log *slog.Logger) (consumer, error) {
-	seeds := strings.Split(*brokers, ",")
-	switch {
-	case *fake:
-		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, *source, *source+".dlq"))
-		if err != nil {
-			return nil, err
-		}
-		context.AfterFunc(ctx, cluster.Close) // closed at shutdown, after the last commit
-		seeds = cluster.ListenAddrs()
-		log.Info("in-process Kafka", "brokers", strings.Join(seeds, ","))
-	case *brokers == "":
+	if *brokers == "" {
 		return nil, errors.New("-broker kafka needs the brokers: set IDEM_KAFKA_BROKERS or -kafka-brokers, or pass -kafka-fake")
 	}
+	seeds := strings.Split(*brokers, ",")
 	if *publish > 0 {
 		cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...), kgo.AllowAutoTopicCreation())
 		if err != nil {
