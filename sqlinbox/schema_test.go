@@ -207,3 +207,28 @@ func TestSQLiteCheckFindsBrokenTables(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckOnBothDialects: on database/sql, PostgreSQL and SQLite alike, a
+// migrated table is clean and a dropped keep_until index is found.
+func TestCheckOnBothDialects(t *testing.T) {
+	t.Parallel()
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := b.open(t)
+			store := migrated(t, db, b.dialect, nil)
+			if probs, err := store.Check(ctx); err != nil || len(probs) != 0 {
+				t.Fatalf("migrated table: %v %v, want no problems", probs, err)
+			}
+			if _, err := db.ExecContext(ctx, `DROP INDEX idem_inbox_keep_until_idx`); err != nil {
+				t.Fatal(err)
+			}
+			probs, err := store.Check(ctx)
+			if err != nil || len(probs) != 1 || !strings.Contains(probs[0].What, "no index on keep_until") ||
+				!strings.Contains(probs[0].Fix, "CREATE INDEX") {
+				t.Fatalf("after dropping the keep_until index: %v %v, want that one problem with its fix", probs, err)
+			}
+		})
+	}
+}
