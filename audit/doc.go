@@ -33,6 +33,13 @@
 // A row is live when its status is not the void value (NULL counts as live)
 // and no key column is NULL (a unique index ignores such rows too).
 //
+// A table without a status column ([Spec.Status] set to [NoColumn]) has
+// every row live; its guard is a plain unique index on the key, and there is
+// nothing to void with, so the extra rows are removed or merged by hand
+// before the guard. A table without an id column ([Spec.ID] set to
+// [NoColumn]) is reported by row address (ctid); [Auditor.Void] needs both
+// columns and refuses without them.
+//
 // Names of tables, columns and indexes are validated (letters, digits, _ and
 // $, optionally schema.table) and always quoted; values are bind parameters.
 // The package runs on PostgreSQL through pgx; the SQL sits behind a small

@@ -117,6 +117,18 @@ func (f *auditFlags) parse(args []string) error {
 		return f.fs.usagef("--key is required")
 	case f.quietPeriod < 0:
 		return f.fs.usagef("--quiet-period must not be negative")
+	case f.time == "":
+		return f.fs.usagef("--time must name the creation time column: the earliest row of a group is the one kept")
+	case f.voidValue == "":
+		return f.fs.usagef("--void-value must not be empty")
+	case len(auditSplit(f.paidValue)) == 0:
+		return f.fs.usagef("--paid-value must name at least one status (when no row is ever paid, a status no row has will do)")
+	}
+	// void's own columns: an empty name would silently mean the default.
+	for _, c := range []struct{ flag, v string }{{"reason-column", f.reasonColumn}, {"by-column", f.byColumn}, {"at-column", f.atColumn}} {
+		if f.fs.Lookup(c.flag) != nil && c.v == "" {
+			return f.fs.usagef("--%s must name a column", c.flag)
+		}
 	}
 	return f.db.validate()
 }
@@ -136,9 +148,18 @@ func (f *auditFlags) spec() audit.Spec {
 		Table: f.table, Key: auditSplit(f.key), ID: noColumn(f.id), Time: f.time, Amount: f.amount,
 		Status: noColumn(f.status), VoidValue: f.voidValue, PaidValues: auditSplit(f.paidValue),
 		ReasonColumn: f.reasonColumn, ActorColumn: f.byColumn, VoidedAtColumn: f.atColumn,
-		PreviousStatusColumn: f.prevColumn,
+		PreviousStatusColumn: noPrevious(f.prevColumn, f.fs.Lookup("previous-column") != nil),
 		QuietPeriod:          f.quietPeriod,
 	}
+}
+
+// noPrevious maps --previous-column '' to "-", none, as for the status and
+// id columns; on the subcommands without the flag it is left to the default.
+func noPrevious(v string, defined bool) string {
+	if defined && v == "" {
+		return audit.NoColumn
+	}
+	return v
 }
 
 func auditSplit(s string) []string {

@@ -164,6 +164,10 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"audit", "guard", "--print", "--table", "t", "--key", "k", "--status-column", "a b"}, []string{"--status-column: invalid SQL name"}},
 		{[]string{"audit", "void", "--table", "t", "--key", "k", "--status-column", "-"}, []string{"void marks rows by their --status-column"}},
 		{[]string{"audit", "void", "--table", "t", "--key", "k", "--id", ""}, []string{"void names every row it voids by its --id column"}},
+		{[]string{"audit", "check", "--table", "t", "--key", "k", "--time", ""}, []string{"--time must name the creation time column"}},
+		{[]string{"audit", "check", "--table", "t", "--key", "k", "--void-value", ""}, []string{"--void-value must not be empty"}},
+		{[]string{"audit", "check", "--table", "t", "--key", "k", "--paid-value", ","}, []string{"--paid-value must name at least one status"}},
+		{[]string{"audit", "void", "--table", "t", "--key", "k", "--reason-column", ""}, []string{"--reason-column must name a column"}},
 		{[]string{"version", "extra"}, []string{`unexpected argument "extra"`}},
 	} {
 		r := cli(t, tc.args...)
@@ -630,6 +634,21 @@ func TestPasswordsNotPrinted(t *testing.T) {
 			if strings.Contains(r.stdout+r.stderr, "s3cr3t") || !strings.Contains(r.stderr, "connecting to") {
 				t.Fatalf("idem %s: output shows the password or no database:\n%s%s", args[0], r.stdout, r.stderr)
 			}
+		}
+	}
+}
+
+// TestAuditEmptyPreviousColumn: --previous-column '' records nothing, as
+// '-' does, instead of silently meaning the default column.
+func TestAuditEmptyPreviousColumn(t *testing.T) {
+	t.Parallel()
+	db := auditSeed(t, "")
+	for _, prev := range []string{"", "-"} {
+		args := []string{"audit", "void", "--database", db, "--table", "invoices", "--key", "customer_id,period", "--add-columns", "--previous-column", prev}
+		r := cli(t, args...)
+		r.expect(t, 0, args)
+		if !strings.Contains(r.stdout, "columns to add: voided_reason, voided_by, voided_at\n") {
+			t.Fatalf("--previous-column %q: %s", prev, r.stdout)
 		}
 	}
 }
