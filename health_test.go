@@ -237,3 +237,31 @@ func TestHealthHandlers(t *testing.T) {
 		t.Fatalf("/healthz with billing stopped: %d %+v", code, b)
 	}
 }
+
+// A service serves its consumers' probes in one line; here a consumer
+// whose database went away answers /readyz with 503 and why.
+func ExampleHandleHealth() {
+	s := idem.NewHealthState("billing", "invoices") // a consumer's, e.g. idemrabbitmq.Consumer
+	s.Start(time.Now())
+	s.Connect(time.Now())
+	out := outageResult()
+	s.Settle(idem.Disposition{Action: idem.ActionHold, Reason: out.Err.Error()}, out, time.Now())
+
+	mux := http.NewServeMux()
+	idem.HandleHealth(mux, checker{s}) // idem.HandleHealth(mux, consumer)
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	for _, path := range []string{"/healthz", "/readyz"} {
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			panic(err)
+		}
+		var body struct{ Status string }
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		fmt.Println(path, resp.StatusCode, body.Status)
+	}
+	// Output:
+	// /healthz 200 ok
+	// /readyz 503 unavailable
+}
