@@ -153,7 +153,7 @@ func (f *auditFlags) spec() audit.Spec {
 	}
 }
 
-// noPrevious maps --previous-column ” to "-", none, as for the status and
+// noPrevious maps an empty --previous-column to "-", none, as for the status and
 // id columns; on the subcommands without the flag it is left to the default.
 func noPrevious(v string, defined bool) string {
 	if defined && v == "" {

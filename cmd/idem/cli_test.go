@@ -638,7 +638,7 @@ func TestPasswordsNotPrinted(t *testing.T) {
 	}
 }
 
-// TestAuditEmptyPreviousColumn: --previous-column ” records nothing, as
+// TestAuditEmptyPreviousColumn: an empty --previous-column records nothing, as
 // '-' does, instead of silently meaning the default column.
 func TestAuditEmptyPreviousColumn(t *testing.T) {
 	t.Parallel()
