@@ -8,22 +8,30 @@ import (
 
 // ConsumerStats is the per-consumer view of an inbox that
 // [Store.ConsumerStats] returns: the stored window, the database's clock,
-// and each consumer's markers.
+// and each consumer's oldest marker.
 type ConsumerStats = inboxdb.ConsumerStats
 
-// ConsumerStat is one consumer's markers: how many, the retention time of
-// the oldest, its age and the window's headroom over it.
+// ConsumerStat is one consumer's oldest marker: its retention time, its
+// age and the window's headroom over it.
 type ConsumerStat = inboxdb.ConsumerStat
 
-// ConsumerStats reads, for every consumer of the inbox, its number of
-// markers and the age of its oldest one (by keep_until; by partition time
-// on the partitioned layout) against the stored window. It reads indexes
-// only, never the table's rows: a loose scan of the primary key lists the
-// consumers, then per consumer an index-only count of its primary-key
-// range and one probe of the keep_until index for its oldest marker. It is
-// meant for a metrics scrape (idemprom.InboxCollector, which caches it and
-// bounds it with a deadline); give ctx a deadline when calling it on a
-// schedule of your own.
+// ConsumerStats reads, for every consumer of the inbox, the age of its
+// oldest marker (by keep_until; by partition time
+// on the partitioned layout) against the stored window, and the headroom
+// the window has left over it. It never passes over the table: a loose
+// scan of the primary key lists the consumers, and the head of the
+// keep_until index gives the oldest marker of every consumer whose oldest
+// is among the table's oldest (a consumer with only recent markers reads
+// its own primary-key range for it). It is meant for a metrics scrape
+// (idemprom.InboxCollector, which caches it and bounds it with a
+// deadline); give ctx a deadline when calling it on a schedule of your own.
 func (s *Store) ConsumerStats(ctx context.Context) (ConsumerStats, error) {
 	return s.inbox.ConsumerStats(ctx)
+}
+
+// ConsumerMarkers counts every consumer's markers. Unlike ConsumerStats it
+// is one pass over the table (or its primary key): run it every few
+// minutes at most (idemprom.InboxCollector does, in the background).
+func (s *Store) ConsumerMarkers(ctx context.Context) (map[string]int64, error) {
+	return s.inbox.ConsumerMarkers(ctx)
 }

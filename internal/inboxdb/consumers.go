@@ -9,10 +9,11 @@ import (
 )
 
 // ConsumerStats is the per-consumer view of an inbox: for each consumer
-// with markers, how many it has and how old its oldest one is against the
-// stored window. It is what a metrics scrape reads (package idemprom's
-// InboxCollector), so it is built to be cheap on a large table: no scan of
-// the table's rows, only of its indexes (see [Inbox.ConsumerStats]).
+// with markers, how old its oldest one is against the stored window. It is
+// what a metrics scrape reads (package idemprom's InboxCollector), so it is
+// read from the heads of indexes, never by a pass over the table (see
+// [Inbox.ConsumerStats]). The number of markers, which does take a pass,
+// is [Inbox.ConsumerMarkers].
 type ConsumerStats struct {
 	// Table is the inbox's name as written, the label of its metrics.
 	Table string
@@ -25,11 +26,9 @@ type ConsumerStats struct {
 	Consumers []ConsumerStat
 }
 
-// ConsumerStat is one consumer's markers in an inbox.
+// ConsumerStat is one consumer's oldest marker in an inbox.
 type ConsumerStat struct {
 	Consumer string
-	// Markers is the number of markers the consumer holds.
-	Markers int64
 	// Oldest is the retention time of the consumer's oldest marker: its
 	// keep_until (the later of its write time and the event times of the
 	// messages that met it), or its partition time on the partitioned
@@ -38,62 +37,78 @@ type ConsumerStat struct {
 	// OldestAge is Now minus Oldest.
 	OldestAge time.Duration
 	// Headroom is Window minus OldestAge: how long until the consumer's
-	// oldest marker may be pruned. Negative: markers past the window are
-	// waiting for a prune that is not running (or is late by that much).
+	// oldest marker may be pruned. A table the prune keeps trim sits near
+	// zero (a little below it between two prunes); well below zero,
+	// markers past the window are waiting for a prune that is not running.
 	Headroom time.Duration
 }
 
-// consumerSQL is the dialect's pair of statements for ConsumerStats: the
-// consumers of the inbox, and one consumer's count and oldest retention
-// time. They live here rather than in the dialect files because only this
-// read uses them.
+// oldestProbe is how many of the table's oldest markers the oldest
+// statement reads: every consumer whose oldest marker is among them gets
+// it from there.
+const oldestProbe = 10000
+
+// consumerSQL is the dialect's statements for ConsumerStats and
+// ConsumerMarkers. They live here rather than in the dialect files because
+// only these reads use them.
 type consumerSQL struct {
-	list, one string
+	// list: the consumers of the inbox.
+	list string
+	// oldest ($1 limit): the oldest retention time of every consumer among
+	// the table's $1 oldest markers.
+	oldest string
+	// one ($1 consumer): the consumer's oldest retention time, from its own
+	// rows.
+	one string
+	// count: every consumer's number of markers.
+	count string
 }
 
 // consumerStatements builds the statements for d.
 //
 // The consumers are listed by a loose index scan of the primary key
 // (consumer, key): each step is one probe for the next consumer name, so
-// the cost is the number of consumers, not of markers. Then, per consumer:
-//
-//   - the count is an index-only scan of the consumer's range of the primary
-//     key (the visibility map permitting: a vacuumed table reads no heap);
-//   - the oldest keep_until comes from the keep_until index, read in order
-//     until the consumer's first entry, or from the primary-key range,
-//     whichever the planner finds cheaper for that consumer; on the
-//     partitioned layout the partition time is part of the primary key,
-//     so count and oldest are one index-only scan.
-//
-// One statement per consumer, bound to its name, keeps each plan sized to
-// that consumer (one statement over all consumers is planned for an
-// average one, and may walk the whole keep_until index for a small one).
+// the cost is the number of consumers, not of markers. The oldest marker
+// of most consumers comes from the head of the keep_until index (on the
+// partitioned layout, of the oldest partition): a live consumer's oldest
+// markers are near the window's edge, among the table's oldest. Only a
+// consumer whose oldest marker is newer than the table's first oldestProbe
+// markers (one that started recently, or has few markers) reads its own
+// primary-key range for it, as cheap as that consumer is small. A min() of
+// keep_until bound to the consumer is not used for that: the planner
+// answers it by walking the keep_until index from the start, past every
+// older marker of every other consumer (OFFSET 0 keeps it from doing so).
 func consumerStatements(d *Dialect) consumerSQL {
 	q := d.Table.Quoted()
-	p := "$1"
+	p, fence := "$1", "OFFSET 0"
 	if d.Name == "sqlite" {
-		p = "?1"
+		p, fence = "?1", "LIMIT -1 OFFSET 0"
 	}
-	s := consumerSQL{list: `WITH RECURSIVE c(consumer) AS (
+	col := "keep_until"
+	if d.Layout == idem.LayoutPartitioned {
+		col = "partition_time"
+	}
+	return consumerSQL{
+		list: `WITH RECURSIVE c(consumer) AS (
     SELECT min(consumer) FROM ` + q + `
     UNION ALL
     SELECT (SELECT min(i.consumer) FROM ` + q + ` i WHERE i.consumer > c.consumer)
     FROM c WHERE c.consumer IS NOT NULL)
-SELECT consumer FROM c WHERE consumer IS NOT NULL`}
-	if d.Layout == idem.LayoutPartitioned {
-		s.one = `SELECT count(*), min(partition_time) FROM ` + q + ` WHERE consumer = ` + p
-	} else {
-		s.one = `SELECT (SELECT count(*) FROM ` + q + ` WHERE consumer = ` + p + `),
-       (SELECT min(keep_until) FROM ` + q + ` WHERE consumer = ` + p + `)`
+SELECT consumer FROM c WHERE consumer IS NOT NULL`,
+		oldest: `SELECT consumer, min(t) FROM (
+    SELECT consumer, ` + col + ` AS t FROM ` + q + ` ORDER BY ` + col + ` LIMIT ` + p + `) o
+GROUP BY consumer`,
+		one:   `SELECT min(t) FROM (SELECT ` + col + ` AS t FROM ` + q + ` WHERE consumer = ` + p + ` ` + fence + `) o`,
+		count: `SELECT consumer, count(*) FROM ` + q + ` GROUP BY consumer`,
 	}
-	return s
 }
 
-// ConsumerStats reads, for every consumer of the inbox, its number of
-// markers and the age of its oldest one against the stored window. Unlike
-// [Inbox.Stats] it does not scan the table: see [ConsumerStats] for what
-// it reads. ctx bounds the whole read; a caller on a schedule (a metrics
-// scrape) should give it a deadline.
+// ConsumerStats reads, for every consumer of the inbox, the age of its
+// oldest marker against the stored window. Unlike [Inbox.Stats] it does
+// not pass over the table: the consumers come from the primary key, the
+// oldest markers from the head of the keep_until index (see
+// [consumerStatements]). ctx bounds the whole read; a caller on a schedule
+// (a metrics scrape) should give it a deadline.
 func (b *Inbox) ConsumerStats(ctx context.Context) (ConsumerStats, error) {
 	out := ConsumerStats{Table: b.Label()}
 	set, err := b.stored(ctx)
@@ -119,21 +134,38 @@ func (b *Inbox) ConsumerStats(ctx context.Context) (ConsumerStats, error) {
 		if err != nil {
 			return fmt.Errorf("listing consumers: %w", err)
 		}
+		oldest := map[string]time.Time{}
+		err = c.Query(ctx, sql.oldest, func(r Row) error {
+			var name string
+			var t any
+			if err := r.Scan(&name, &t); err != nil {
+				return err
+			}
+			at, err := b.D.ScanTime(t)
+			oldest[name] = at
+			return err
+		}, oldestProbe)
+		if err != nil {
+			return fmt.Errorf("reading the oldest markers: %w", err)
+		}
 		out.Consumers = make([]ConsumerStat, 0, len(names))
 		for _, name := range names {
 			st := ConsumerStat{Consumer: name}
-			var oldest any
-			if err := c.QueryRow(ctx, sql.one, name).Scan(&st.Markers, &oldest); err != nil {
-				return fmt.Errorf("reading the markers of consumer %s: %w", name, err)
+			at, ok := oldest[name]
+			if !ok {
+				var t any
+				if err := c.QueryRow(ctx, sql.one, name).Scan(&t); err != nil {
+					return fmt.Errorf("reading the oldest marker of consumer %s: %w", name, err)
+				}
+				if at, err = b.D.ScanTime(t); err != nil {
+					return err
+				}
+				if at.IsZero() {
+					continue // pruned since the listing
+				}
 			}
-			if st.Oldest, err = b.D.ScanTime(oldest); err != nil {
-				return err
-			}
-			if st.Markers == 0 {
-				// Pruned between the listing and the count.
-				continue
-			}
-			st.OldestAge = out.Now.Sub(st.Oldest)
+			st.Oldest = at
+			st.OldestAge = out.Now.Sub(at)
 			st.Headroom = out.Window - st.OldestAge
 			out.Consumers = append(out.Consumers, st)
 		}
@@ -141,6 +173,31 @@ func (b *Inbox) ConsumerStats(ctx context.Context) (ConsumerStats, error) {
 	})
 	if err != nil {
 		return out, fmt.Errorf("reading per-consumer inbox stats of %s: %w", b.D.Table, err)
+	}
+	return out, nil
+}
+
+// ConsumerMarkers counts every consumer's markers. It is one pass over
+// the table (or over its primary key, where the visibility map lets the
+// planner read the index alone): at about a quarter of a second per
+// million markers, it is for a schedule measured in minutes, not for every
+// scrape.
+func (b *Inbox) ConsumerMarkers(ctx context.Context) (map[string]int64, error) {
+	sql := consumerStatements(b.D)
+	out := map[string]int64{}
+	err := b.read(ctx, func(c Conn) error {
+		return c.Query(ctx, sql.count, func(r Row) error {
+			var name string
+			var n int64
+			if err := r.Scan(&name, &n); err != nil {
+				return err
+			}
+			out[name] = n
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("counting the markers of %s by consumer: %w", b.D.Table, err)
 	}
 	return out, nil
 }
