@@ -336,6 +336,9 @@ VALUES ('stats', 's-1', 's-1', '\x00', now() - interval '20 days', now() - inter
 	reg := prometheus.NewRegistry()
 	coll := idemprom.NewInboxCollector(store, "idem_inbox", nil)
 	reg.MustRegister(coll)
+	if err := coll.Count(ctx); err != nil {
+		t.Fatal(err)
+	}
 
 	window, ok := value(t, reg, "idem_inbox_window_seconds", nil)
 	if !ok || window != store.Window().Seconds() {
@@ -366,21 +369,36 @@ VALUES ('stats', 's-1', 's-1', '\x00', now() - interval '20 days', now() - inter
 			t.Errorf("%s: headroom %v, want window %v minus age %v", consumer, headroom, window, age)
 		}
 	}
-	// One read serves the scrapes of an interval: a marker written now
-	// shows at the next read, not before.
-	if _, err := pool.Exec(ctx, `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256) VALUES ('ledger', 'l-new', 'l-new', '\x00')`); err != nil {
+	// One read serves the scrapes of an interval: a consumer that wrote
+	// its first marker since shows at the next read, not before; markers
+	// show when next counted.
+	if _, err := pool.Exec(ctx, `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256) VALUES ('ledger', 'l-new', 'l-new', '\x00'), ('audit', 'a-1', 'a-1', '\x00')`); err != nil {
 		t.Fatal(err)
 	}
+	if _, ok := value(t, reg, "idem_inbox_consumer_headroom_seconds", map[string]string{"consumer": "audit"}); ok {
+		t.Error("within the interval: a consumer that was not there at the last read is exported")
+	}
 	if markers, _ := value(t, reg, "idem_inbox_consumer_markers", map[string]string{"consumer": "ledger"}); markers != 3 {
-		t.Errorf("within the interval: %v ledger markers, want the cached 3", markers)
+		t.Errorf("before the next count: %v ledger markers, want the counted 3", markers)
+	}
+	if err := coll.Count(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if markers, _ := value(t, reg, "idem_inbox_consumer_markers", map[string]string{"consumer": "ledger"}); markers != 4 {
+		t.Errorf("after a count: %v ledger markers, want 4", markers)
 	}
 	fresh := prometheus.NewRegistry()
-	fresh.MustRegister(idemprom.NewInboxCollector(store, "idem_inbox", &idemprom.InboxOptions{Interval: -1}))
-	if markers, _ := value(t, fresh, "idem_inbox_consumer_markers", map[string]string{"consumer": "ledger"}); markers != 4 {
-		t.Errorf("reading on every scrape: %v ledger markers, want 4", markers)
+	fresh.MustRegister(idemprom.NewInboxCollector(store, "idem_inbox", &idemprom.InboxOptions{Interval: -1, CountInterval: -1}))
+	if age, ok := value(t, fresh, "idem_inbox_consumer_oldest_marker_age_seconds", map[string]string{"consumer": "audit"}); !ok || age > time.Hour.Seconds() {
+		t.Errorf("reading on every scrape: audit's oldest marker %v s old (%v), want it, just written", age, ok)
 	}
-	if errs, ok := value(t, reg, "idem_inbox_scrape_errors_total", nil); !ok || errs != 0 {
-		t.Errorf("idem_inbox_scrape_errors_total = %v (%v), want 0", errs, ok)
+	if _, ok := value(t, fresh, "idem_inbox_consumer_markers", nil); ok {
+		t.Error("a collector that never counts exports markers")
+	}
+	for _, read := range []string{"oldest", "markers"} {
+		if errs, ok := value(t, reg, "idem_inbox_scrape_errors_total", map[string]string{"read": read}); !ok || errs != 0 {
+			t.Errorf("idem_inbox_scrape_errors_total{read=%q} = %v (%v), want 0", read, errs, ok)
+		}
 	}
 }
 
@@ -417,8 +435,11 @@ func TestInboxCollectorDatabaseGone(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	coll := idemprom.NewInboxCollector(store, "idem_inbox", &idemprom.InboxOptions{Interval: -1, Timeout: time.Second})
+	coll := idemprom.NewInboxCollector(store, "idem_inbox", &idemprom.InboxOptions{Interval: -1, Timeout: time.Second, CountInterval: -1, CountTimeout: time.Second})
 	reg.MustRegister(coll)
+	if err := coll.Count(ctx); err != nil {
+		t.Fatal(err)
+	}
 	gatherWithin(ctx, t, reg)
 	if up, _ := value(t, reg, "idem_inbox_stats_up", nil); up != 1 {
 		t.Fatalf("before the outage: up %v (%v)", up, coll.Err())
@@ -437,18 +458,30 @@ func TestInboxCollectorDatabaseGone(t *testing.T) {
 			if up, ok := value(t, reg, "idem_inbox_stats_up", nil); !ok || up != 0 {
 				t.Errorf("during the outage: up %v (%v), want 0", up, ok)
 			}
-			if _, ok := value(t, reg, "idem_inbox_consumer_markers", nil); ok {
+			if _, ok := value(t, reg, "idem_inbox_consumer_headroom_seconds", nil); ok {
 				t.Error("per-consumer series still exported while they cannot be read")
 			}
 			// Every gather above read once more.
-			errs, _ := value(t, reg, "idem_inbox_scrape_errors_total", nil)
+			errs, _ := value(t, reg, "idem_inbox_scrape_errors_total", map[string]string{"read": "oldest"})
 			if min := float64(2*i + 1); errs < min {
-				t.Errorf("idem_inbox_scrape_errors_total = %v, want at least %v", errs, min)
+				t.Errorf("idem_inbox_scrape_errors_total{read=oldest} = %v, want at least %v", errs, min)
+			}
+			if err := coll.Count(ctx); err == nil {
+				t.Fatal("the markers were counted through a dead database")
+			}
+			if _, ok := value(t, reg, "idem_inbox_consumer_markers", nil); ok {
+				t.Error("markers still exported after a failed count")
+			}
+			if errs, _ := value(t, reg, "idem_inbox_scrape_errors_total", map[string]string{"read": "markers"}); errs != float64(i+1) {
+				t.Errorf("idem_inbox_scrape_errors_total{read=markers} = %v, want %v", errs, i+1)
 			}
 			proxy.Restore()
 			gatherWithin(ctx, t, reg)
 			if up, _ := value(t, reg, "idem_inbox_stats_up", nil); up != 1 {
 				t.Errorf("after the outage: up %v (%v)", up, coll.Err())
+			}
+			if err := coll.Count(ctx); err != nil {
+				t.Fatal(err)
 			}
 			if markers, _ := value(t, reg, "idem_inbox_consumer_markers", nil); markers != 1 {
 				t.Errorf("after the outage: %v markers, want 1", markers)

@@ -82,7 +82,11 @@ func exported(t *testing.T) map[string]*dto.MetricFamily {
 	}
 	reg := &recordingRegisterer{Registry: prometheus.NewRegistry()}
 	m := idemprom.New(reg)
-	reg.MustRegister(idemprom.NewInboxCollector(store, "idem_inbox", nil))
+	coll := idemprom.NewInboxCollector(store, "idem_inbox", nil)
+	reg.MustRegister(coll)
+	if err := coll.Count(ctx); err != nil {
+		t.Fatal(err)
+	}
 
 	first := &idem.Marker{Key: "k", MessageID: "k", ProcessedAt: time.Now().Add(-time.Hour)}
 	m.OnOutcome("ledger", idem.Result{Outcome: idem.Applied, Untimed: true, PrunedOn: time.Now()}, time.Millisecond)
