@@ -66,10 +66,13 @@ CROSS JOIN LATERAL (
     FROM (SELECT r.expr = 'DEFAULT' AS def,
                  CASE WHEN r.m[1] ~ '^\d{4}-' THEN r.m[1]::timestamptz END AS lo,
                  CASE WHEN r.m[2] ~ '^\d{4}-' THEN r.m[2]::timestamptz END AS hi
-          FROM (SELECT pg_get_expr(p.relpartbound, p.oid) AS expr,
-                       regexp_match(pg_get_expr(p.relpartbound, p.oid), 'FROM \(''([^'']+)''\) TO \(''([^'']+)''\)') AS m
-                FROM pg_inherits h JOIN pg_class p ON p.oid = h.inhrelid
-                WHERE h.inhparent = c.oid) r) b) parts
+          FROM (SELECT e.expr, regexp_match(e.expr, 'FROM \(''([^'']+)''\) TO \(''([^'']+)''\)') AS m
+                FROM (SELECT pg_get_expr(p.relpartbound, p.oid) AS expr
+                      FROM pg_inherits h JOIN pg_class p ON p.oid = h.inhrelid
+                      WHERE h.inhparent = c.oid
+                      OFFSET 0) e -- OFFSET 0: deparse each bound once, not once per use
+                OFFSET 0) r
+          OFFSET 0) b) parts
 WHERE c.oid = to_regclass($1)`
 
 // readCatalog reads what the database says about d's table.
