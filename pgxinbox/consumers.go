@@ -2,6 +2,7 @@ package pgxinbox
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/idemkit/idem/internal/inboxdb"
 )
@@ -25,8 +26,25 @@ type ConsumerStat = inboxdb.ConsumerStat
 // its own primary-key range for it). It is meant for a metrics scrape
 // (idemprom.InboxCollector, which caches it and bounds it with a
 // deadline); give ctx a deadline when calling it on a schedule of your own.
+//
+// On the partitioned layout, which has no index by partition time, each
+// consumer's oldest marker is looked up partition by partition, oldest
+// first, in the consumer's range of each partition's primary key: a probe
+// of each older partition the consumer has no marker in, then one day of
+// the consumer's markers.
 func (s *Store) ConsumerStats(ctx context.Context) (ConsumerStats, error) {
-	return s.inbox.ConsumerStats(ctx)
+	if s.layout != Partitioned {
+		return s.inbox.ConsumerStats(ctx)
+	}
+	parts, err := s.partitions(ctx)
+	if err != nil {
+		return ConsumerStats{Table: s.inbox.Label()}, fmt.Errorf("reading per-consumer inbox stats: listing partitions: %w", err)
+	}
+	names := make([]string, len(parts))
+	for i, p := range parts {
+		names[i] = s.qualified(p.name)
+	}
+	return s.inbox.ConsumerStatsPartitioned(ctx, names)
 }
 
 // ConsumerMarkers counts every consumer's markers. Unlike ConsumerStats it

@@ -110,6 +110,26 @@ GROUP BY consumer`,
 // [consumerStatements]). ctx bounds the whole read; a caller on a schedule
 // (a metrics scrape) should give it a deadline.
 func (b *Inbox) ConsumerStats(ctx context.Context) (ConsumerStats, error) {
+	return b.consumerStats(ctx, nil)
+}
+
+// ConsumerStatsPartitioned is ConsumerStats on the partitioned layout,
+// given the table's daily partitions, quoted, oldest first. There is no
+// index by partition time (the partitions are the order), so each
+// consumer's oldest marker is looked up partition by partition, oldest
+// first, in the consumer's range of the partition's primary key, until it
+// is found: a probe of each older partition the consumer has no marker in,
+// and one day of the consumer's markers.
+func (b *Inbox) ConsumerStatsPartitioned(ctx context.Context, partitions []string) (ConsumerStats, error) {
+	if partitions == nil {
+		partitions = []string{}
+	}
+	return b.consumerStats(ctx, partitions)
+}
+
+// consumerStats reads ConsumerStats; partitions, when not nil, are the
+// daily partitions of a partitioned inbox, oldest first.
+func (b *Inbox) consumerStats(ctx context.Context, partitions []string) (ConsumerStats, error) {
 	out := ConsumerStats{Table: b.Label()}
 	set, err := b.stored(ctx)
 	if err != nil {
@@ -135,16 +155,20 @@ func (b *Inbox) ConsumerStats(ctx context.Context) (ConsumerStats, error) {
 			return fmt.Errorf("listing consumers: %w", err)
 		}
 		oldest := map[string]time.Time{}
-		err = c.Query(ctx, sql.oldest, func(r Row) error {
-			var name string
-			var t any
-			if err := r.Scan(&name, &t); err != nil {
+		if partitions == nil {
+			err = c.Query(ctx, sql.oldest, func(r Row) error {
+				var name string
+				var t any
+				if err := r.Scan(&name, &t); err != nil {
+					return err
+				}
+				at, err := b.D.ScanTime(t)
+				oldest[name] = at
 				return err
-			}
-			at, err := b.D.ScanTime(t)
-			oldest[name] = at
-			return err
-		}, oldestProbe)
+			}, oldestProbe)
+		} else {
+			err = b.oldestByPartition(ctx, c, partitions, names, oldest)
+		}
 		if err != nil {
 			return fmt.Errorf("reading the oldest markers: %w", err)
 		}
@@ -175,6 +199,36 @@ func (b *Inbox) ConsumerStats(ctx context.Context) (ConsumerStats, error) {
 		return out, fmt.Errorf("reading per-consumer inbox stats of %s: %w", b.D.Table, err)
 	}
 	return out, nil
+}
+
+// oldestByPartition fills oldest with the oldest partition time of each
+// of names, looking in partitions oldest first.
+func (b *Inbox) oldestByPartition(ctx context.Context, c Conn, partitions, names []string, oldest map[string]time.Time) error {
+	left := len(names)
+	for _, part := range partitions {
+		if left == 0 {
+			return nil
+		}
+		q := `SELECT min(partition_time) FROM ` + part + ` WHERE consumer = $1`
+		for _, name := range names {
+			if _, ok := oldest[name]; ok {
+				continue
+			}
+			var t any
+			if err := c.QueryRow(ctx, q, name).Scan(&t); err != nil {
+				return fmt.Errorf("partition %s, consumer %s: %w", part, name, err)
+			}
+			at, err := b.D.ScanTime(t)
+			if err != nil {
+				return err
+			}
+			if !at.IsZero() {
+				oldest[name] = at
+				left--
+			}
+		}
+	}
+	return nil
 }
 
 // ConsumerMarkers counts every consumer's markers. It is one pass over
