@@ -265,3 +265,16 @@ func ExampleHandleHealth() {
 	// /healthz 200 ok
 	// /readyz 503 unavailable
 }
+
+// BenchmarkHealthStateSettle is what keeping the health costs each
+// settled message, with the adapters' goroutines settling at once.
+func BenchmarkHealthStateSettle(b *testing.B) {
+	s := idem.NewHealthState("billing", "invoices")
+	r := idem.Result{Outcome: idem.Applied}
+	d := idem.Disposition{Action: idem.ActionAck}
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			s.Settle(d, r, time.Now())
+		}
+	})
+}
