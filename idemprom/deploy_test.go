@@ -144,6 +144,13 @@ func ruleExprs(t *testing.T) (exprs []string, alerts []string) {
 		case strings.HasPrefix(line, "expr:"):
 			t.Fatalf("rule expression not on one line: %q", line)
 		}
+		// A double-quoted YAML scalar ends at its first unescaped quote:
+		// PromQL matchers in an annotation would cut it short.
+		if _, v, ok := strings.Cut(line, `: "`); ok && !strings.HasPrefix(line, "#") {
+			if !strings.HasSuffix(v, `"`) || strings.Contains(strings.ReplaceAll(v[:len(v)-1], `\"`, ""), `"`) {
+				t.Errorf("%s: a double-quoted value with a quote inside: %s", deployRules, line)
+			}
+		}
 	}
 	if err := sc.Err(); err != nil {
 		t.Fatal(err)
