@@ -16,8 +16,14 @@
 //	idem_inbox_partitions_dropped_total{table}
 //	idem_inbox_oldest_marker_age_seconds{table}  read by stats; against the window it shows prune falling behind
 //
-// [InboxCollector] adds the per-consumer figures of an inbox table (oldest
-// marker age, window headroom, marker count), read on scrape.
+// [InboxCollector] adds the per-consumer figures of an inbox table, read
+// from the database on scrape (cached, bounded by a deadline):
+//
+//	idem_inbox_consumer_oldest_marker_age_seconds{table,consumer}
+//	idem_inbox_consumer_headroom_seconds{table,consumer}  window minus that age
+//	idem_inbox_consumer_markers{table,consumer}           counted in the background
+//	idem_inbox_window_seconds{table}
+//	idem_inbox_stats_up{table}, idem_inbox_stats_read_seconds{table,read}, idem_inbox_scrape_errors_total{table,read}
 //
 // Alert rules and a Grafana dashboard that use exactly these names ship in
 // the repository's deploy/ directory (deploy/prometheus/idem-alerts.yml,
@@ -28,6 +34,7 @@
 //	m := idemprom.New(prometheus.DefaultRegisterer)
 //	proc, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{..., Hooks: []idem.Hook{m}})
 //	store, err := pgxinbox.New(pool, &pgxinbox.Config{Hooks: m})
+//	prometheus.MustRegister(idemprom.NewInboxCollector(store, "idem_inbox", nil))
 //
 // The broker adapters take the processor's hooks, so settlements, dead
 // letters and redeliveries reach the same Metrics. Expired messages are
