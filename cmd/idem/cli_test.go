@@ -652,3 +652,44 @@ func TestAuditEmptyPreviousColumn(t *testing.T) {
 		}
 	}
 }
+
+// TestOutages: the inbox commands against a real database behind a proxy
+// that goes silent, or refuses, as hosts do: exit 3 and one line each,
+// naming the timeout that ran out (the flag's, or the URL's own
+// connect_timeout when the flag is not given).
+func TestOutages(t *testing.T) {
+	t.Parallel()
+	url, proxy := pgtest.SchemaBehindFault(t) // its URL carries connect_timeout=1
+	inboxRun(t, 0, "migrate", "--database", url)
+	inboxRun(t, 0, "stats", "--database", url)
+
+	proxy.Freeze()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"inbox", "stats", "--database", url}, "no answer within 1s (connect_timeout in --database)"},
+		{[]string{"inbox", "prune", "--database", url, "--connect-timeout", "200ms"}, "no answer within 200ms (--connect-timeout)"},
+	} {
+		before := proxy.Accepted()
+		r := cli(t, tc.args...)
+		r.expect(t, 3, tc.args)
+		if !strings.Contains(r.stderr, tc.want) || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
+			t.Fatalf("idem %s behind a frozen proxy: stderr %q, want one line with %q", strings.Join(tc.args, " "), r.stderr, tc.want)
+		}
+		if proxy.Accepted() == before {
+			t.Fatalf("idem %s: the proxy accepted nothing", strings.Join(tc.args, " "))
+		}
+	}
+
+	proxy.Restore()
+	proxy.Refuse()
+	args := []string{"inbox", "window", "show", "--database", url}
+	r := cli(t, args...)
+	r.expect(t, 3, args)
+	if !strings.HasPrefix(r.stderr, "idem inbox window show: connecting to ") || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 || proxy.Refused() == 0 {
+		t.Fatalf("behind a refusing proxy: stderr %q (refused %d)", r.stderr, proxy.Refused())
+	}
+	proxy.Restore()
+	inboxRun(t, 0, "stats", "--database", url)
+}

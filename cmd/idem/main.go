@@ -138,14 +138,16 @@ func databaseURL(flagValue string) string {
 // dbFlags are --database and --connect-timeout, for every command that
 // connects to PostgreSQL.
 type dbFlags struct {
+	fs             *flag.FlagSet
 	database       string
 	connectTimeout time.Duration
 }
 
 // add defines the flags on fs.
 func (d *dbFlags) add(fs *flag.FlagSet) {
+	d.fs = fs
 	fs.StringVar(&d.database, "database", "", databaseFlagHelp)
-	fs.DurationVar(&d.connectTimeout, "connect-timeout", defaultConnectTimeout, "give up when PostgreSQL has not accepted and answered a connection within this time (0: no limit)")
+	fs.DurationVar(&d.connectTimeout, "connect-timeout", defaultConnectTimeout, "give up when PostgreSQL has not accepted and answered a connection within this time (0: no limit; without the flag, a connect_timeout in --database is kept)")
 }
 
 // validate refuses a negative --connect-timeout.
@@ -156,22 +158,36 @@ func (d *dbFlags) validate() error {
 	return nil
 }
 
+// timeoutGiven reports whether --connect-timeout is on the command line.
+func (d *dbFlags) timeoutGiven() bool {
+	given := false
+	d.fs.Visit(func(f *flag.Flag) { given = given || f.Name == "connect-timeout" })
+	return given
+}
+
 // pool opens a pool on the database the flags name and checks that it
 // answers, within --connect-timeout per connection.
 func (d *dbFlags) pool(ctx context.Context) (*pgxpool.Pool, error) {
-	return openPool(ctx, databaseURL(d.database), d.connectTimeout)
+	return openPool(ctx, databaseURL(d.database), d.connectTimeout, d.timeoutGiven())
 }
 
 // openPool opens a pool on dbURL whose every connection attempt is bounded
 // by timeout (0: no limit), and pings it, so that an unreachable or silent
 // server fails here, with a message naming the timeout, rather than in the
-// first query.
-func openPool(ctx context.Context, dbURL string, timeout time.Duration) (*pgxpool.Pool, error) {
+// first query. Unless override is set, a connect_timeout the URL gives is
+// kept: timeout is the default for URLs without one.
+func openPool(ctx context.Context, dbURL string, timeout time.Duration, override bool) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
 		return nil, usagef("--database %s is not a PostgreSQL URL (such as postgres://user@host:5432/db)", redactURL(dbURL))
 	}
-	cfg.ConnConfig.ConnectTimeout = timeout
+	source := "--connect-timeout"
+	if override || cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = timeout
+	} else {
+		source = "connect_timeout in --database"
+	}
+	timeout = cfg.ConnConfig.ConnectTimeout
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to %s: %w", redactURL(dbURL), err)
@@ -179,7 +195,7 @@ func openPool(ctx context.Context, dbURL string, timeout time.Duration) (*pgxpoo
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
 		if ctx.Err() == nil && timeout > 0 && (pgconn.Timeout(err) || errors.Is(err, context.DeadlineExceeded)) {
-			return nil, fmt.Errorf("connecting to %s: no answer within %s (--connect-timeout): the server is unreachable or not answering", redactURL(dbURL), timeout)
+			return nil, fmt.Errorf("connecting to %s: no answer within %s (%s): the server is unreachable or not answering", redactURL(dbURL), timeout, source)
 		}
 		return nil, fmt.Errorf("connecting to %s: %s", redactURL(dbURL), connectReason(err))
 	}
@@ -195,7 +211,7 @@ func connectReason(err error) string {
 		return pgErr.Message + " (SQLSTATE " + pgErr.Code + ")"
 	}
 	var opErr *net.OpError
-	if errors.As(err, &opErr) && opErr.Err != nil {
+	if errors.As(err, &opErr) && opErr.Err != nil && opErr.Addr != nil {
 		return opErr.Op + " " + opErr.Addr.String() + ": " + opErr.Err.Error()
 	}
 	var dnsErr *net.DNSError
