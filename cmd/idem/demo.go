@@ -3,12 +3,11 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/idemkit/idem/internal/demo"
 )
@@ -21,29 +20,8 @@ func init() {
 	})
 }
 
-func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("idem demo", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var (
-		opts    demo.Options
-		kafka   string
-		asJSON  bool
-		quiet   bool
-		renewal int
-	)
-	fs.StringVar(&opts.Postgres, "postgres", "", "PostgreSQL URL; the demo recreates the schemas idem_demo_naive and idem_demo_idem there and keeps them (default: SQLite)")
-	fs.StringVar(&opts.SQLiteDir, "sqlite-dir", "", "without --postgres: keep the SQLite files naive.db and idem.db in this directory, replacing them (default: a temporary directory removed at exit)")
-	fs.StringVar(&opts.RabbitMQ, "rabbitmq", "", "RabbitMQ URL, e.g. amqp://guest:guest@127.0.0.1:5672/ (default: Kafka in process)")
-	fs.StringVar(&kafka, "kafka", "", "comma-separated Kafka brokers of a real cluster (default: Kafka in process)")
-	fs.DurationVar(&opts.ConnectTimeout, "connect-timeout", 10*time.Second, "give up when PostgreSQL or RabbitMQ has not accepted and answered a connection within this time (0: no limit)")
-	fs.IntVar(&renewal, "events", 3100, "SubscriptionRenewed events, one customer each; half as many orders come with them")
-	fs.Int64Var(&opts.Seed, "seed", 1, "random seed of the generated events and of which of them are republished; the redelivery counts still vary with timing")
-	fs.BoolVar(&asJSON, "json", false, "print the report as JSON")
-	fs.BoolVar(&quiet, "quiet", false, "no progress bar")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, `usage: idem demo [flags]
-
-Replays the billing incident of the source documents: a broker restart redelivers
+// demoDoc is the help of `idem demo`.
+const demoDoc = `Replays the billing incident of the source documents: a broker restart redelivers
 deliveries that were processed but not acknowledged, and the producer republishes 5%
 of events. A naive consumer and an idem consumer get the same deliveries; the report
 compares what they did.
@@ -56,29 +34,40 @@ each event once.
 
 Exit status: 0 when the idem side has no duplicate effect and applied every event;
 1 when it has or did not; 2 for a bad flag; 3 when the demo could not run (a service
-unreachable or not answering within --connect-timeout).
+unreachable or not answering within --connect-timeout).`
 
-flags:
-`)
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
+func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	f := newCmdFlags("demo", "[flags]", demoDoc, stdout)
+	var (
+		opts    demo.Options
+		kafka   string
+		asJSON  bool
+		quiet   bool
+		renewal int
+	)
+	f.StringVar(&opts.Postgres, "postgres", "", "PostgreSQL URL; the demo recreates the schemas idem_demo_naive and idem_demo_idem there and keeps them (default: SQLite)")
+	f.StringVar(&opts.SQLiteDir, "sqlite-dir", "", "without --postgres: keep the SQLite files naive.db and idem.db in this directory, replacing them (default: a temporary directory removed at exit)")
+	f.StringVar(&opts.RabbitMQ, "rabbitmq", "", "RabbitMQ URL, e.g. amqp://guest:guest@127.0.0.1:5672/ (default: Kafka in process)")
+	f.StringVar(&kafka, "kafka", "", "comma-separated Kafka brokers of a real cluster (default: Kafka in process)")
+	f.DurationVar(&opts.ConnectTimeout, "connect-timeout", defaultConnectTimeout, "give up when PostgreSQL or RabbitMQ has not accepted and answered a connection within this time (0: no limit)")
+	f.IntVar(&renewal, "events", 3100, "SubscriptionRenewed events, one customer each; half as many orders come with them")
+	f.Int64Var(&opts.Seed, "seed", 1, "random seed of the generated events and of which of them are republished; the redelivery counts still vary with timing")
+	f.BoolVar(&asJSON, "json", false, "print the report as JSON")
+	f.BoolVar(&quiet, "quiet", false, "no progress bar")
+	if err := f.parse(args, false); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return &exitError{code: 2, msg: "unexpected arguments: " + strings.Join(fs.Args(), " ")}
 	}
 	if opts.ConnectTimeout == 0 {
 		opts.ConnectTimeout = -1 // the flag's 0 is "no limit"
 	} else if opts.ConnectTimeout < 0 {
-		return &exitError{code: 2, msg: "--connect-timeout must not be negative (0: no limit)"}
+		return f.usagef("--connect-timeout must not be negative (0: no limit)")
 	}
 	opts.Renewals = renewal
 	if kafka != "" {
 		opts.Kafka = strings.Split(kafka, ",")
 	}
 	if err := opts.Validate(); err != nil {
-		return &exitError{code: 2, msg: err.Error()}
+		return f.usagef("%s", oneLine(err.Error()))
 	}
 	var bar *progressBar
 	if !quiet {
@@ -90,7 +79,7 @@ flags:
 		bar.finish() // clear the bar before the report takes its line
 	}
 	if err != nil {
-		return &exitError{code: 3, msg: oneLine(err.Error())}
+		return errors.New(oneLine(err.Error()))
 	}
 	if asJSON {
 		enc := json.NewEncoder(stdout)
@@ -103,10 +92,10 @@ flags:
 		err = rep.WriteText(stdout)
 	}
 	if err != nil {
-		return &exitError{code: 3, msg: "writing the report: " + err.Error()}
+		return fmt.Errorf("writing the report: %w", err)
 	}
 	if !rep.OK() {
-		return &exitError{code: 1, msg: "the idem side has duplicate effects or missing events"}
+		return &exitError{code: exitFindings, msg: "the idem side has duplicate effects or missing events"}
 	}
 	return nil
 }
