@@ -72,8 +72,12 @@ reads the stored window; a prune or drop with a shorter --window is refused.
 
 subcommands:
 `)
+	width := 0
+	for n := range inboxCommands {
+		width = max(width, len(n))
+	}
 	for _, n := range inboxNames() {
-		fmt.Fprintf(w, "  %-18s%s\n", n, inboxCommands[n].summary)
+		fmt.Fprintf(w, "  %-*s  %s\n", width, n, inboxCommands[n].summary)
 	}
 	fmt.Fprint(w, "\nThe layout is read from the database. Run 'idem inbox <subcommand> -h' for flags.\n")
 }
