@@ -67,7 +67,8 @@ func (p *Processor[TTx]) Check(ctx context.Context) error {
 }
 
 // checkSchema asks a [SchemaChecker] store about its table and refuses
-// any problem, each with its fix, in a [SchemaError].
+// any problem but an advisory one (logged), each with its fix, in a
+// [SchemaError].
 func (p *Processor[TTx]) checkSchema(ctx context.Context) error {
 	sc, ok := p.store.(SchemaChecker)
 	if !ok || p.cfg.Natural {
@@ -82,8 +83,16 @@ func (p *Processor[TTx]) checkSchema(ctx context.Context) error {
 	if err != nil {
 		return p.notReady(wrapStep(stepSchema, err))
 	}
-	if len(probs) > 0 {
-		return fmt.Errorf("%w: consumer %s: %w", ErrInboxNotReady, p.cfg.Consumer, &SchemaError{Problems: probs})
+	var stop []SchemaProblem
+	for _, pr := range probs {
+		if pr.Advisory {
+			p.cfg.Logger.Warn("inbox table problem a consumer starts with", "consumer", p.cfg.Consumer, "problem", pr.What, "fix", pr.Fix)
+			continue
+		}
+		stop = append(stop, pr)
+	}
+	if len(stop) > 0 {
+		return fmt.Errorf("%w: consumer %s: %w", ErrInboxNotReady, p.cfg.Consumer, &SchemaError{Problems: stop})
 	}
 	return nil
 }

@@ -142,6 +142,12 @@ type Breaker[TTx any] interface {
 type SchemaProblem struct {
 	What string
 	Fix  string
+	// Advisory marks a problem a consumer starts with, logged by
+	// [Processor.Check]: a schema newer than its build, which a rolling
+	// deploy makes while older consumers still run (migrations keep their
+	// claims working where they can; a claim that fails is held and
+	// retried, never lost). The others stop it.
+	Advisory bool
 }
 
 // String is the problem and its fix on one line.
@@ -151,10 +157,10 @@ func (p SchemaProblem) String() string { return p.What + " (fix: " + p.Fix + ")"
 // with the columns, unique key and indexes its claims and prunes need, in
 // the layout the store is configured for, with its stored settings, at the
 // schema version of this build, and (partitioned) with partitions for today
-// and tomorrow. [Processor.Check] calls it first and refuses to start on any
-// problem. Check returns an error only when it could not look (the database
-// is unreachable); a table that is not as it should be is a problem, not an
-// error.
+// and tomorrow. [Processor.Check] calls it first and refuses to start on
+// any problem that is not [SchemaProblem.Advisory]. Check returns an error
+// only when it could not look (the database is unreachable); a table that
+// is not as it should be is a problem, not an error.
 type SchemaChecker interface {
 	Check(ctx context.Context) ([]SchemaProblem, error)
 }

@@ -1,10 +1,13 @@
 package pgxinbox_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -299,8 +302,6 @@ func TestCheckFindsBrokenTables(t *testing.T) {
 			   FOR p IN SELECT inhrelid::regclass FROM pg_inherits WHERE inhparent = 'idem_inbox'::regclass LOOP
 			     EXECUTE 'DROP TABLE ' || p; END LOOP; END $$`,
 			"no partition for today", "idem inbox partitions ensure --table idem_inbox"},
-		{"schema newer than this build", pgxinbox.Plain, pgxinbox.Plain, `UPDATE idem_migrations SET version = version + 1`,
-			"newer than this build of idem knows", "upgrade idem"},
 		{"schema older than this build", pgxinbox.Plain, pgxinbox.Plain, `UPDATE idem_migrations SET version = 1`,
 			"is at schema version 1; this build needs version 2", "idem inbox migrate --table idem_inbox"},
 	}
@@ -336,6 +337,67 @@ func TestCheckFindsBrokenTables(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestNewerSchemaIsAdvisory: a table migrated by a newer build is
+// reported, with the upgrade as the fix, but a consumer of this build
+// starts on it, logging the problem, and claims: migrations only add, and
+// an older build keeps running through a rolling deploy.
+func TestNewerSchemaIsAdvisory(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	store := newStore(t, pool, pgxinbox.Plain)
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE idem_migrations SET version = version + 1`); err != nil {
+		t.Fatal(err)
+	}
+	probs := check(t, store)
+	if len(probs) != 1 || !probs[0].Advisory || !hasProblem(probs, "newer than this build of idem knows", "upgrade idem") {
+		t.Fatalf("problems %+v, want one advisory problem naming the upgrade", probs)
+	}
+	var logs syncBuffer
+	proc, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{
+		Consumer: "billing",
+		Key:      idem.ByMessageID,
+		Handler:  func(context.Context, pgx.Tx, idem.Message) error { return nil },
+		Logger:   slog.New(slog.NewTextHandler(&logs, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := proc.Check(ctx); err != nil {
+		t.Fatalf("Processor.Check on a newer schema: %v, want a start", err)
+	}
+	if !strings.Contains(logs.String(), "newer than this build of idem knows") || !strings.Contains(logs.String(), "level=WARN") {
+		t.Fatalf("log %q, want a warning with the problem", logs.String())
+	}
+	if r := proc.Process(ctx, idem.Message{ID: "evt-1", Body: []byte("x")}); r.Outcome != idem.Applied {
+		t.Fatalf("claim on a newer schema: %v %v", r.Outcome, r.Err)
+	}
+	if err := store.Migrate(ctx); err == nil || !strings.Contains(err.Error(), "newer than this build") {
+		t.Fatalf("Migrate on a newer schema: %v, want a refusal", err)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 // TestMigrateReport: Migrate says whether it created, upgraded or found

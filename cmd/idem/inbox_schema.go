@@ -252,7 +252,9 @@ with the inbox's columns, its unique key on (consumer, key) (partitioned: and
 partition_time) and its keep_until index; its layout matches the stored one; the stored
 window is there; the schema version is this build's (older: migrate; newer: this
 binary is older than the one that migrated it); partitioned: today and tomorrow have a
-partition. Prints OK, or each problem with its fix.
+partition. Prints OK, or each problem with its fix. A schema newer than this build is
+reported, but consumers of this build still start on it and log it, so that a rolling
+deploy, which migrates while older consumers run, is not stopped by their restarts.
 
 exit status: 0 no problem, 1 problems found, 3 the check could not run.`
 
@@ -319,12 +321,13 @@ func inboxCheck(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	if f.jsonOut {
 		type problem struct {
-			What string `json:"what"`
-			Fix  string `json:"fix"`
+			What     string `json:"what"`
+			Fix      string `json:"fix"`
+			Advisory bool   `json:"advisory,omitempty"`
 		}
 		ps := make([]problem, len(probs))
 		for i, p := range probs {
-			ps[i] = problem{p.What, p.Fix}
+			ps[i] = problem{p.What, p.Fix, p.Advisory}
 		}
 		if err := printJSON(stdout, map[string]any{"table": f.table, "ok": len(probs) == 0, "problems": ps}); err != nil {
 			return err
@@ -334,6 +337,9 @@ func inboxCheck(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	} else {
 		for _, p := range probs {
 			fmt.Fprintf(stdout, "%s\n  fix: %s\n", p.What, p.Fix)
+			if p.Advisory {
+				fmt.Fprintln(stdout, "  (advisory: consumers of this build still start and log it, so a rolling deploy is not stopped)")
+			}
 		}
 	}
 	if len(probs) > 0 {

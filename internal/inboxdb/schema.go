@@ -267,8 +267,13 @@ func (b *Inbox) checkCatalog(ctx context.Context, c Conn, cat catalog) ([]idem.S
 		}
 	}
 	if version > latest {
+		// Advisory: a rolling deploy migrates while consumers of the older
+		// build still run, and must not be stopped by their restarts
+		// (migrations keep older claims working where they can, as with
+		// keep_until's default; a claim that fails is held, never lost).
 		add("upgrade idem (this program or the consumer's module) to the release that migrated the table; never migrate an inbox down",
 			"table %s has schema version %d, newer than this build of idem knows (%d): this binary is older than the one that migrated it", t, version, latest)
+		probs[len(probs)-1].Advisory = true
 	}
 	if !cat.exists {
 		add(migrate, "table %s does not exist", t)
@@ -317,7 +322,11 @@ func (b *Inbox) checkCatalog(ctx context.Context, c Conn, cat catalog) ([]idem.S
 	if !slices.ContainsFunc(cat.indexes, func(ix index) bool {
 		return ix.unique && ix.valid && !ix.partial && sameSet(ix.columns, key)
 	}) {
-		add("ALTER TABLE "+t.Quoted()+" ADD PRIMARY KEY ("+strings.Join(key, ", ")+") (it fails while duplicate markers exist: find them first)",
+		fix := migrate
+		if upToDate {
+			fix = "ALTER TABLE " + t.Quoted() + " ADD PRIMARY KEY (" + strings.Join(key, ", ") + ") (it fails while duplicate markers exist: find them first)"
+		}
+		add(fix,
 			"table %s has no unique key on (%s): nothing stops two deliveries of one message from both applying, and every claim fails",
 			t, strings.Join(key, ", "))
 	}
@@ -336,7 +345,7 @@ func (b *Inbox) checkCatalog(ctx context.Context, c Conn, cat catalog) ([]idem.S
 		add(fix, "table %s has no index on keep_until: every prune scans the whole table", t)
 	}
 	if cat.relkind == "p" && d.Layout == idem.LayoutPartitioned {
-		if cat.partKey != "partition_time" {
+		if cat.partKey != "partition_time" && upToDate {
 			add("name another table and run: "+migrate, "table %s is partitioned by (%s), not by partition_time", t, cat.partKey)
 		}
 		switch {
