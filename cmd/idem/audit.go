@@ -115,8 +115,8 @@ func (f *auditFlags) parse(args []string) error {
 		return f.fs.usagef("--table is required")
 	case f.key == "":
 		return f.fs.usagef("--key is required")
-	case f.quietPeriod < 0:
-		return f.fs.usagef("--quiet-period must not be negative")
+	case f.quietPeriod <= 0:
+		return f.fs.usagef("--quiet-period must be positive (to void while duplicates are still being created, pass --force)")
 	case f.time == "":
 		return f.fs.usagef("--time must name the creation time column: the earliest row of a group is the one kept")
 	case f.voidValue == "":

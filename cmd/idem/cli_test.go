@@ -168,6 +168,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"audit", "check", "--table", "t", "--key", "k", "--void-value", ""}, []string{"--void-value must not be empty"}},
 		{[]string{"audit", "check", "--table", "t", "--key", "k", "--paid-value", ","}, []string{"--paid-value must name at least one status"}},
 		{[]string{"audit", "void", "--table", "t", "--key", "k", "--reason-column", ""}, []string{"--reason-column must name a column"}},
+		{[]string{"audit", "void", "--table", "t", "--key", "k", "--quiet-period", "0"}, []string{"--quiet-period must be positive"}},
 		{[]string{"version", "extra"}, []string{`unexpected argument "extra"`}},
 	} {
 		r := cli(t, tc.args...)
