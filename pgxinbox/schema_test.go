@@ -477,3 +477,32 @@ func BenchmarkCheck(b *testing.B) {
 		})
 	}
 }
+
+// TestCheckDuringAnOutage: a database that turns connections away is an
+// outage, not a problem with the table: Processor.Check says it could not
+// look (ErrUnavailable, no SchemaError), and passes once the database is
+// back.
+func TestCheckDuringAnOutage(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, proxy := pgtest.PoolBehindFault(t)
+	store := newStore(t, pool, pgxinbox.Plain)
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	proc := consumerOf(t, store)
+	proxy.Refuse()
+	err := proc.Check(ctx)
+	var se *idem.SchemaError
+	if !errors.Is(err, idem.ErrInboxNotReady) || !errors.Is(err, idem.ErrUnavailable) || errors.As(err, &se) ||
+		!strings.Contains(err.Error(), "checking the inbox schema") {
+		t.Fatalf("Processor.Check with the database refusing: %v, want ErrInboxNotReady and ErrUnavailable from the schema check", err)
+	}
+	if _, err := store.Check(ctx); err == nil {
+		t.Fatal("Store.Check with the database refusing: no error")
+	}
+	proxy.Restore()
+	if err := proc.Check(ctx); err != nil {
+		t.Fatalf("Processor.Check after the outage: %v", err)
+	}
+}
