@@ -111,6 +111,7 @@ func run(ctx context.Context, log *slog.Logger) error {
 	if err := store.Migrate(ctx); err != nil { // the inbox table and its stored window
 		return err
 	}
+	reg.MustRegister(idemprom.NewInboxCollector(store, "", nil)) // oldest marker and window headroom by consumer
 	if _, err := pool.Exec(ctx, schema); err != nil {
 		return fmt.Errorf("creating the ledger: %w", err)
 	}
