@@ -246,8 +246,8 @@ func TestRuntimeErrorsExit3(t *testing.T) {
 
 // silentServer accepts TCP connections and never answers, as a database
 // host behind a dead switch or a process that stopped reading. It reports
-// how many connections it accepted.
-func silentServer(t *testing.T) (addr string, accepted func() int) {
+// how many connections it accepted; first is closed on the first one.
+func silentServer(t *testing.T) (addr string, accepted func() int, first <-chan struct{}) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -255,6 +255,7 @@ func silentServer(t *testing.T) (addr string, accepted func() int) {
 	}
 	var mu sync.Mutex
 	var conns []net.Conn
+	firstc := make(chan struct{})
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -263,6 +264,9 @@ func silentServer(t *testing.T) (addr string, accepted func() int) {
 			}
 			mu.Lock()
 			conns = append(conns, c) // held open, never read or written
+			if len(conns) == 1 {
+				close(firstc)
+			}
 			mu.Unlock()
 		}
 	}()
@@ -274,7 +278,7 @@ func silentServer(t *testing.T) (addr string, accepted func() int) {
 			c.Close()
 		}
 	})
-	return ln.Addr().String(), func() int { mu.Lock(); defer mu.Unlock(); return len(conns) }
+	return ln.Addr().String(), func() int { mu.Lock(); defer mu.Unlock(); return len(conns) }, firstc
 }
 
 // TestConnectTimeout: a server that accepts the connection and never
@@ -282,7 +286,7 @@ func silentServer(t *testing.T) (addr string, accepted func() int) {
 // instead of hanging it until killed (cli's deadline would fail the test).
 func TestConnectTimeout(t *testing.T) {
 	t.Parallel()
-	addr, accepted := silentServer(t)
+	addr, accepted, _ := silentServer(t)
 	silent := "postgres://postgres@" + addr + "/test?sslmode=disable"
 	for _, args := range [][]string{
 		{"inbox", "stats", "--database", silent, "--connect-timeout", "300ms"},
@@ -693,4 +697,33 @@ func TestOutages(t *testing.T) {
 	}
 	proxy.Restore()
 	inboxRun(t, 0, "stats", "--database", url)
+}
+
+// TestInterrupted: a command stopped by a signal (its context canceled)
+// while it waits for a silent server exits 3 saying it was interrupted.
+func TestInterrupted(t *testing.T) {
+	t.Parallel()
+	addr, _, first := silentServer(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out, errb bytes.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"inbox", "stats", "--connect-timeout", "0", "--database", "postgres://postgres@" + addr + "/test?sslmode=disable"}, &out, &errb)
+	}()
+	// Cancel once the command is waiting on the server, as a signal would.
+	select {
+	case code := <-done:
+		t.Fatalf("returned %d before connecting: %s", code, errb.String())
+	case <-first:
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != 3 || !strings.HasPrefix(errb.String(), "idem inbox stats: interrupted: ") {
+			t.Fatalf("exit %d, stderr %q, want 3 and interrupted", code, errb.String())
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("still running a minute after the cancel")
+	}
 }

@@ -197,6 +197,9 @@ func openPool(ctx context.Context, dbURL string, timeout time.Duration, override
 		if ctx.Err() == nil && timeout > 0 && (pgconn.Timeout(err) || errors.Is(err, context.DeadlineExceeded)) {
 			return nil, fmt.Errorf("connecting to %s: no answer within %s (%s): the server is unreachable or not answering", redactURL(dbURL), timeout, source)
 		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("connecting to %s: %w", redactURL(dbURL), ctx.Err())
+		}
 		return nil, fmt.Errorf("connecting to %s: %s", redactURL(dbURL), connectReason(err))
 	}
 	return pool, nil
@@ -411,7 +414,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return report(stdout, stderr, jsonOut, "", &usageError{msg: fmt.Sprintf("unknown command %q", args[0])})
 	}
-	return report(stdout, stderr, jsonOut, commandPath(args), c.run(ctx, args[1:], stdout, stderr))
+	err := c.run(ctx, args[1:], stdout, stderr)
+	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		// SIGINT or SIGTERM: say so rather than "context canceled".
+		err = fmt.Errorf("interrupted: %w", err)
+	}
+	return report(stdout, stderr, jsonOut, commandPath(args), err)
 }
 
 // commandPath names the command being run for its error line: the words
