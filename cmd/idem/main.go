@@ -13,7 +13,8 @@
 //	   a failed demo, a refused void); the result says what
 //	2  usage: a bad flag, argument or command; nothing was done
 //	3  runtime: the command could not run or finish (database unreachable
-//	   or silent past --connect-timeout, a missing table, an error)
+//	   or silent past --connect-timeout, a missing table, an error, an
+//	   interruption by SIGINT or SIGTERM)
 //
 // Errors go to stderr as one line "idem <command>: <message>". With --json,
 // an error (exit 2 or 3) is also written to stdout as one JSON object,
@@ -25,8 +26,12 @@
 //
 // Commands that connect to PostgreSQL take --database (default
 // $IDEM_DATABASE_URL, else the local test server) and --connect-timeout
-// (default 10s): a server that accepts the connection but never answers
-// fails the command with exit 3 instead of hanging it.
+// (default 10s; a connect_timeout in the URL is kept unless the flag is
+// given): a server that accepts the connection but never answers fails the
+// command with exit 3 instead of hanging it.
+//
+// Numeric flags are checked by name ("--batch must be positive"); where 0
+// means something other than a default, the flag's help says what.
 //
 // Each command lives in its own file and registers itself in commands.
 package main
