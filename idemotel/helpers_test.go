@@ -91,7 +91,7 @@ func (tr *traces) wait(t testing.TB, n int, what string, match func(tracetest.Sp
 func names(spans []tracetest.SpanStub) string {
 	out := make([]string, len(spans))
 	for i, s := range spans {
-		out[i] = fmt.Sprintf("%s(%s)", s.Name, attr(s, idemotel.OutcomeKey).Emit())
+		out[i] = fmt.Sprintf("%s(%s)", s.Name, attr(s, idemotel.OutcomeKey).String())
 	}
 	return fmt.Sprint(out)
 }
@@ -125,7 +125,7 @@ func wantAttrs(t testing.TB, s tracetest.SpanStub, want ...attribute.KeyValue) {
 	t.Helper()
 	for _, w := range want {
 		if got := attr(s, w.Key); got != w.Value {
-			t.Errorf("span %q: %s = %q, want %q", s.Name, w.Key, got.Emit(), w.Value.Emit())
+			t.Errorf("span %q: %s = %q, want %q", s.Name, w.Key, got.String(), w.Value.String())
 		}
 	}
 }
