@@ -176,6 +176,9 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 		}
 		return err
 	}
+	if c.health.Health().Holding {
+		defer c.recheck(ctx)()
+	}
 	sig := &rebalanceSignal{count: func() {
 		c.stats.rebalances.Add(1)
 		c.lag.reset()

@@ -141,3 +141,33 @@ func topicsOf(cl *kgo.Client) string {
 	topics, _ := cl.OptValue(kgo.ConsumeTopics).([]string)
 	return strings.Join(topics, ",")
 }
+
+// recheck runs the inbox check again, with backoff, for as long as the
+// hold that an unreachable database at start began lasts: otherwise a
+// consumer of an idle topic would say it holds records long after the
+// database answered, since only an applied record ends a hold. It ends
+// with the hold, or when stop is called.
+func (c *Consumer[TTx]) recheck(ctx context.Context) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		backoff := idem.RetryPolicy{InitialBackoff: c.cfg.InitialBackoff, MaxBackoff: c.cfg.MaxBackoff}
+		for try := 1; c.health.Health().Holding; try++ {
+			if sleep(ctx, backoff.Backoff(try)) != nil {
+				return
+			}
+			cctx, ccancel := context.WithTimeout(ctx, c.cfg.CommitTimeout)
+			err := c.proc.Check(cctx)
+			ccancel()
+			if err == nil {
+				c.health.Reachable(time.Now())
+				return
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
