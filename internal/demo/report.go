@@ -251,7 +251,7 @@ func (r *Report) WriteText(w io.Writer) error {
 	if i.ChargesReplayed > 0 {
 		fmt.Fprintf(&b, "The idem charge relay was killed once between charging and marking: %s charges were sent again and the gateway answered them from their idempotency keys.\n", num(i.ChargesReplayed))
 	}
-	fmt.Fprintf(&b, "What varies between runs: which deliveries the restart catches unacknowledged depends on timing, so the restart's catch, the naive side's damage and the redeliveries skipped differ from run to run, even with the same --seed (which fixes the events published).\n")
+	fmt.Fprintf(&b, "\nWhat varies between runs: which deliveries the restart catches unacknowledged depends on timing, so the restart's catch, the naive side's damage and the redeliveries skipped differ from run to run, even with the same --seed (which fixes the events published).\n")
 	fmt.Fprintf(&b, "What does not: the naive side applies redelivered events again; the idem side applies each event once.\n")
 	if r.OK() {
 		fmt.Fprintf(&b, "idem: every one of the %s events applied exactly once, %s redeliveries skipped, 0 duplicate effects. (%.1fs)\n",
