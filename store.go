@@ -217,7 +217,10 @@ func (r MigrateReport) String() string {
 	default:
 		s = fmt.Sprintf("upgraded %s from version %d to %d", r.Table, r.From, r.To)
 	}
-	if r.Partitions > 0 {
+	switch {
+	case r.Partitions == 1:
+		s += "; created 1 daily partition"
+	case r.Partitions > 1:
 		s += fmt.Sprintf("; created %d daily partitions", r.Partitions)
 	}
 	return s
