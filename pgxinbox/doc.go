@@ -10,6 +10,16 @@
 //		Handler:  apply,
 //	}) // guards with the stored window
 //
+// # Migration tools
+//
+// A team that runs its schema changes through golang-migrate, goose, Atlas
+// or Flyway applies [DDL] (or `idem inbox ddl --format …`, which writes the
+// tool's files) instead of calling Migrate: the same SQL, rendered from the
+// same migration files, with the schema version and the settings row, and
+// safe to run again. Either way, [Store.Check] (`idem inbox check`) says
+// what is wrong with a table and how to fix it, and a consumer runs it
+// before its first message and refuses to start on a problem.
+//
 // # Retention
 //
 // Markers cannot be kept forever, and forgetting one too early lets an old

@@ -24,6 +24,10 @@
 //	})
 //	res := proc.Process(ctx, msg) // Applied the first time, Duplicate after
 //
+// A team with a migration tool applies [DDL] (or `idem inbox ddl`) instead
+// of calling Migrate; [Store.Check] (`idem inbox check`) verifies the table,
+// and a consumer refuses to start on a problem it finds.
+//
 // # What it writes
 //
 // [Store.Migrate] creates the inbox table (consumer, key, message_id,
