@@ -5,9 +5,10 @@
 //	go run ./examples/service --broker rabbitmq
 //	go run ./examples/service --broker kafka --kafka-fake --publish 10
 //
-// Every flag has an environment variable (IDEM_POSTGRES_URL, IDEM_AMQP_URL,
-// IDEM_KAFKA_BROKERS, …); see -help. SIGINT or SIGTERM stops it gracefully:
-// the batches in flight commit and are acked, then it exits.
+// The addresses and names can also come from the environment
+// (IDEM_POSTGRES_URL, IDEM_AMQP_URL, IDEM_KAFKA_BROKERS, …); see -help.
+// SIGINT or SIGTERM stops it gracefully: the batches in flight commit and
+// are acked, then it exits.
 package main
 
 import (
@@ -71,14 +72,14 @@ type consumer interface {
 }
 
 var (
-	broker   = flag.String("broker", env("IDEM_BROKER", "rabbitmq"), "rabbitmq or kafka")
-	pgURL    = flag.String("postgres", env("IDEM_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test"), "PostgreSQL URL of the inbox and the ledger")
-	amqpURL  = flag.String("amqp", env("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
-	brokers  = flag.String("kafka-brokers", env("IDEM_KAFKA_BROKERS", ""), "Kafka seed brokers, host:port,…")
+	broker   = flag.String("broker", env("IDEM_BROKER", "rabbitmq"), "rabbitmq or kafka ($IDEM_BROKER)")
+	pgURL    = flag.String("postgres", env("IDEM_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test"), "PostgreSQL URL of the inbox and the ledger ($IDEM_POSTGRES_URL)")
+	amqpURL  = flag.String("amqp", env("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL ($IDEM_AMQP_URL)")
+	brokers  = flag.String("kafka-brokers", env("IDEM_KAFKA_BROKERS", ""), "Kafka seed brokers, host:port,… ($IDEM_KAFKA_BROKERS)")
 	fake     = flag.Bool("kafka-fake", false, "start an in-process Kafka (kfake) instead of dialing -kafka-brokers")
-	source   = flag.String("source", env("IDEM_SOURCE", "ledger.credits"), "queue or topic to consume (dead letters go to <source>.dlq)")
-	name     = flag.String("consumer", env("IDEM_CONSUMER", "ledger"), "consumer name: the inbox's key space and the Kafka group")
-	listen   = flag.String("listen", env("IDEM_LISTEN", "127.0.0.1:9464"), "address of /metrics, /healthz and /readyz")
+	source   = flag.String("source", env("IDEM_SOURCE", "ledger.credits"), "queue or topic to consume (dead letters go to <source>.dlq) ($IDEM_SOURCE)")
+	name     = flag.String("consumer", env("IDEM_CONSUMER", "ledger"), "consumer name: the inbox's key space and the Kafka group ($IDEM_CONSUMER)")
+	listen   = flag.String("listen", env("IDEM_LISTEN", "127.0.0.1:9464"), "address of /metrics, /healthz and /readyz ($IDEM_LISTEN)")
 	holdWait = flag.Duration("hold-after", 15*time.Second, "how long a batch waits for an unreachable database before its messages are held and /readyz says so")
 	publish  = flag.Int("publish", 0, "publish this many demo credits at start, the first one twice")
 )
