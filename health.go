@@ -76,7 +76,9 @@ type PartitionLag struct {
 // StallAfter is how long batches may be in the database without one of
 // them coming back before [Health.Live] calls the consumer wedged. It is
 // longer than the processor's default RetryPolicy.WaitUnavailable (1
-// minute), after which an outage comes back as held messages.
+// minute), after which an outage comes back as held messages. A processor
+// whose WaitUnavailable is -1 waits an outage out inside the batch, and so
+// looks wedged once the outage is older than StallAfter.
 const StallAfter = 5 * time.Minute
 
 // ErrNotReady is wrapped by the errors of [Health.Ready] and [Health.Live].
