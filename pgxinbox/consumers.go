@@ -27,11 +27,11 @@ type ConsumerStat = inboxdb.ConsumerStat
 // (idemprom.InboxCollector, which caches it and bounds it with a
 // deadline); give ctx a deadline when calling it on a schedule of your own.
 //
-// On the partitioned layout, which has no index by partition time, each
-// consumer's oldest marker is looked up partition by partition, oldest
-// first, in the consumer's range of each partition's primary key: a probe
-// of each older partition the consumer has no marker in, then one day of
-// the consumer's markers.
+// On the partitioned layout, which has no index by partition time, the
+// oldest partition that holds markers is read once (one day of markers),
+// which gives the oldest marker of every consumer in it; a consumer not in
+// it is looked up in the following partitions, oldest first, in its own
+// range of each partition's primary key.
 func (s *Store) ConsumerStats(ctx context.Context) (ConsumerStats, error) {
 	if s.layout != Partitioned {
 		return s.inbox.ConsumerStats(ctx)

@@ -176,6 +176,59 @@ func TestConsumerStatsReadsIndexes(t *testing.T) {
 	}
 }
 
+// TestConsumerStatsPartitionedReadsOneDay reads the oldest markers of a
+// partitioned inbox of 50,000 markers over ten days' partitions, with a
+// consumer that started today, and checks with the server's counters that
+// the read did not pass over the table: what it read sequentially is at
+// most the oldest day and today's, a fifth of the markers.
+func TestConsumerStatsPartitionedReadsOneDay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, pgtest.Schema(t)+"&pool_max_conns=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := pgxinbox.New(pool, &pgxinbox.Config{Window: window, Layout: pgxinbox.Partitioned})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`INSERT INTO idem_inbox (consumer, key, message_id, body_sha256, event_time, processed_at, keep_until, partition_time)
+SELECT 'c' || (g % 5), md5(g::text), md5(g::text), '\x00', t, t, t, t
+FROM generate_series(1, 50000) g, LATERAL (SELECT now() - g * (interval '10 days' / 50000) AS t) x`,
+		`INSERT INTO idem_inbox (consumer, key, message_id, body_sha256, event_time, partition_time) SELECT 'new', 'k-' || g, 'k-' || g, '\x00', now(), now() FROM generate_series(1, 100) g`,
+		`ANALYZE idem_inbox`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	scans := func() int64 {
+		if _, err := pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
+			t.Fatal(err)
+		}
+		return scalar[int64](t, pool, `SELECT coalesce(sum(s.seq_tup_read), 0)::bigint FROM pg_inherits i JOIN pg_stat_user_tables s ON s.relid = i.inhrelid WHERE i.inhparent = 'idem_inbox'::regclass`)
+	}
+	oldest := scalar[time.Time](t, pool, `SELECT min(partition_time) FROM idem_inbox WHERE consumer = 'c4'`)
+	before := scans()
+	st, err := store.ConsumerStats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := scans() - before
+	if read > 50_100/5 {
+		t.Errorf("reading the oldest markers read %d of 50,100 markers sequentially", read)
+	}
+	t.Logf("read %d of 50,100 markers sequentially", read)
+	if len(st.Consumers) != 6 || st.Consumers[4].Consumer != "c4" || !st.Consumers[4].Oldest.Equal(oldest) || st.Consumers[5].Consumer != "new" {
+		t.Fatalf("consumers %+v, want c0…c4 (c4's oldest %v) and new", st.Consumers, oldest)
+	}
+}
+
 // BenchmarkConsumerStats reads the per-consumer figures of an inbox of
 // IDEM_BENCH_CONSUMER_ROWS markers (default 100,000; the README's figures
 // are for 1,000,000) over five consumers that share it evenly and one that

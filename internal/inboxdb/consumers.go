@@ -115,11 +115,10 @@ func (b *Inbox) ConsumerStats(ctx context.Context) (ConsumerStats, error) {
 
 // ConsumerStatsPartitioned is ConsumerStats on the partitioned layout,
 // given the table's daily partitions, quoted, oldest first. There is no
-// index by partition time (the partitions are the order), so each
-// consumer's oldest marker is looked up partition by partition, oldest
-// first, in the consumer's range of the partition's primary key, until it
-// is found: a probe of each older partition the consumer has no marker in,
-// and one day of the consumer's markers.
+// index by partition time (the partitions are the order): the oldest
+// partition that holds markers is read once, which gives the oldest
+// marker of every consumer in it, and a consumer not in it is looked up
+// in the following partitions, in its own primary-key range.
 func (b *Inbox) ConsumerStatsPartitioned(ctx context.Context, partitions []string) (ConsumerStats, error) {
 	if partitions == nil {
 		partitions = []string{}
@@ -202,12 +201,37 @@ func (b *Inbox) consumerStats(ctx context.Context, partitions []string) (Consume
 }
 
 // oldestByPartition fills oldest with the oldest partition time of each
-// of names, looking in partitions oldest first.
+// of names, looking in partitions oldest first. The oldest partition that
+// holds markers is read once for every consumer in it (one day of the
+// table); a consumer not in it is then looked up partition by partition in
+// its own primary-key range, which for the partitions it has no marker in
+// is one index probe each.
 func (b *Inbox) oldestByPartition(ctx context.Context, c Conn, partitions, names []string, oldest map[string]time.Time) error {
 	left := len(names)
+	first := true
 	for _, part := range partitions {
 		if left == 0 {
 			return nil
+		}
+		if first {
+			err := c.Query(ctx, `SELECT consumer, min(partition_time) FROM `+part+` GROUP BY consumer`, func(r Row) error {
+				var name string
+				var t any
+				if err := r.Scan(&name, &t); err != nil {
+					return err
+				}
+				at, err := b.D.ScanTime(t)
+				if _, dup := oldest[name]; !dup && err == nil {
+					oldest[name] = at
+					left--
+					first = false
+				}
+				return err
+			})
+			if err != nil {
+				return fmt.Errorf("partition %s: %w", part, err)
+			}
+			continue
 		}
 		q := `SELECT min(partition_time) FROM ` + part + ` WHERE consumer = $1`
 		for _, name := range names {
