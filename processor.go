@@ -628,13 +628,15 @@ func (p *Processor[TTx]) handle(ctx context.Context, tx TTx, fresh []*item, shar
 	}
 	for _, it := range fresh {
 		current = it
-		hctx := ctx
+		hctx, cancel := ctx, context.CancelFunc(nil)
 		if shared && it.ctx != nil {
-			var cancel context.CancelFunc
 			hctx, cancel = messageContext(ctx, it.ctx)
-			defer cancel()
 		}
-		if err := p.cfg.Handler(hctx, tx, it.msg); err != nil {
+		err := p.cfg.Handler(hctx, tx, it.msg)
+		if cancel != nil {
+			cancel()
+		}
+		if err != nil {
 			it.handlerFailed = true
 			return fmt.Errorf("handling message %s: %w", it.msg.ID, err)
 		}
