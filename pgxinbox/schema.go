@@ -27,7 +27,7 @@ var _ idem.SchemaChecker = (*Store)(nil)
 // not in it: create them with [Store.EnsurePartitions] or `idem inbox
 // partitions ensure`, then daily.
 func DDL(table string, layout Layout, window time.Duration) (string, error) {
-	sc, err := script(table, layout, window, 0)
+	sc, err := script(table, layout, window)
 	if err != nil {
 		return "", err
 	}
@@ -38,14 +38,14 @@ func DDL(table string, layout Layout, window time.Duration) (string, error) {
 // its partitions) and its rows in the bookkeeping tables, which are
 // dropped too when no other inbox of the schema is recorded in them.
 func DownDDL(table string, layout Layout) (string, error) {
-	sc, err := script(table, layout, 0, 0)
+	sc, err := script(table, layout, 0)
 	if err != nil {
 		return "", err
 	}
 	return sc.DownSQL(), nil
 }
 
-func script(table string, layout Layout, window time.Duration, from int) (inboxdb.Script, error) {
+func script(table string, layout Layout, window time.Duration) (inboxdb.Script, error) {
 	if table == "" {
 		table = "idem_inbox"
 	}
@@ -60,7 +60,7 @@ func script(table string, layout Layout, window time.Duration, from int) (inboxd
 	if len(id) == 2 {
 		t.Schema = id[0]
 	}
-	sc, err := inboxdb.Postgres(t, layout).Script(window, from)
+	sc, err := inboxdb.Postgres(t, layout).Script(window, 0)
 	if err != nil {
 		return sc, fmt.Errorf("pgxinbox: rendering the DDL of %s: %w", table, err)
 	}

@@ -25,7 +25,7 @@ var _ idem.SchemaChecker = (*Store)(nil)
 // once, as migration tools do; after an upgrade of idem, `idem inbox ddl
 // --dialect sqlite --from-version N` renders only the newer migrations.
 func DDL(d Dialect, table string, window time.Duration) (string, error) {
-	sc, err := script(d, table, window, 0)
+	sc, err := script(d, table, window)
 	if err != nil {
 		return "", err
 	}
@@ -36,14 +36,14 @@ func DDL(d Dialect, table string, window time.Duration) (string, error) {
 // its rows in the bookkeeping tables (on PostgreSQL the bookkeeping tables
 // go too once no other inbox is recorded in them; SQLite keeps them).
 func DownDDL(d Dialect, table string) (string, error) {
-	sc, err := script(d, table, 0, 0)
+	sc, err := script(d, table, 0)
 	if err != nil {
 		return "", err
 	}
 	return sc.DownSQL(), nil
 }
 
-func script(d Dialect, table string, window time.Duration, from int) (inboxdb.Script, error) {
+func script(d Dialect, table string, window time.Duration) (inboxdb.Script, error) {
 	if d == nil {
 		return inboxdb.Script{}, fmt.Errorf("%w: sqlinbox: dialect is nil (use sqlinbox.Postgres or sqlinbox.SQLite)", idem.ErrConfig)
 	}
@@ -54,7 +54,7 @@ func script(d Dialect, table string, window time.Duration, from int) (inboxdb.Sc
 	if err != nil {
 		return inboxdb.Script{}, fmt.Errorf("%w: sqlinbox: %w", idem.ErrConfig, err)
 	}
-	sc, err := d.statements(inboxdb.Table{Schema: t.schema, Name: t.name}).Script(window, from)
+	sc, err := d.statements(inboxdb.Table{Schema: t.schema, Name: t.name}).Script(window, 0)
 	if err != nil {
 		return sc, fmt.Errorf("sqlinbox: rendering the DDL of %s: %w", table, err)
 	}
