@@ -409,3 +409,32 @@ func TestProcessTxTraced(t *testing.T) {
 	}
 	wantAttrs(t, s[0], attribute.String("idem.outcome", "retry"))
 }
+
+// TestSeveralTraceHooks: two TraceHooks each end their span once; the
+// second starts under the first's context, so its span, under the
+// producer's as the headers say, links to the first's. A batch of one
+// message is traced as the message alone.
+func TestSeveralTraceHooks(t *testing.T) {
+	t.Parallel()
+	first, second, d := newTraces(t), newTraces(t), newDB(t)
+	a, b := countEnds(first.tracer(idemotel.RabbitMQ)), countEnds(second.tracer(idemotel.RabbitMQ))
+	p := d.processor(t, "audit", nil, []idem.Hook{a, b})
+	producer, headers := first.produced("send")
+	rs := p.ProcessBatch(t.Context(), []idem.Message{{ID: "one", Source: "audit", Headers: headers}})
+	if len(rs) != 1 || rs[0].Outcome != idem.Applied {
+		t.Fatalf("%v, want one applied", rs)
+	}
+	outer, inner := first.spans(processSpan("one")), second.spans(processSpan("one"))
+	if len(outer) != 1 || len(inner) != 1 || a.count("one") != 1 || b.count("one") != 1 {
+		t.Fatalf("spans %d and %d, ended %d and %d times, want one each", len(outer), len(inner), a.count("one"), b.count("one"))
+	}
+	if outer[0].Parent.SpanID() != producer.SpanID() {
+		t.Error("the first hook's span is not under the producer's")
+	}
+	if inner[0].Parent.SpanID() != producer.SpanID() || len(inner[0].Links) != 1 || inner[0].Links[0].SpanContext.SpanID() != outer[0].SpanContext.SpanID() {
+		t.Error("the second hook's span is not under the producer's with a link to the first hook's")
+	}
+	if a.batches != 0 || b.batches != 0 {
+		t.Errorf("a batch of one ended %d and %d batch spans, want none", a.batches, b.batches)
+	}
+}
