@@ -343,6 +343,8 @@ func (b *Inbox) checkCatalog(ctx context.Context, c Conn, cat catalog) ([]idem.S
 			fix = "CREATE INDEX " + concurrently + "IF NOT EXISTS " + quoteIdent(t.IndexName("keep_until")) + " ON " + t.Quoted() + " (keep_until)"
 		}
 		add(fix, "table %s has no index on keep_until: every prune scans the whole table", t)
+		// Advisory: claims do not need it; a consumer starts and logs it.
+		probs[len(probs)-1].Advisory = true
 	}
 	if cat.relkind == "p" && d.Layout == idem.LayoutPartitioned {
 		if cat.partKey != "partition_time" && upToDate {
@@ -353,6 +355,9 @@ func (b *Inbox) checkCatalog(ctx context.Context, c Conn, cat catalog) ([]idem.S
 			add("idem inbox partitions ensure "+target+" (and run it daily)", "table %s has no partition for today (UTC): every claim fails", t)
 		case !cat.tomorrow:
 			add("idem inbox partitions ensure "+target+" (and run it daily)", "table %s has no partition for tomorrow (UTC): claims fail from midnight", t)
+			// Advisory: today's claims work; refusing to start would turn a
+			// late daily job into an outage now rather than at midnight.
+			probs[len(probs)-1].Advisory = true
 		}
 	}
 	if !cat.settings {
