@@ -525,3 +525,115 @@ func TestCheckDuringAnOutage(t *testing.T) {
 		t.Fatalf("Processor.Check after the outage: %v", err)
 	}
 }
+
+// TestCheckUnderAnyDateStyle: partition bounds are read in the session's
+// DateStyle, so a partitioned consumer starts whatever the database's or
+// role's DateStyle is (an ISO-only parse found "no partition for today"
+// under SQL, Postgres or German styles and refused to start), and a
+// catch-all partition bounded by MINVALUE/MAXVALUE covers today.
+func TestCheckUnderAnyDateStyle(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.Schema(t)
+	iso, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(iso.Close)
+	if err := newStore(t, iso, pgxinbox.Partitioned).Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, ds := range []string{"ISO, MDY", "SQL, DMY", "Postgres, MDY", "German"} {
+		cfg, err := pgxpool.ParseConfig(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.ConnConfig.RuntimeParams["datestyle"] = ds
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		store := newStore(t, pool, pgxinbox.Partitioned)
+		if probs := check(t, store); len(probs) != 0 {
+			t.Errorf("DateStyle %s: problems %v, want none", ds, probs)
+		}
+		if err := consumerOf(t, store).Check(ctx); err != nil {
+			t.Errorf("DateStyle %s: consumer refuses to start: %v", ds, err)
+		}
+		pool.Close()
+	}
+	// Only a catch-all from MINVALUE to MAXVALUE covers today and tomorrow.
+	if _, err := iso.Exec(ctx, `DO $$ DECLARE p regclass; BEGIN
+		FOR p IN SELECT inhrelid::regclass FROM pg_inherits WHERE inhparent = 'idem_inbox'::regclass LOOP
+		  EXECUTE 'DROP TABLE ' || p; END LOOP; END $$;
+		CREATE TABLE idem_inbox_all PARTITION OF idem_inbox FOR VALUES FROM (MINVALUE) TO (MAXVALUE)`); err != nil {
+		t.Fatal(err)
+	}
+	if probs := check(t, newStore(t, iso, pgxinbox.Partitioned)); len(probs) != 0 {
+		t.Errorf("a MINVALUE..MAXVALUE partition: problems %v, want none", probs)
+	}
+}
+
+// TestLeastPrivilegeConsumerStarts: a consumer role granted the inbox and
+// its settings but not the migrations' bookkeeping (the tables owned by the
+// role a migration tool runs as) starts: the version it cannot read is an
+// advisory problem with the GRANT that fixes it, not a refusal.
+func TestLeastPrivilegeConsumerStarts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.Schema(t)
+	owner, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(owner.Close)
+	if err := newStore(t, owner, pgxinbox.Plain).Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var schema string
+	if err := owner.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+		t.Fatal(err)
+	}
+	role := "idem_consumer_" + strings.TrimPrefix(schema, "t_")
+	if len(role) > 60 {
+		role = role[:60]
+	}
+	ident := pgx.Identifier{role}.Sanitize()
+	for _, q := range []string{
+		`DROP ROLE IF EXISTS ` + ident, `CREATE ROLE ` + ident + ` LOGIN`,
+		`GRANT USAGE ON SCHEMA ` + pgx.Identifier{schema}.Sanitize() + ` TO ` + ident,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON idem_inbox TO ` + ident,
+		`GRANT SELECT ON idem_inbox_settings TO ` + ident,
+		`GRANT SELECT, INSERT, UPDATE ON idem_inbox_horizons, idem_inbox_pruned TO ` + ident,
+	} {
+		if _, err := owner.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	t.Cleanup(func() {
+		_, _ = owner.Exec(context.Background(), `DROP OWNED BY `+ident)
+		_, _ = owner.Exec(context.Background(), `DROP ROLE IF EXISTS `+ident)
+	})
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User = role
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store := newStore(t, pool, pgxinbox.Plain)
+	probs := check(t, store)
+	if len(probs) != 1 || !probs[0].Advisory || !hasProblem(probs, "cannot read", "GRANT SELECT ON") {
+		t.Fatalf("problems %+v, want one advisory problem naming the GRANT", probs)
+	}
+	proc := consumerOf(t, store)
+	if err := proc.Check(ctx); err != nil {
+		t.Fatalf("consumer refuses to start: %v", err)
+	}
+	if r := proc.Process(ctx, idem.Message{ID: "evt-1", Body: []byte("x")}); r.Outcome != idem.Applied {
+		t.Fatalf("claim as the consumer role: %v %v", r.Outcome, r.Err)
+	}
+}

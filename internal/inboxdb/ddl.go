@@ -213,6 +213,8 @@ func (s Script) Header() string {
 		formatWindow(s.Window), s.Window.Milliseconds())
 	if s.Dialect == "postgres" {
 		b.WriteString("-- Safe to run again: each migration runs only on a table below its version.\n")
+		b.WriteString("-- Run it in one transaction (migration tools do; psql: --single-transaction): its lock\n")
+		b.WriteString("-- keeps two migrators apart only until the transaction ends.\n")
 	} else {
 		b.WriteString("-- SQLite has no conditional DDL: apply this once (migration tools do).\n")
 	}

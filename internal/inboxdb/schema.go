@@ -23,6 +23,9 @@ type catalog struct {
 	today, tomorrow bool
 	// versions and settings: the version and the settings tables exist.
 	versions, settings bool
+	// versionsHidden: the version table exists but this role may not read
+	// it (a consumer role granted only the inbox and its settings).
+	versionsHidden bool
 	// file is the SQLite database's file, for the fixes' commands.
 	file string
 }
@@ -36,12 +39,15 @@ type index struct {
 
 // pgCatalog reads the catalog in one statement. $1 the table, $2 and $3 the
 // version and settings tables. Partition bounds are read back as the text
-// PostgreSQL writes them ('2026-12-01 00:00:00+00', in the session's time
-// zone with its offset, so the cast back is exact).
+// PostgreSQL writes them, in the session's DateStyle and time zone, and cast
+// back in the same session, so the round trip is exact whatever those are;
+// MINVALUE and MAXVALUE are the infinities, and a partition key that is not
+// one timestamptz column (a table of another shape) has no bounds read.
 const pgCatalog = `SELECT c.relkind::text,
        coalesce(cols.list, ''), coalesce(idx.list, ''), coalesce(pk.cols, ''),
        coalesce(parts.today, false), coalesce(parts.tomorrow, false),
-       to_regclass($2) IS NOT NULL, to_regclass($3) IS NOT NULL
+       to_regclass($2) IS NOT NULL, to_regclass($3) IS NOT NULL,
+       NOT coalesce(has_table_privilege(to_regclass($2), 'SELECT'), true)
 FROM pg_class c
 CROSS JOIN LATERAL (
     SELECT string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod), E'\n' ORDER BY a.attnum) AS list
@@ -64,9 +70,15 @@ CROSS JOIN LATERAL (
     SELECT bool_or(b.def OR (b.lo <= now() AND now() < b.hi)) AS today,
            bool_or(b.def OR (b.lo <= now() + interval '1 day' AND now() + interval '1 day' < b.hi)) AS tomorrow
     FROM (SELECT r.expr = 'DEFAULT' AS def,
-                 CASE WHEN r.m[1] ~ '^\d{4}-' THEN r.m[1]::timestamptz END AS lo,
-                 CASE WHEN r.m[2] ~ '^\d{4}-' THEN r.m[2]::timestamptz END AS hi
-          FROM (SELECT e.expr, regexp_match(e.expr, 'FROM \(''([^'']+)''\) TO \(''([^'']+)''\)') AS m
+                 CASE WHEN NOT r.ts THEN NULL WHEN r.m[1] = 'MINVALUE' THEN '-infinity'::timestamptz
+                      WHEN r.m[1] = 'MAXVALUE' THEN 'infinity'::timestamptz ELSE btrim(r.m[1], '''')::timestamptz END AS lo,
+                 CASE WHEN NOT r.ts THEN NULL WHEN r.m[2] = 'MINVALUE' THEN '-infinity'::timestamptz
+                      WHEN r.m[2] = 'MAXVALUE' THEN 'infinity'::timestamptz ELSE btrim(r.m[2], '''')::timestamptz END AS hi
+          FROM (SELECT e.expr, regexp_match(e.expr, 'FROM \((MINVALUE|MAXVALUE|''[^'']+'')\) TO \((MINVALUE|MAXVALUE|''[^'']+'')\)') AS m,
+                       coalesce((SELECT a.atttypid = 'timestamptz'::regtype
+                                 FROM pg_partitioned_table pt
+                                 JOIN pg_attribute a ON a.attrelid = pt.partrelid AND a.attnum = pt.partattrs[0]
+                                 WHERE pt.partrelid = c.oid AND pt.partnatts = 1), false) AS ts
                 FROM (SELECT pg_get_expr(p.relpartbound, p.oid) AS expr
                       FROM pg_inherits h JOIN pg_class p ON p.oid = h.inhrelid
                       WHERE h.inhparent = c.oid
@@ -88,7 +100,7 @@ func (d *Dialect) pgReadCatalog(ctx context.Context, c Conn) (catalog, error) {
 	t := d.Table
 	var cols, idx string
 	err := c.QueryRow(ctx, pgCatalog, t.Quoted(), t.Sibling(migrationsTable), t.Sibling(settingsTable)).
-		Scan(&cat.relkind, &cols, &idx, &cat.partKey, &cat.today, &cat.tomorrow, &cat.versions, &cat.settings)
+		Scan(&cat.relkind, &cols, &idx, &cat.partKey, &cat.today, &cat.tomorrow, &cat.versions, &cat.settings, &cat.versionsHidden)
 	if isNoRows(err) {
 		// The table is missing; are the bookkeeping tables?
 		err = c.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL`,
@@ -257,7 +269,14 @@ func (b *Inbox) checkCatalog(ctx context.Context, c Conn, cat catalog) ([]idem.S
 	// The version first: a newer schema is the one problem a migrate must
 	// not be suggested for.
 	version, hasVersion := 0, false
-	if cat.versions {
+	if cat.versions && cat.versionsHidden {
+		// Advisory: a least-privilege consumer role need not read the
+		// migrations' bookkeeping; the shape checks below still run.
+		add("GRANT SELECT ON "+t.Sibling(migrationsTable)+" TO the consumer's role, so the schema version can be checked",
+			"this role cannot read %s (no SELECT privilege): the schema version of %s is not checked", t.Sibling(migrationsTable), t)
+		probs[len(probs)-1].Advisory = true
+		version, hasVersion = latest, true
+	} else if cat.versions {
 		err := c.QueryRow(ctx, d.ReadVersion, t.Quoted()).Scan(&version)
 		switch {
 		case err == nil:
