@@ -45,9 +45,10 @@ type Health struct {
 	// message given back, a failed offset commit), and LastErrorAt when.
 	LastError   string    `json:"last_error,omitempty"`
 	LastErrorAt time.Time `json:"last_error_at,omitzero"`
-	// BusySince is set while batches are in the database: when the last
-	// of them started or finished. A time further back than [StallAfter]
-	// means no batch has come back for that long: the consumer is wedged.
+	// BusySince is set while batches are in the database: when the oldest
+	// of them started. A time further back than [StallAfter] means a batch
+	// has not come back for that long: the consumer (or one of its Kafka
+	// partitions) is wedged, however many other batches come and go.
 	BusySince time.Time `json:"busy_since,omitzero"`
 	// Reconnects counts broker sessions that ended while Run went on
 	// (RabbitMQ).
@@ -184,7 +185,8 @@ func healthHandler(cs []HealthChecker, check func(Health) error) http.Handler {
 type HealthState struct {
 	mu   sync.Mutex
 	h    Health
-	busy int // batches in the database
+	busy map[uint64]time.Time // the batches in the database, by Begin's token: when each started
+	next uint64               // the last token given
 }
 
 // NewHealthState returns the state of a consumer that has not started.
@@ -213,7 +215,7 @@ func (s *HealthState) Stop(now time.Time) {
 	defer s.mu.Unlock()
 	s.h.Running, s.h.Connected, s.h.ConnectedSince = false, false, time.Time{}
 	s.h.Holding, s.h.HoldingSince, s.h.HoldReason = false, time.Time{}, ""
-	s.h.BusySince, s.busy = time.Time{}, 0
+	s.h.BusySince, s.busy = time.Time{}, nil
 }
 
 // Connect records that the broker session is up.
@@ -310,24 +312,37 @@ func outage(err error) bool {
 	return errors.Is(err, ErrUnavailable) || errors.Is(err, ErrMisconfigured) || errors.Is(err, ErrInboxNotReady)
 }
 
-// Begin records that a batch went to the database.
-func (s *HealthState) Begin(now time.Time) {
+// Begin records that a batch went to the database; End takes the token it
+// returns when the batch comes back.
+func (s *HealthState) Begin(now time.Time) (token uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.busy == 0 {
-		s.h.BusySince = now
+	if s.busy == nil {
+		s.busy = map[uint64]time.Time{}
 	}
-	s.busy++
+	s.next++
+	s.busy[s.next] = now
+	s.busySince()
+	return s.next
 }
 
-// End records that a batch came back from the database.
-func (s *HealthState) End(now time.Time) {
+// End records that the batch Begin gave token for came back from the
+// database.
+func (s *HealthState) End(token uint64, now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.busy = max(s.busy-1, 0)
-	if s.busy == 0 {
-		s.h.BusySince = time.Time{}
-	} else {
-		s.h.BusySince = now
+	delete(s.busy, token)
+	s.busySince()
+}
+
+// busySince sets BusySince to the start of the oldest batch in the
+// database (zero when none is).
+func (s *HealthState) busySince() {
+	var oldest time.Time
+	for _, t := range s.busy {
+		if oldest.IsZero() || t.Before(oldest) {
+			oldest = t
+		}
 	}
+	s.h.BusySince = oldest
 }

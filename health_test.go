@@ -154,24 +154,40 @@ func TestHealthStateWedged(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 	s := idem.NewHealthState("billing", "invoices")
 	s.Start(t0)
-	s.Begin(t0)
-	s.Begin(t0.Add(time.Minute))
+	first := s.Begin(t0)
+	second := s.Begin(t0.Add(time.Minute))
 	if err := s.Health().Live(t0.Add(idem.StallAfter)); err != nil {
 		t.Fatalf("busy for StallAfter: Live() = %v", err)
 	}
 	if err := s.Health().Live(t0.Add(idem.StallAfter + time.Second)); err == nil || !strings.Contains(err.Error(), "wedged") {
 		t.Fatalf("busy past StallAfter: Live() = %v, want wedged", err)
 	}
-	s.End(t0.Add(10 * time.Minute)) // one came back: progress
-	if err := s.Health().Live(t0.Add(11 * time.Minute)); err != nil {
-		t.Fatalf("after progress: Live() = %v", err)
+	s.End(first, t0.Add(10*time.Minute)) // the oldest came back
+	if err := s.Health().Live(t0.Add(6*time.Minute + time.Second)); err == nil {
+		t.Fatalf("the second batch in the database since minute 1: Live() at 6m01s = nil, want wedged")
 	}
-	s.End(t0.Add(11 * time.Minute))
+	if h := s.Health(); !h.BusySince.Equal(t0.Add(time.Minute)) {
+		t.Fatalf("BusySince = %v, want the second batch's start", h.BusySince)
+	}
+	s.End(second, t0.Add(11*time.Minute))
 	if h := s.Health(); !h.BusySince.IsZero() {
 		t.Fatalf("idle: BusySince = %v", h.BusySince)
 	}
 	if err := s.Health().Live(t0.Add(24 * time.Hour)); err != nil {
 		t.Fatalf("idle for a day: Live() = %v, want alive", err)
+	}
+
+	// One batch that never comes back is seen however many others do (a
+	// Kafka partition whose handler blocks while the others flow).
+	s = idem.NewHealthState("billing", "invoices")
+	s.Start(t0)
+	s.Begin(t0) // never ends
+	for m := 1; m <= 10; m++ {
+		at := t0.Add(time.Duration(m) * time.Minute)
+		s.End(s.Begin(at), at.Add(time.Second))
+	}
+	if err := s.Health().Live(t0.Add(10*time.Minute + time.Second)); err == nil || !strings.Contains(err.Error(), "wedged") {
+		t.Fatalf("one batch in the database for 10m among batches that came back: Live() = %v, want wedged", err)
 	}
 }
 

@@ -169,8 +169,8 @@ func (c *Consumer[TTx]) process(ctx context.Context, recs []*kgo.Record, runs in
 		idx = append(idx, i)
 	}
 	if len(msgs) > 0 {
-		c.health.Begin(time.Now())
-		defer func() { c.health.End(time.Now()) }()
+		busy := c.health.Begin(time.Now())
+		defer func() { c.health.End(busy, time.Now()) }()
 		for j, r := range c.proc.ProcessBatchInOrder(ctx, msgs) {
 			if noID := noIDs[idx[j]]; noID != nil && r.Outcome == idem.DeadLettered && errors.Is(r.Err, idem.ErrNoMessageID) {
 				// The dead letter says where the ID was looked for.

@@ -458,9 +458,9 @@ func (l *loop[TTx]) process(b pending) {
 // processor's Dispose. It runs off the loop, so it must not touch the
 // session or send frames on the consuming channel.
 func (l *loop[TTx]) work(b pending) completion {
-	l.c.health.Begin(time.Now())
+	busy := l.c.health.Begin(time.Now())
 	results := l.c.proc.ProcessBatch(l.bctx, b.msgs)
-	l.c.health.End(time.Now())
+	l.c.health.End(busy, time.Now())
 	r := completion{batch: b, decisions: make([]decision, len(results))}
 	for i, res := range results {
 		r.decisions[i] = decide(l.c.proc.Dispose(res), res)
