@@ -632,10 +632,12 @@ func (p *Processor[TTx]) handle(ctx context.Context, tx TTx, fresh []*item, shar
 		if shared && it.ctx != nil {
 			hctx, cancel = messageContext(ctx, it.ctx)
 		}
-		err := p.cfg.Handler(hctx, tx, it.msg)
-		if cancel != nil {
-			cancel()
-		}
+		err := func() error {
+			if cancel != nil {
+				defer cancel() // a panic too releases the message's context
+			}
+			return p.cfg.Handler(hctx, tx, it.msg)
+		}()
 		if err != nil {
 			it.handlerFailed = true
 			return fmt.Errorf("handling message %s: %w", it.msg.ID, err)
