@@ -156,6 +156,10 @@ func (c sqlConn) Query(ctx context.Context, query string, each func(Row) error, 
 	return rows.Err()
 }
 
+// SQLTxConn is the [Conn] of a database/sql transaction, for shared logic
+// that runs inside a caller's own transaction.
+func SQLTxConn(tx *sql.Tx) Conn { return sqlConn{tx} }
+
 type sqlTx struct {
 	sqlConn
 	commit, rollback func() error

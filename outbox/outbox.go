@@ -1,0 +1,312 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/inboxdb"
+	"github.com/idemkit/idem/sqlinbox"
+)
+
+// Defaults of [Config].
+const (
+	DefaultTable   = "idem_outbox"
+	DefaultShards  = 16
+	DefaultMaxBody = 1 << 20
+)
+
+// Config configures an [Outbox]. The zero value is usable.
+type Config struct {
+	// Table is the outbox table, optionally schema-qualified on
+	// PostgreSQL. Defaults to "idem_outbox". Its siblings <table>_leases,
+	// <table>_relays and <table>_meta hold the relays' leases and the
+	// stored shard count.
+	Table string
+	// Shards is the number of shards the rows are spread over by key; at
+	// most this many relays work at once. It is stored with the table by
+	// Migrate and read from there afterwards: 0 means the stored count (or
+	// DefaultShards, 16, for a new table); a different non-zero count than
+	// the stored one is refused.
+	Shards int
+	// MaxBody bounds a message's body in bytes. Defaults to 1 MiB.
+	MaxBody int
+	// Now is the clock of event times and IDs. Defaults to time.Now.
+	Now func() time.Time
+}
+
+// Outbox writes messages into the outbox table inside the caller's
+// transaction (a pgx.Tx or a *sql.Tx), and is what a [Relay] publishes
+// from. It is safe for concurrent use.
+type Outbox[TTx any] struct {
+	*core
+	conn func(TTx) inboxdb.Conn
+}
+
+// core is the part of an outbox that does not depend on the transaction
+// type: what the relay, Stats, Prune and Retry use.
+type core struct {
+	table   inboxdb.Table
+	s       *statements
+	drv     inboxdb.Driver
+	cfg     Config
+	ns      int32  // advisory-lock namespace of the table's keys
+	channel string // NOTIFY channel
+	// listen holds one session that LISTENs on channel and calls wake on
+	// each notification, until ctx is done; nil without LISTEN (SQLite, a
+	// lone *pgx.Conn).
+	listen func(ctx context.Context, wake func()) error
+	// serialRead is set on SQLite: a read after an in-process wake waits
+	// for the write lock, i.e. for the enqueuing transaction to end.
+	serialRead bool
+
+	mu     sync.Mutex
+	shards int // 0 until read from the table
+	wakes  map[chan struct{}]struct{}
+}
+
+// NewPgx returns the outbox of a pgx pool or connection; its transactions
+// are pgx.Tx. A *pgxpool.Pool also gives relays LISTEN/NOTIFY (on one
+// connection of its own); a lone *pgx.Conn polls.
+func NewPgx(db inboxdb.PgxDB, cfg *Config) (*Outbox[pgx.Tx], error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: outbox: db is nil", idem.ErrConfig)
+	}
+	c, err := newCore("postgres", inboxdb.Pgx(db), cfg)
+	if err != nil {
+		return nil, err
+	}
+	if pool, ok := db.(*pgxpool.Pool); ok {
+		c.listen = func(ctx context.Context, wake func()) error {
+			pc, err := pool.Acquire(ctx)
+			if err != nil {
+				return err
+			}
+			// A connection that LISTENs never goes back to the pool.
+			defer func() { _ = pc.Hijack().Close(context.WithoutCancel(ctx)) }()
+			return listenOn(ctx, pc.Conn(), c.channel, wake)
+		}
+	}
+	return &Outbox[pgx.Tx]{core: c, conn: inboxdb.PgxTxConn}, nil
+}
+
+// NewSQL returns the outbox of a database/sql pool; its transactions are
+// *sql.Tx. dialect is [sqlinbox.Postgres] (the pgx stdlib driver, which
+// also gives relays LISTEN/NOTIFY) or [sqlinbox.SQLite] (polling, and an
+// in-process wake of the relays of this Outbox value).
+func NewSQL(db *sql.DB, dialect sqlinbox.Dialect, cfg *Config) (*Outbox[*sql.Tx], error) {
+	if db == nil || dialect == nil {
+		return nil, fmt.Errorf("%w: outbox: db and dialect are required", idem.ErrConfig)
+	}
+	name := dialect.Name()
+	if name != "postgres" && name != "sqlite" {
+		return nil, fmt.Errorf("%w: outbox: unsupported dialect %s", idem.ErrConfig, name)
+	}
+	c, err := newCore(name, inboxdb.SQL(db, name == "sqlite"), cfg)
+	if err != nil {
+		return nil, err
+	}
+	if name == "postgres" {
+		c.listen = func(ctx context.Context, wake func()) error { return listenSQL(ctx, db, c.channel, wake) }
+	} else {
+		c.serialRead = true
+	}
+	return &Outbox[*sql.Tx]{core: c, conn: sqlTxConn}, nil
+}
+
+func sqlTxConn(tx *sql.Tx) inboxdb.Conn { return inboxdb.SQLTxConn(tx) }
+
+var identPart = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,48}$`)
+
+func newCore(dialect string, drv inboxdb.Driver, cfg *Config) (*core, error) {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Table == "" {
+		c.Table = DefaultTable
+	}
+	if c.MaxBody == 0 {
+		c.MaxBody = DefaultMaxBody
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	switch {
+	case c.Shards < 0 || c.Shards > 4096:
+		return nil, fmt.Errorf("%w: outbox: shards %d: want 1 to 4096, or 0 for the stored count", idem.ErrConfig, c.Shards)
+	case c.MaxBody < 0:
+		return nil, fmt.Errorf("%w: outbox: max body %d must be positive", idem.ErrConfig, c.MaxBody)
+	}
+	parts := strings.Split(c.Table, ".")
+	if len(parts) > 2 || (len(parts) == 2 && dialect == "sqlite") {
+		return nil, fmt.Errorf("%w: outbox: table name %q: want table or (PostgreSQL) schema.table", idem.ErrConfig, c.Table)
+	}
+	for _, p := range parts {
+		if !identPart.MatchString(p) {
+			return nil, fmt.Errorf("%w: outbox: table name %q: each part must match %s (room is left for the _leases, _relays and _meta siblings)", idem.ErrConfig, c.Table, identPart)
+		}
+	}
+	t := inboxdb.Table{Name: parts[len(parts)-1]}
+	if len(parts) == 2 {
+		t.Schema = parts[0]
+	}
+	h := fnv.New32a()
+	h.Write([]byte(t.String()))
+	return &core{
+		table:   t,
+		s:       newStatements(dialect, t),
+		drv:     drv,
+		cfg:     c,
+		ns:      int32(h.Sum32()),
+		channel: t.String(),
+		wakes:   map[chan struct{}]struct{}{},
+	}, nil
+}
+
+// Table is the outbox table's name, as configured.
+func (c *core) Table() string { return c.table.String() }
+
+// shardCount is the stored shard count, read once.
+func (c *core) shardCount(ctx context.Context) (int, error) {
+	c.mu.Lock()
+	n := c.shards
+	c.mu.Unlock()
+	if n > 0 {
+		return n, nil
+	}
+	err := c.drv.Read(ctx, func(conn inboxdb.Conn) error { return conn.QueryRow(ctx, c.s.shardsNow).Scan(&n) })
+	if err != nil {
+		return 0, fmt.Errorf("reading the shard count of outbox %s (run Migrate, or idem migrate, first): %w", c.table, err)
+	}
+	c.mu.Lock()
+	c.shards = n
+	c.mu.Unlock()
+	return n, nil
+}
+
+// shardOf is the shard of a row: its key's, or for a row without a key,
+// its ID's (such rows carry no order, so they spread).
+func shardOf(key, id string, shards int) int {
+	h := fnv.New32a()
+	if key != "" {
+		h.Write([]byte(key))
+	} else {
+		h.Write([]byte(id))
+	}
+	return int(h.Sum32() % uint32(shards))
+}
+
+// subscribe registers an in-process wake channel; the returned func
+// removes it.
+func (c *core) subscribe() (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	c.mu.Lock()
+	c.wakes[ch] = struct{}{}
+	c.mu.Unlock()
+	return ch, func() {
+		c.mu.Lock()
+		delete(c.wakes, ch)
+		c.mu.Unlock()
+	}
+}
+
+func (c *core) wakeAll() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for ch := range c.wakes {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Enqueue writes msgs into the outbox inside tx, the caller's transaction
+// (in an idem handler, the handler's own): they are published once tx
+// commits, and never if it rolls back. It returns each message's ID, a
+// UUIDv7 whose time is the message's event time: the publishers send it as
+// the message ID, so the downstream idem consumer skips a republish.
+//
+// On PostgreSQL, Enqueue locks each key for the rest of tx (a
+// transaction-scoped advisory lock, taken in one order), so that two
+// transactions writing the same key commit in the order of their rows;
+// transactions that enqueue the same keys wait for each other. It also
+// notifies the relays, on commit. A message that fails validation is
+// refused with [ErrInvalid] and nothing is written.
+func (o *Outbox[TTx]) Enqueue(ctx context.Context, tx TTx, msgs ...Message) (ids []string, err error) {
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	for i := range msgs {
+		if err := msgs[i].validate(i, o.cfg.MaxBody); err != nil {
+			return nil, err
+		}
+	}
+	shards, err := o.shardCount(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("enqueueing: %w", err)
+	}
+	conn := o.conn(tx)
+	if o.s.lockKeys != "" {
+		keys := make([]string, 0, len(msgs))
+		for _, m := range msgs {
+			if m.Key != "" {
+				keys = append(keys, m.Key)
+			}
+		}
+		if len(keys) > 0 {
+			sort.Strings(keys)
+			var n int64
+			if err := conn.QueryRow(ctx, o.s.lockKeys, o.ns, keys).Scan(&n); err != nil {
+				return nil, fmt.Errorf("enqueueing into outbox %s: locking the keys: %w", o.table, err)
+			}
+		}
+	}
+	now := o.cfg.Now()
+	ids = make([]string, len(msgs))
+	for i, m := range msgs {
+		id := idem.NewUUIDv7(now)
+		eventTime, _ := idem.TimeFromUUIDv7(id)
+		var headers any
+		if len(m.Headers) > 0 {
+			b, err := json.Marshal(m.Headers)
+			if err != nil {
+				return nil, fmt.Errorf("enqueueing: encoding headers: %w", err)
+			}
+			headers = string(b)
+		}
+		body := m.Body
+		if body == nil {
+			body = []byte{}
+		}
+		if _, err := conn.Exec(ctx, o.s.insert, id, m.Destination, m.RoutingKey, m.Key, shardOf(m.Key, id, shards),
+			headers, body, o.s.timeArg(eventTime), o.s.timeArg(now)); err != nil {
+			return nil, fmt.Errorf("enqueueing into outbox %s: %w", o.table, err)
+		}
+		ids[i] = id
+	}
+	if o.s.notify != "" {
+		var ignored any
+		if err := conn.QueryRow(ctx, o.s.notify, o.channel).Scan(&ignored); err != nil {
+			return nil, fmt.Errorf("enqueueing into outbox %s: notifying the relays: %w", o.table, err)
+		}
+	}
+	o.wakeAll()
+	return ids, nil
+}
+
+// errNoShards is the error of an outbox table whose meta row is missing.
+var errNoShards = errors.New("no shard count stored")
