@@ -50,8 +50,8 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	f.StringVar(&opts.RabbitMQ, "rabbitmq", "", "RabbitMQ URL, e.g. amqp://guest:guest@127.0.0.1:5672/ (default: Kafka in process)")
 	f.StringVar(&kafka, "kafka", "", "comma-separated Kafka brokers of a real cluster (default: Kafka in process)")
 	f.DurationVar(&opts.ConnectTimeout, "connect-timeout", defaultConnectTimeout, "give up when PostgreSQL or RabbitMQ has not accepted and answered a connection within this time (0: no limit)")
-	f.IntVar(&renewal, "events", 3100, "SubscriptionRenewed events, one customer each; half as many orders come with them")
-	f.Int64Var(&opts.Seed, "seed", 1, "random seed of the generated events and of which of them are republished; the redelivery counts still vary with timing")
+	f.IntVar(&renewal, "events", 3100, "SubscriptionRenewed events, one customer each, from 10 to 1,000,000; half as many orders come with them")
+	f.Int64Var(&opts.Seed, "seed", 1, "random seed of the generated events and of which of them are republished, any whole number (0 is a seed like the others); the redelivery counts still vary with timing")
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON")
 	f.BoolVar(&quiet, "quiet", false, "no progress bar")
 	if err := f.parse(args, false); err != nil {
@@ -61,6 +61,11 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		opts.ConnectTimeout = -1 // the flag's 0 is "no limit"
 	} else if opts.ConnectTimeout < 0 {
 		return f.usagef("--connect-timeout must not be negative (0: no limit)")
+	}
+	// Checked here, not by Options.Validate: the library reads 0 renewals
+	// as its default, and a 0 typed on the command line must not be.
+	if err := demo.CheckRenewals(renewal); err != nil {
+		return f.usagef("%s", err)
 	}
 	opts.Renewals = renewal
 	if kafka != "" {
@@ -101,9 +106,22 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 }
 
 // oneLine joins the lines of an error (errors.Join puts one per line) so
-// that the command fails with one line.
+// that the command fails with one line: "; " between lines, a space after
+// a line that ends in a colon (its cause follows on the next).
 func oneLine(s string) string {
-	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", "; ")), " ")
+	var parts []string
+	for line := range strings.Lines(s) {
+		line = strings.Join(strings.Fields(line), " ")
+		if line == "" {
+			continue
+		}
+		if n := len(parts); n > 0 && strings.HasSuffix(parts[n-1], ":") {
+			parts[n-1] += " " + line
+			continue
+		}
+		parts = append(parts, line)
+	}
+	return strings.Join(parts, "; ")
 }
 
 // progressBar draws the demo's progress on a terminal, redrawing one line;

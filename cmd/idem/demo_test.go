@@ -209,3 +209,112 @@ func TestDemoCommandJSONPaths(t *testing.T) {
 		db.Close()
 	}
 }
+
+// TestDemoCommandEventsOutOfRange: --events below the minimum, 0 included,
+// is a usage error naming the flag; 0 is not read as the default.
+func TestDemoCommandEventsOutOfRange(t *testing.T) {
+	for _, n := range []string{"0", "-3", "9", "1000001"} {
+		args := []string{"demo", "--events", n, "--quiet"}
+		r := cli(t, args...)
+		r.expect(t, 2, args)
+		want := "idem demo: the number of renewals (--events) must be between 10 and 1,000,000, got " + n + "\n"
+		if !strings.HasPrefix(r.stderr, want) || r.stdout != "" {
+			t.Errorf("idem %s: stderr %q, stdout %q; want stderr starting %q and nothing on stdout", strings.Join(args, " "), r.stderr, r.stdout, want)
+		}
+	}
+}
+
+// TestDemoCommandSeedZero: 0 is a seed like the others, reported as given,
+// and publishes other events than seed 1.
+func TestDemoCommandSeedZero(t *testing.T) {
+	type report struct {
+		OK          bool  `json:"ok"`
+		Seed        int64 `json:"seed"`
+		Orders      int   `json:"orders"`
+		OrderLines  int   `json:"order_lines"`
+		Republished int   `json:"republished"`
+	}
+	runSeed := func(seed string) report {
+		t.Helper()
+		args := []string{"demo", "--events", "100", "--seed", seed, "--json", "--quiet"}
+		r := cli(t, args...)
+		r.expect(t, 0, args)
+		var rep report
+		if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+			t.Fatalf("idem %s: stdout is not JSON: %v\n%s", strings.Join(args, " "), err, r.stdout)
+		}
+		return rep
+	}
+	zero, one := runSeed("0"), runSeed("1")
+	if zero.Seed != 0 || one.Seed != 1 || !zero.OK {
+		t.Fatalf("--seed 0 reported seed %d (ok %v), --seed 1 reported seed %d; want each as given", zero.Seed, zero.OK, one.Seed)
+	}
+	if zero.OrderLines == one.OrderLines && zero.Republished == one.Republished && zero.Orders == one.Orders {
+		t.Errorf("--seed 0 and --seed 1 generated the same events (%+v): 0 was read as 1", zero)
+	}
+	args := []string{"demo", "--events", "100", "--seed", "0", "--quiet"}
+	if r := cli(t, args...); r.code != 0 || !strings.Contains(r.stdout, "(--seed 0)") {
+		t.Errorf("idem %s: exit %d, report does not say --seed 0:\n%s", strings.Join(args, " "), r.code, r.stdout)
+	}
+}
+
+// TestDemoCommandHelp: the demo's help is on stdout with exit 0, both ways.
+func TestDemoCommandHelp(t *testing.T) {
+	for _, args := range [][]string{{"demo", "-h"}, {"demo", "--help"}, {"help", "demo"}} {
+		r := cli(t, args...)
+		r.expect(t, 0, args)
+		if !strings.HasPrefix(r.stdout, "usage: idem demo [flags]") || !strings.Contains(r.stdout, "  --events int") ||
+			!strings.Contains(r.stdout, "  --seed int") || r.stderr != "" {
+			t.Errorf("idem %s: stdout %q, stderr %q; want the demo's help on stdout only", strings.Join(args, " "), r.stdout, r.stderr)
+		}
+	}
+}
+
+// TestDemoCommandJSONErrors: with --json, a demo that cannot start or run
+// prints its error as one JSON object on stdout.
+func TestDemoCommandJSONErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		exit int
+		want string
+	}{
+		{[]string{"demo", "--events", "0", "--json"}, 2, "--events"},
+		{[]string{"demo", "--events", "50", "--json", "--quiet", "--postgres", "postgres://127.0.0.1:1/x"}, 3, "connection refused"},
+	} {
+		r := cli(t, tc.args...)
+		r.expect(t, tc.exit, tc.args)
+		je := parseJSONError(t, r, tc.args)
+		if je.Exit != tc.exit || je.Command != "demo" || !strings.Contains(je.Error, tc.want) {
+			t.Errorf("idem %s: JSON error %+v, want exit %d, command demo, an error naming %q", strings.Join(tc.args, " "), je, tc.exit, tc.want)
+		}
+	}
+}
+
+// TestDemoCommandUnknownHost: a PostgreSQL host that does not resolve
+// fails in one line that says so once, its lines joined without ":;".
+func TestDemoCommandUnknownHost(t *testing.T) {
+	var out, errb bytes.Buffer
+	code := run(context.Background(), []string{"demo", "--events", "50", "--quiet", "--postgres", "postgres://postgres@nosuchhost.invalid/x"}, &out, &errb)
+	msg := errb.String()
+	if code != 3 || strings.Count(msg, "\n") != 1 || !strings.HasPrefix(msg, "idem demo: ") {
+		t.Fatalf("exit %d, stderr %q; want exit 3 and one line", code, msg)
+	}
+	if strings.Contains(msg, ":;") || strings.Count(msg, "nosuchhost.invalid") > 2 || !strings.Contains(msg, "lookup nosuchhost.invalid") {
+		t.Errorf("stderr %q: want the lookup's failure once, without \":;\"", msg)
+	}
+}
+
+// TestOneLine: an error's lines become one, a line ending in a colon
+// joined to its cause by a space.
+func TestOneLine(t *testing.T) {
+	for in, want := range map[string]string{
+		"a: b":                        "a: b",
+		"first\nsecond":               "first; second",
+		"failed to connect:\n\tcause": "failed to connect: cause",
+		"x:\n\n  y\nz\n":              "x: y; z",
+	} {
+		if got := oneLine(in); got != want {
+			t.Errorf("oneLine(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -222,6 +222,12 @@ func connectCause(err error) error {
 	if errors.As(err, &opErr) {
 		return opErr
 	}
+	// A host that does not resolve: the lookup's own error, once, rather
+	// than pgx's account of it per attempt.
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) {
+		return dnsErr
+	}
 	return err
 }
 

@@ -27,14 +27,17 @@ import (
 // on kfake and SQLite.
 type Options struct {
 	// Renewals is the number of SubscriptionRenewed events, one customer
-	// each. Half as many orders come with them. Defaults to 3,100, the
-	// incident's count of unacknowledged messages.
+	// each, between [MinRenewals] and [MaxRenewals]. Half as many orders
+	// come with them. Zero means 3,100, the incident's count of
+	// unacknowledged messages; a command line that takes the number from
+	// its user checks it with [CheckRenewals] first, so that 0 is refused
+	// there rather than replaced.
 	Renewals int
 	// Seed is the random seed of the generated events and of which of them
 	// are republished: the same seed publishes the same messages. What the
 	// broker restart catches unacknowledged depends on timing, so the
 	// redelivery counts differ between runs of one seed; the verdict does
-	// not. Defaults to 1.
+	// not. Every value is a seed, 0 included (`idem demo` defaults to 1).
 	Seed int64
 	// Postgres is a postgres:// URL. The demo drops and recreates the
 	// schemas <SchemaPrefix>_naive and <SchemaPrefix>_idem there and leaves
@@ -94,9 +97,6 @@ func (o *Options) setDefaults() {
 	if o.Renewals == 0 {
 		o.Renewals = 3100
 	}
-	if o.Seed == 0 {
-		o.Seed = 1
-	}
 	if o.SchemaPrefix == "" {
 		o.SchemaPrefix = "idem_demo"
 	}
@@ -133,10 +133,26 @@ func (o Options) Validate() error {
 	return o.validate()
 }
 
+// The bounds of [Options.Renewals].
+const (
+	MinRenewals = 10
+	MaxRenewals = 1_000_000
+)
+
+// CheckRenewals refuses a number of renewals outside [MinRenewals] and
+// [MaxRenewals], 0 included: unlike [Options.Renewals], it never reads 0
+// as the default.
+func CheckRenewals(n int) error {
+	if n < MinRenewals || n > MaxRenewals {
+		return fmt.Errorf("the number of renewals (--events) must be between 10 and 1,000,000, got %d", n)
+	}
+	return nil
+}
+
 func (o *Options) validate() error {
 	var errs []error
-	if o.Renewals < 10 || o.Renewals > 1_000_000 {
-		errs = append(errs, fmt.Errorf("the number of renewals (--events) must be between 10 and 1,000,000, got %d", o.Renewals))
+	if err := CheckRenewals(o.Renewals); err != nil {
+		errs = append(errs, err)
 	}
 	if o.Republish > 1 || o.OutageAfter < 0 || o.OutageAfter > 1 || o.OutageHeld < 0 || o.OutageHeld > 1 {
 		errs = append(errs, errors.New("republish and outage shares must be between 0 and 1"))
