@@ -40,11 +40,7 @@ func listenSQL(ctx context.Context, db *sql.DB, channel string, wake func()) err
 		if !ok {
 			return fmt.Errorf("LISTEN needs the pgx stdlib driver, not %T", dc)
 		}
-		err := listenOn(ctx, pc.Conn(), channel, wake)
-		if err == nil {
-			err = driver.ErrBadConn
-		}
 		// Whatever ended the wait, the session must not be reused.
-		return fmt.Errorf("%w (%w)", driver.ErrBadConn, err)
+		return fmt.Errorf("%w (%w)", driver.ErrBadConn, listenOn(ctx, pc.Conn(), channel, wake))
 	})
 }

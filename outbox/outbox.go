@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"regexp"
@@ -307,6 +306,3 @@ func (o *Outbox[TTx]) Enqueue(ctx context.Context, tx TTx, msgs ...Message) (ids
 	o.wakeAll()
 	return ids, nil
 }
-
-// errNoShards is the error of an outbox table whose meta row is missing.
-var errNoShards = errors.New("no shard count stored")
