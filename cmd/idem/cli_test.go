@@ -463,6 +463,14 @@ func TestPruneSaysWhatItWouldDo(t *testing.T) {
 	if !strings.Contains(out, "dry run: would drop") || !strings.Contains(out, "nothing dropped") {
 		t.Fatalf("partitions drop --dry-run said %q", out)
 	}
+	inboxRun(t, 0, "partitions", "drop", "--database", purl)
+	for _, args := range [][]string{{"partitions", "drop"}, {"prune"}} {
+		args = append(args, "--database", purl, "--dry-run")
+		out = inboxRun(t, 0, args...)
+		if !strings.Contains(out, ": dry run: nothing to drop, no partitions entirely older than") {
+			t.Fatalf("idem inbox %s with nothing to drop said %q", strings.Join(args, " "), out)
+		}
+	}
 }
 
 // TestVersion: the module path, version and source revision come from the
@@ -725,5 +733,34 @@ func TestInterrupted(t *testing.T) {
 		}
 	case <-time.After(time.Minute):
 		t.Fatal("still running a minute after the cancel")
+	}
+}
+
+// TestHelpHelp: help about help is the top-level help.
+func TestHelpHelp(t *testing.T) {
+	t.Parallel()
+	top := cli(t, "-h")
+	for _, args := range [][]string{{"help", "help"}, {"help", "-h"}, {"help", "--help"}} {
+		r := cli(t, args...)
+		r.expect(t, 0, args)
+		if r.stdout != top.stdout || r.stderr != "" {
+			t.Errorf("idem %s: stdout %q, stderr %q; want the top-level help on stdout", strings.Join(args, " "), r.stdout, r.stderr)
+		}
+	}
+}
+
+// TestMigrateWindowHelp: migrate's --window is the window of a new table,
+// not a prune's.
+func TestMigrateWindowHelp(t *testing.T) {
+	t.Parallel()
+	r := cli(t, "inbox", "migrate", "-h")
+	r.expect(t, 0, []string{"inbox", "migrate", "-h"})
+	want := "retention window recorded for a new table (an existing table keeps its stored window; change it with: idem inbox window set)"
+	if !strings.Contains(r.stdout, want) || strings.Contains(r.stdout, "remove markers by") || strings.Contains(r.stdout, "shorter one is refused") {
+		t.Errorf("idem inbox migrate -h describes --window as:\n%s", r.stdout)
+	}
+	// prune's --window is still the prune's.
+	if r := cli(t, "inbox", "prune", "-h"); !strings.Contains(r.stdout, "a shorter one is refused") {
+		t.Errorf("idem inbox prune -h lost its --window help:\n%s", r.stdout)
 	}
 }

@@ -417,6 +417,8 @@ func printDropped(w io.Writer, table string, res retention.Result) error {
 	cutoff := res.Cutoff.UTC().Format(time.RFC3339)
 	var err error
 	switch {
+	case len(res.Partitions) == 0 && res.DryRun:
+		_, err = fmt.Fprintf(w, "%s: dry run: nothing to drop, no partitions entirely older than %s\n", table, cutoff)
 	case len(res.Partitions) == 0:
 		_, err = fmt.Fprintf(w, "%s: nothing to drop, no partitions entirely older than %s\n", table, cutoff)
 	case res.DryRun:
@@ -623,6 +625,7 @@ func printJSON(w io.Writer, v any) error {
 
 func inboxMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	f := newInboxFlags("migrate", "Creates the inbox table, or upgrades it to this build's schema, and records its layout and\nretention window beside it. Safe to run on every deploy and from several instances at once.\nA new table gets --window (default 14 days); an existing one keeps its stored window (change\nit with: idem inbox window set). Consumers refuse to start on a table that was not migrated.", stdout, stderr, true)
+	f.fs.Lookup("window").Usage = "retention window recorded for a new table (an existing table keeps its stored window; change it with: idem inbox window set)"
 	layout := f.fs.String("layout", "plain", "layout of a new table: plain or partitioned (PostgreSQL)")
 	if err := f.parse(args); err != nil {
 		return err

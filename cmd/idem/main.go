@@ -408,7 +408,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		usage(stdout)
 		return exitOK
 	case "help":
-		if len(args) == 1 {
+		if len(args) == 1 || isHelp(args[1]) {
+			// idem help, idem help help, idem help -h: the top-level help.
 			usage(stdout)
 			return exitOK
 		}
