@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"log/slog"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -255,4 +257,11 @@ func mustUUIDTime(t *testing.T, id string) time.Time {
 		t.Fatalf("%s is not a UUIDv7", id)
 	}
 	return at
+}
+
+// TestMain keeps the relays' warnings about the outages the tests cause
+// out of the output.
+func TestMain(m *testing.M) {
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
+	os.Exit(m.Run())
 }

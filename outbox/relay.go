@@ -178,15 +178,24 @@ func (r *Relay) Run(ctx context.Context) error {
 		return errors.New("outbox: this relay is already running")
 	}
 	defer r.running.Store(false)
-	shards, err := r.c.shardCount(ctx)
-	if err != nil {
+	st := &relayState{owner: fmt.Sprintf("%s-%012x", r.cfg.Name, rand.Uint64()>>16), held: map[int]lease{}}
+	log := r.cfg.Logger.With("outbox", r.c.table.String(), "relay", st.owner)
+	for {
+		// A database away at start is waited for; a table that is not
+		// there (never migrated) is refused.
+		n, err := r.c.shardCount(ctx)
+		if err == nil {
+			st.shards = n
+			break
+		}
 		if ctx.Err() != nil {
 			return nil
 		}
-		return fmt.Errorf("starting the relay: %w", err)
+		if r.c.s.missing(err) {
+			return fmt.Errorf("starting the relay: %w", err)
+		}
+		r.outage(ctx, st, log, err)
 	}
-	st := &relayState{owner: fmt.Sprintf("%s-%012x", r.cfg.Name, rand.Uint64()>>16), shards: shards, held: map[int]lease{}}
-	log := r.cfg.Logger.With("outbox", r.c.table.String(), "relay", st.owner)
 
 	local, unsubscribe := r.c.subscribe()
 	defer unsubscribe()

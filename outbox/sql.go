@@ -1,12 +1,15 @@
 package outbox
 
 import (
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
 	"time"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/inboxdb"
+	"github.com/idemkit/idem/internal/pgerr"
 )
 
 // sqliteTimeFormat is how times are stored on SQLite: fixed-width UTC text,
@@ -27,6 +30,9 @@ type statements struct {
 	timeArg  func(time.Time) any
 	scanTime func(any) (time.Time, error)
 	list     func([]int64) any // binds a list of integers
+	// missing reports an error that says the table is not there (or not
+	// readable): a configuration error, not an outage.
+	missing func(error) bool
 
 	migrateLock string // taken first in the migration transaction ("" on SQLite)
 	meta        string // creates the table of the stored version and shard count
@@ -74,6 +80,7 @@ func newStatements(dialect string, t inboxdb.Table) *statements {
 		s.timeArg = func(t time.Time) any { return t }
 		s.scanTime = scanPostgresTime
 		s.list = func(v []int64) any { return v }
+		s.missing = func(err error) bool { return pgerr.Classify(err) == idem.ClassConfig }
 		now = "now()"
 		plusMs = func() string { return "now() + $%d * interval '1 millisecond'" }()
 		inList = "= ANY($%d)"
@@ -92,6 +99,10 @@ func newStatements(dialect string, t inboxdb.Table) *statements {
 				b[i] = fmt.Sprint(n)
 			}
 			return "[" + strings.Join(b, ",") + "]"
+		}
+		s.missing = func(err error) bool {
+			var c interface{ Code() int }
+			return errors.As(err, &c) && c.Code()&0xff == 1 // SQLITE_ERROR: no such table, among others
 		}
 		now = `strftime('%Y-%m-%dT%H:%M:%f000Z', 'now')`
 		plusMs = `strftime('%%Y-%%m-%%dT%%H:%%M:%%f000Z', 'now', printf('%%+.3f seconds', $%d / 1000.0))`
