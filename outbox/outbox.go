@@ -303,6 +303,9 @@ func (o *Outbox[TTx]) Enqueue(ctx context.Context, tx TTx, msgs ...Message) (ids
 			return nil, fmt.Errorf("enqueueing into outbox %s: notifying the relays: %w", o.table, err)
 		}
 	}
-	o.wakeAll()
+	if o.serialRead {
+		// Before the commit: the woken relays' next read waits for it.
+		o.wakeAll()
+	}
 	return ids, nil
 }
