@@ -177,25 +177,23 @@ func (b *Inbox) migrate(ctx context.Context) (set idem.Settings, rep idem.Migrat
 	if current > len(ms) {
 		return set, rep, fmt.Errorf("schema version %d is newer than this build knows (%d): upgrade idem", current, len(ms))
 	}
+	if existed {
+		// CREATE TABLE IF NOT EXISTS keeps a table of another shape or
+		// layout; the migrations after it would fail on it with the
+		// database's words, or worse, succeed.
+		cat, err := d.readCatalog(ctx, tx)
+		if err != nil {
+			return set, rep, fmt.Errorf("reading the catalog: %w", err)
+		}
+		if err := d.checkShape(cat); err != nil {
+			return set, rep, err
+		}
+	}
 	for _, m := range ms[current:] {
 		for _, stmt := range m.statements {
 			if _, err := tx.Exec(ctx, stmt); err != nil {
 				return set, rep, fmt.Errorf("applying %s: %w", m.name, err)
 			}
-		}
-	}
-	if d.Relkind != "" {
-		// CREATE TABLE IF NOT EXISTS keeps a table of the other layout;
-		// using it would either fail every claim or, worse, not
-		// deduplicate as configured.
-		var kind string
-		if err := tx.QueryRow(ctx, d.Relkind, key).Scan(&kind); err != nil {
-			return set, rep, fmt.Errorf("checking inbox layout: %w", err)
-		}
-		want := map[idem.Layout]string{idem.LayoutPlain: "r", idem.LayoutPartitioned: "p"}[d.Layout]
-		if kind != want {
-			return set, rep, fmt.Errorf("%w: table %s exists with relkind %q, not the %s layout; use another table name for the %s layout",
-				idem.ErrConfig, d.Table, kind, d.Layout, d.Layout)
 		}
 	}
 	if current < len(ms) {
@@ -218,7 +216,7 @@ func (b *Inbox) migrate(ctx context.Context) (set idem.Settings, rep idem.Migrat
 			return set, rep, fmt.Errorf("recording the inbox settings: %w", err)
 		}
 	case st.Layout != d.Layout:
-		return set, rep, fmt.Errorf("%w: table %s is recorded with the %s layout, not %s", idem.ErrConfig, d.Table, st.Layout, d.Layout)
+		return set, rep, &LayoutError{Table: d.Table.String(), Has: st.Layout, Want: d.Layout}
 	case b.Window != 0 && b.Window != st.Window:
 		return set, rep, fmt.Errorf("%w: the configured window %v differs from the window stored with table %s, %v; "+
 			"leave the window unset to use the stored one, or change it for every consumer with: idem inbox window set %v --table %s",
@@ -232,6 +230,105 @@ func (b *Inbox) migrate(ctx context.Context) (set idem.Settings, rep idem.Migrat
 	}
 	return set, rep, nil
 }
+
+// firstColumns are the columns of the first schema version of every
+// dialect and layout (migrations/*/0001_inbox.sql): every idem inbox has
+// had them. A table without one of them is not an inbox of any version.
+var firstColumns = []string{"consumer", "key", "message_id", "body_sha256", "event_time", "processed_at"}
+
+// missingFirstColumns is the columns of [firstColumns] that cat's table
+// lacks.
+func (cat catalog) missingFirstColumns() []string {
+	var missing []string
+	for _, c := range firstColumns {
+		if _, ok := cat.columns[c]; !ok {
+			missing = append(missing, c)
+		}
+	}
+	return missing
+}
+
+// layoutOf is the layout of a PostgreSQL relkind; ok is false for a
+// relation that is not a table (a view, a materialized or foreign table).
+func layoutOf(relkind string) (l idem.Layout, ok bool) {
+	switch relkind {
+	case "r":
+		return idem.LayoutPlain, true
+	case "p":
+		return idem.LayoutPartitioned, true
+	}
+	return l, false
+}
+
+// relationKinds names the PostgreSQL relkinds that are not tables.
+var relationKinds = map[string]string{"v": "a view", "m": "a materialized view", "f": "a foreign table", "S": "a sequence", "i": "an index", "c": "a composite type"}
+
+// checkShape refuses an existing table that migrating would not make the
+// store's inbox: one that is not a table, not shaped like any version of
+// the inbox, or of the other layout.
+func (d *Dialect) checkShape(cat catalog) error {
+	if d.Relkind != "" {
+		l, ok := layoutOf(cat.relkind)
+		if !ok {
+			what := relationKinds[cat.relkind]
+			if what == "" {
+				what = fmt.Sprintf("a relation of kind %q", cat.relkind)
+			}
+			return &NotInboxError{Table: d.Table.String(), Kind: what}
+		}
+		if l != d.Layout {
+			return &LayoutError{Table: d.Table.String(), Has: l, Want: d.Layout}
+		}
+	}
+	if missing := cat.missingFirstColumns(); len(missing) > 0 {
+		return &NotInboxError{Table: d.Table.String(), Missing: missing}
+	}
+	return nil
+}
+
+// NotInboxError is a table, named as the inbox, that exists and is not an
+// idem inbox of any schema version: migrating it would fail or take it
+// over. It matches [idem.ErrConfig] with errors.Is.
+type NotInboxError struct {
+	Table string
+	// Missing is the columns every inbox has had that the table lacks.
+	Missing []string
+	// Kind, when the relation is not a table at all, says what it is ("a
+	// view").
+	Kind string
+}
+
+// What says what the table is, without the fix: "table t exists and is
+// not an idem inbox (it has no column consumer, key, …)".
+func (e *NotInboxError) What() string {
+	if e.Kind != "" {
+		return fmt.Sprintf("%s exists and is not an idem inbox (it is %s, not a table)", e.Table, e.Kind)
+	}
+	return fmt.Sprintf("table %s exists and is not an idem inbox (it has no column %s)", e.Table, strings.Join(e.Missing, ", "))
+}
+
+func (e *NotInboxError) Error() string {
+	return e.What() + ": name another table for the inbox, or rename this one aside"
+}
+
+// Is matches [idem.ErrConfig].
+func (e *NotInboxError) Is(target error) bool { return target == idem.ErrConfig }
+
+// LayoutError is an existing inbox table of another layout than the store
+// is configured for: the layout is chosen when the table is created and
+// kept. It matches [idem.ErrConfig] with errors.Is.
+type LayoutError struct {
+	Table     string
+	Has, Want idem.Layout
+}
+
+func (e *LayoutError) Error() string {
+	return fmt.Sprintf("table %s has the %s layout, and a layout applies only to a new table: configure the store for the %s layout, or name another table for a %s inbox",
+		e.Table, e.Has, e.Has, e.Want)
+}
+
+// Is matches [idem.ErrConfig].
+func (e *LayoutError) Is(target error) bool { return target == idem.ErrConfig }
 
 // isNoRows reports the "no rows" error of pgx or database/sql.
 func isNoRows(err error) bool {

@@ -308,12 +308,20 @@ func (b *Inbox) checkCatalog(ctx context.Context, c Conn, cat catalog) ([]idem.S
 		add("name another table, or move this one aside and run: "+migrate, "%s is not a table (relkind %q)", t, cat.relkind)
 		return probs, nil
 	}
+	upToDate := hasVersion && version >= latest
+	if missing := cat.missingFirstColumns(); len(missing) > 0 && !upToDate {
+		// Not an older inbox that migrate would upgrade: migrate refuses
+		// it. (At this build's version, the column check below says what
+		// was changed by hand.)
+		e := NotInboxError{Table: t.String(), Missing: missing}
+		add("name another table with --table, or rename it aside (ALTER TABLE "+t.Quoted()+" RENAME TO …) and run: "+migrate, "%s", e.What())
+		return probs, nil
+	}
 	if hasVersion && version < latest {
 		add(migrate, "table %s is at schema version %d; this build needs version %d", t, version, latest)
 	} else if !hasVersion {
 		add(migrate, "table %s has no recorded schema version (created by hand, or by a build older than versioned migrations)", t)
 	}
-	upToDate := hasVersion && version >= latest
 	var missing, wrong []string
 	for _, col := range d.wantColumns() {
 		got, ok := cat.columns[col[0]]
