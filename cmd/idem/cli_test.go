@@ -399,9 +399,12 @@ func TestNotAnInbox(t *testing.T) {
 		}
 		pool.Close()
 	}
-	const want = "table t_notinbox is not an idem inbox (no stored settings); create it with: idem inbox migrate --table t_notinbox"
+	// The table lacks the columns every inbox version had: migrate would
+	// refuse it, so the fix is another table, not migrate.
+	const want = "table t_notinbox exists and is not an idem inbox (it has no column consumer, key, message_id, body_sha256, event_time, processed_at): " +
+		"name another table with --table, or rename it aside"
 	for _, url := range []string{withInbox, alone} {
-		for _, sub := range [][]string{{"stats"}, {"prune"}, {"prune", "--dry-run"}, {"window", "show"}, {"window", "set", "720h"}, {"partitions", "drop"}, {"partitions", "ensure"}} {
+		for _, sub := range [][]string{{"stats"}, {"prune"}, {"prune", "--dry-run"}, {"window", "show"}, {"window", "set", "720h"}, {"partitions", "drop"}, {"partitions", "ensure"}, {"migrate"}} {
 			args := append(append([]string{"inbox"}, sub...), "--database", url, "--table", "t_notinbox")
 			r := cli(t, args...)
 			r.expect(t, 3, args)
@@ -431,6 +434,30 @@ func TestNotAnInbox(t *testing.T) {
 	r.expect(t, 3, args)
 	if !strings.Contains(r.stderr, "table idem_inbox is not an idem inbox (no stored settings); create it with: idem inbox migrate --table idem_inbox --sqlite "+file) {
 		t.Fatalf("sqlite without inbox: %q", r.stderr)
+	}
+	// SQLite: a table of that name that is no inbox; migrate refuses it in
+	// the same words, and leaves it as it was.
+	other := filepath.Join(t.TempDir(), "other.db")
+	db, err = sqliteinbox.Open(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, `CREATE TABLE idem_inbox (a integer, b text)`); err != nil {
+		t.Fatal(err)
+	}
+	for _, sub := range []string{"stats", "migrate"} {
+		args = []string{"inbox", sub, "--sqlite", other}
+		r = cli(t, args...)
+		r.expect(t, 3, args)
+		want := "idem inbox " + sub + ": table idem_inbox exists and is not an idem inbox (it has no column consumer, key, message_id, body_sha256, event_time, processed_at): name another table with --table, or rename it aside\n"
+		if r.stderr != want {
+			t.Fatalf("idem %s: stderr %q, want %q", strings.Join(args, " "), r.stderr, want)
+		}
+	}
+	var cols int
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM pragma_table_info('idem_inbox')`).Scan(&cols); err != nil || cols != 2 {
+		t.Fatalf("after the refused migrate the table has %d columns (%v), want its 2", cols, err)
 	}
 	missing := filepath.Join(t.TempDir(), "missing.db")
 	args = []string{"inbox", "prune", "--sqlite", missing}

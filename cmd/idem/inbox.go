@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,8 +15,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/inboxdb"
 	"github.com/idemkit/idem/pgxinbox"
 	"github.com/idemkit/idem/retention"
 	"github.com/idemkit/idem/sqlinbox"
@@ -228,11 +231,14 @@ func (f *inboxFlags) pgStore(ctx context.Context) (*pgxinbox.Store, func(), erro
 // settingsReader is what requireInbox needs of either store.
 type settingsReader interface {
 	Settings(ctx context.Context) (idem.Settings, error)
+	Check(ctx context.Context) ([]idem.SchemaProblem, error)
 }
 
 // requireInbox refuses a table that is not an idem inbox (no settings
 // stored with it) in one line that says how to make it one, before a
-// command reads columns the table does not have.
+// command reads columns the table does not have: migrate, for a table
+// shaped like an inbox of some version; another table, for one that is
+// not (migrate would refuse it).
 func (f *inboxFlags) requireInbox(ctx context.Context, store settingsReader) error {
 	_, err := store.Settings(ctx)
 	var pgErr *pgconn.PgError
@@ -241,10 +247,28 @@ func (f *inboxFlags) requireInbox(ctx context.Context, store settingsReader) err
 		return nil
 	case errors.Is(err, idem.ErrConfig), errors.As(err, &pgErr) && pgErr.Code == "42P01", isSQLiteNoTable(err):
 		// 42P01: the settings table beside it does not exist either.
+		if probs, cerr := store.Check(ctx); cerr == nil {
+			for _, p := range probs {
+				if strings.Contains(p.What, notInboxWords) {
+					return errors.New(notInboxLine(p.What))
+				}
+			}
+		}
 		return fmt.Errorf("table %s is not an idem inbox (no stored settings); create it with: %s", f.table, f.migrateHint())
 	default:
 		return fmt.Errorf("reading the settings of inbox table %s: %w", f.table, err)
 	}
+}
+
+// notInboxWords are the words of a schema problem, and of the migration's
+// refusal, that mean the table is not an inbox of any version.
+const notInboxWords = " exists and is not an idem inbox"
+
+// notInboxLine is the command line's one line for a table that is not an
+// inbox of any version, from what the library says it is ("table t
+// exists and is not an idem inbox (it has no column …)").
+func notInboxLine(what string) string {
+	return what + ": name another table with --table, or rename it aside"
 }
 
 // isSQLiteNoTable reports SQLite's "no such table", which has no code of
@@ -626,10 +650,12 @@ func printJSON(w io.Writer, v any) error {
 func inboxMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	f := newInboxFlags("migrate", "Creates the inbox table, or upgrades it to this build's schema, and records its layout and\nretention window beside it. Safe to run on every deploy and from several instances at once.\nA new table gets --window (default 14 days); an existing one keeps its stored window (change\nit with: idem inbox window set). Consumers refuse to start on a table that was not migrated.", stdout, stderr, true)
 	f.fs.Lookup("window").Usage = "retention window recorded for a new table (an existing table keeps its stored window; change it with: idem inbox window set)"
-	layout := f.fs.String("layout", "plain", "layout of a new table: plain or partitioned (PostgreSQL)")
+	layout := f.fs.String("layout", "plain", "layout of a new table: plain or partitioned (PostgreSQL); an existing table keeps the layout it has")
 	if err := f.parse(args); err != nil {
 		return err
 	}
+	layoutGiven := false
+	f.fs.Visit(func(fl *flag.Flag) { layoutGiven = layoutGiven || fl.Name == "layout" })
 	var l pgxinbox.Layout
 	switch *layout {
 	case "plain":
@@ -654,7 +680,7 @@ func inboxMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			return err
 		}
 		if rep, err = store.MigrateReport(ctx); err != nil {
-			return err
+			return migrateError(err)
 		}
 	} else {
 		pool, err := f.db.pool(ctx)
@@ -662,12 +688,24 @@ func inboxMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			return err
 		}
 		defer pool.Close()
+		// --layout is the layout of a new table: an existing one keeps its
+		// own, so that the same command runs on every deploy.
+		has, err := f.existingLayout(ctx, pool)
+		if err != nil {
+			return err
+		}
+		if has != nil && *has != l {
+			if layoutGiven {
+				return f.fs.usagef("table %s has the %s layout; --layout %s applies only to a new table", f.table, *has, *layout)
+			}
+			l = *has
+		}
 		store, err := pgxinbox.New(pool, &pgxinbox.Config{Table: f.table, Layout: l, Window: f.window, Logger: f.logger})
 		if err != nil {
 			return err
 		}
 		if rep, err = store.MigrateReport(ctx); err != nil {
-			return err
+			return migrateError(err)
 		}
 	}
 	if f.jsonOut {
@@ -675,5 +713,48 @@ func inboxMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			"created": rep.Created, "from": rep.From, "to": rep.To, "partitions": rep.Partitions})
 	}
 	_, err := fmt.Fprintln(stdout, rep.String())
+	return err
+}
+
+// existingLayout is the layout of the flags' PostgreSQL table: the one
+// stored in its settings, else (a table migrated by hand, without them)
+// the one it has; nil when the table does not exist, or is not a table.
+func (f *inboxFlags) existingLayout(ctx context.Context, pool *pgxpool.Pool) (*pgxinbox.Layout, error) {
+	var kind *string
+	if err := pool.QueryRow(ctx, `SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1))`, f.table).Scan(&kind); err != nil {
+		return nil, fmt.Errorf("looking up table %s: %w", f.table, err)
+	}
+	var l pgxinbox.Layout
+	switch {
+	case kind == nil:
+		return nil, nil
+	case *kind == "r":
+		l = pgxinbox.Plain
+	case *kind == "p":
+		l = pgxinbox.Partitioned
+	default:
+		return nil, nil // migrate says what it is
+	}
+	store, err := pgxinbox.New(pool, &pgxinbox.Config{Table: f.table, Layout: l, Logger: f.logger})
+	if err != nil {
+		return nil, err
+	}
+	if set, err := store.Settings(ctx); err == nil {
+		l = set.Layout
+	}
+	return &l, nil
+}
+
+// migrateError is a failed migration in one line: a table that is not an
+// inbox, or of another layout, in the command line's terms.
+func migrateError(err error) error {
+	var notInbox *inboxdb.NotInboxError
+	if errors.As(err, &notInbox) {
+		return errors.New(notInboxLine(notInbox.What()))
+	}
+	var layout *inboxdb.LayoutError
+	if errors.As(err, &layout) {
+		return fmt.Errorf("table %s has the %s layout; --layout %s applies only to a new table", layout.Table, layout.Has, layout.Want)
+	}
 	return err
 }

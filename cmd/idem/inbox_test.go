@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
 	"github.com/idemkit/idem/sqlinbox"
@@ -310,5 +312,108 @@ func TestInboxMigrate(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "app.db")
 	if out := inboxRun(t, 0, "migrate", "--sqlite", file); !strings.Contains(out, "created idem_inbox (plain layout, window 14d, schema version 2)") {
 		t.Fatalf("migrate --sqlite said %q", out)
+	}
+}
+
+// TestInboxMigrateNotAnInbox: a table that lacks the columns every inbox
+// version had is refused by migrate in one line, in the command's and the
+// library's terms, and left alone; check gives the same advice. A table
+// shaped like an older inbox, recorded nowhere, is what migrate is for.
+func TestInboxMigrateNotAnInbox(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.Schema(t)
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if _, err := pool.Exec(ctx, `CREATE TABLE r1_notinbox (a int, b text)`); err != nil {
+		t.Fatal(err)
+	}
+	const what = "table r1_notinbox exists and is not an idem inbox (it has no column consumer, key, message_id, body_sha256, event_time, processed_at)"
+	_, stderr := inboxRunErr(t, 3, "migrate", "--database", url, "--table", "r1_notinbox")
+	if want := "idem inbox migrate: " + what + ": name another table with --table, or rename it aside\n"; stderr != want {
+		t.Fatalf("migrate of a table that is no inbox: stderr %q, want %q", stderr, want)
+	}
+	var cols int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = 'r1_notinbox'`).Scan(&cols); err != nil || cols != 2 {
+		t.Fatalf("the refused migrate left r1_notinbox with %d columns (%v), want its 2", cols, err)
+	}
+	out, _ := inboxRunErr(t, 1, "check", "--database", url, "--table", "r1_notinbox")
+	if !strings.Contains(out, what) || !strings.Contains(out, "fix: name another table with --table, or rename it aside") || strings.Contains(out, "fix: idem inbox migrate") {
+		t.Fatalf("check of a table that is no inbox:\n%s", out)
+	}
+	// The library says the same to its users, as a configuration error.
+	store, err := pgxinbox.New(pool, &pgxinbox.Config{Table: "r1_notinbox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = store.Migrate(ctx)
+	if !errors.Is(err, idem.ErrConfig) || !strings.Contains(err.Error(), what+": name another table for the inbox, or rename this one aside") || strings.Contains(err.Error(), "SQLSTATE") {
+		t.Fatalf("pgxinbox Migrate of a table that is no inbox: %v", err)
+	}
+
+	// An inbox of the first version, made by hand: no recorded version, no
+	// settings. Its fix is migrate, and migrate upgrades it.
+	if _, err := pool.Exec(ctx, `CREATE TABLE old_inbox (consumer text NOT NULL, key text NOT NULL, message_id text NOT NULL,
+    body_sha256 bytea NOT NULL, event_time timestamptz, processed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (consumer, key))`); err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr := inboxRunErr(t, 3, "stats", "--database", url, "--table", "old_inbox"); !strings.Contains(stderr, "create it with: idem inbox migrate --table old_inbox") {
+		t.Fatalf("stats of a hand-made first-version inbox: %q", stderr)
+	}
+	out, _ = inboxRunErr(t, 1, "check", "--database", url, "--table", "old_inbox")
+	if !strings.Contains(out, "fix: idem inbox migrate --table old_inbox") || strings.Contains(out, "is not an idem inbox") {
+		t.Fatalf("check of a hand-made first-version inbox:\n%s", out)
+	}
+	if out := inboxRun(t, 0, "migrate", "--database", url, "--table", "old_inbox"); !strings.Contains(out, "old_inbox") {
+		t.Fatalf("migrate of a first-version inbox said %q", out)
+	}
+	inboxRun(t, 0, "stats", "--database", url, "--table", "old_inbox")
+}
+
+// TestInboxMigrateKeepsLayout: --layout is the layout of a new table. On
+// every later deploy, migrate without it keeps the stored layout; with a
+// different one, it says the table's and changes nothing.
+func TestInboxMigrateKeepsLayout(t *testing.T) {
+	t.Parallel()
+	url := pgtest.Schema(t)
+	if out := inboxRun(t, 0, "migrate", "--database", url, "--table", "t", "--layout", "partitioned"); !strings.Contains(out, "created t (partitioned layout") {
+		t.Fatalf("first migrate said %q", out)
+	}
+	for _, args := range [][]string{{}, {"--layout", "partitioned"}} {
+		args = append([]string{"migrate", "--database", url, "--table", "t"}, args...)
+		if out := inboxRun(t, 0, args...); out != "t is up to date (schema version 2)\n" {
+			t.Fatalf("idem inbox %s said %q", strings.Join(args, " "), out)
+		}
+	}
+	_, stderr := inboxRunErr(t, 2, "migrate", "--database", url, "--table", "t", "--layout", "plain")
+	if !strings.HasPrefix(stderr, "idem inbox migrate: table t has the partitioned layout; --layout plain applies only to a new table\n") {
+		t.Fatalf("migrate --layout plain of a partitioned table: %q", stderr)
+	}
+	var res map[string]any
+	if err := json.Unmarshal([]byte(inboxRun(t, 0, "migrate", "--database", url, "--table", "t", "--json")), &res); err != nil || res["layout"] != "partitioned" {
+		t.Fatalf("migrate --json of the partitioned table: %v %v", res, err)
+	}
+	// The other way round, and the library's words for its users.
+	inboxRun(t, 0, "migrate", "--database", url, "--table", "p")
+	inboxRun(t, 0, "migrate", "--database", url, "--table", "p")
+	if _, stderr := inboxRunErr(t, 2, "migrate", "--database", url, "--table", "p", "--layout", "partitioned"); !strings.Contains(stderr, "table p has the plain layout; --layout partitioned applies only to a new table") {
+		t.Fatalf("migrate --layout partitioned of a plain table: %q", stderr)
+	}
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := pgxinbox.New(pool, &pgxinbox.Config{Table: "t", Layout: pgxinbox.Plain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = store.Migrate(context.Background())
+	if !errors.Is(err, idem.ErrConfig) || !strings.Contains(err.Error(), "table t has the partitioned layout") ||
+		strings.Contains(err.Error(), "relkind") || strings.Contains(err.Error(), "invalid idem configuration") {
+		t.Fatalf("pgxinbox Migrate, plain, of a partitioned table: %v", err)
 	}
 }
