@@ -354,7 +354,7 @@ func auditVoid(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			return jerr
 		}
 	} else {
-		auditPrintVoid(stdout, a.Spec(), opt, res, *limit)
+		auditPrintVoid(stdout, a.Spec(), opt, res, *limit, errors.Is(err, audit.ErrStillBeingCreated))
 	}
 	if errors.Is(err, audit.ErrStillBeingCreated) {
 		return &exitError{code: exitFindings, msg: "refused: " + err.Error() + ", or pass --force"}
@@ -362,10 +362,21 @@ func auditVoid(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	return err
 }
 
-func auditPrintVoid(w io.Writer, spec audit.Spec, opt audit.VoidOptions, res *audit.VoidResult, limit int) {
+// auditPrintVoid prints a void's report. Its first line says what was
+// written, and, when nothing was, why: a dry run, or a refusal (refused:
+// duplicates still being created, inside the quiet period).
+func auditPrintVoid(w io.Writer, spec audit.Spec, opt audit.VoidOptions, res *audit.VoidResult, limit int, refused bool) {
+	stillCreated := func() string {
+		return fmt.Sprintf("duplicates are still being created (the newest duplicate row is %s old, inside the --quiet-period of %s)",
+			res.Activity.Age().Round(time.Second), res.Activity.QuietPeriod)
+	}
 	switch {
 	case res.Applied:
 		fmt.Fprintln(w, "APPLIED: committed in one transaction.")
+	case refused && opt.Apply:
+		fmt.Fprintf(w, "REFUSED: nothing written: %s; stop the producer and wait out the quiet period, or add --force to void anyway.\n", stillCreated())
+	case refused:
+		fmt.Fprintf(w, "DRY RUN: nothing written; %s: --apply would be refused until the quiet period is over, unless --force.\n", stillCreated())
 	default:
 		fmt.Fprintln(w, "DRY RUN: nothing written; add --apply --reason TEXT --by WHO to void.")
 	}

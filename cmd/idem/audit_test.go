@@ -167,6 +167,18 @@ func TestAuditCLIRefusesWhileDuplicatesAreCreated(t *testing.T) {
 	auditExpect(t, 0, []string{"STILL BEING CREATED"}, "audit", "duplicates", "--database", db, "--table", "invoices", "--key", "customer_id,period")
 	auditExpect(t, 1, []string{"refused", "duplicates are still being created", "--force"}, args...)
 	auditExpect(t, 1, []string{"DRY RUN", "refused"}, "audit", "void", "--database", db, "--table", "invoices", "--key", "customer_id,period", "--add-columns")
+	// The report itself says why nothing was written: not a dry run asking
+	// for the flags already given, but the quiet period and --force.
+	_, out, _ := auditRun(t, args...)
+	first, _, _ := strings.Cut(out, "\n")
+	if !regexp.MustCompile(`^REFUSED: nothing written: duplicates are still being created \(the newest duplicate row is \d+m\d+s old, inside the --quiet-period of 1h0m0s\); stop the producer and wait out the quiet period, or add --force to void anyway\.$`).MatchString(first) ||
+		strings.Contains(out, "DRY RUN") || strings.Contains(out, "add --apply") {
+		t.Fatalf("refused void --apply: report starts %q:\n%s", first, out)
+	}
+	_, out, _ = auditRun(t, "audit", "void", "--database", db, "--table", "invoices", "--key", "customer_id,period", "--add-columns")
+	if first, _, _ := strings.Cut(out, "\n"); !strings.HasPrefix(first, "DRY RUN: nothing written; duplicates are still being created") || !strings.Contains(first, "--apply would be refused until the quiet period is over, unless --force") {
+		t.Fatalf("dry run while duplicates are created: report starts %q", first)
+	}
 	// A shorter quiet period, or --force, lets it through.
 	auditExpect(t, 0, []string{"rows voided: 5"}, append(args, "--quiet-period", "1m")...)
 }
