@@ -72,7 +72,7 @@ func (c *core) Stats(ctx context.Context) (Stats, error) {
 		})
 	})
 	if err != nil {
-		return st, fmt.Errorf("reading the stats of outbox %s: %w", c.table, err)
+		return st, c.wrap("reading the stats", err)
 	}
 	if !st.OldestUnsent.IsZero() {
 		st.OldestUnsentAge = max(now.Sub(st.OldestUnsent), 0)
@@ -116,7 +116,7 @@ func (c *core) Prune(ctx context.Context, opts PruneOptions) (int64, error) {
 		return err
 	})
 	if err != nil {
-		return 0, fmt.Errorf("pruning outbox %s: %w", c.table, err)
+		return 0, c.wrap("pruning", err)
 	}
 	if opts.DryRun {
 		var n int64
@@ -124,7 +124,7 @@ func (c *core) Prune(ctx context.Context, opts PruneOptions) (int64, error) {
 			return conn.QueryRow(ctx, c.s.prunable, c.s.timeArg(cutoff)).Scan(&n)
 		})
 		if err != nil {
-			return 0, fmt.Errorf("counting prunable rows of outbox %s: %w", c.table, err)
+			return 0, c.wrap("counting the prunable rows", err)
 		}
 		return n, nil
 	}
@@ -133,7 +133,7 @@ func (c *core) Prune(ctx context.Context, opts PruneOptions) (int64, error) {
 		n, err := c.exec(ctx, c.s.prune, c.s.timeArg(cutoff), opts.BatchSize)
 		total += n
 		if err != nil {
-			return total, fmt.Errorf("pruning outbox %s after %d rows: %w", c.table, total, err)
+			return total, c.wrap(fmt.Sprintf("pruning (after %d rows)", total), err)
 		}
 		if n < int64(opts.BatchSize) {
 			return total, nil
@@ -180,7 +180,7 @@ func (c *core) Retry(ctx context.Context, f RetryFilter) (int64, error) {
 		err = tx.Commit(ctx)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("retrying parked rows of outbox %s: %w", c.table, err)
+		return 0, c.wrap("retrying the parked rows", err)
 	}
 	if n > 0 {
 		c.wakeAll()
@@ -217,7 +217,7 @@ func (c *core) ParkedRows(ctx context.Context, limit int) ([]ParkedRow, error) {
 		}, limit)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("listing parked rows of outbox %s: %w", c.table, err)
+		return nil, c.wrap("listing the parked rows", err)
 	}
 	return out, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"regexp"
@@ -178,6 +179,19 @@ func newCore(dialect string, drv inboxdb.Driver, cfg *Config) (*core, error) {
 // Table is the outbox table's name, as configured.
 func (c *core) Table() string { return c.table.String() }
 
+// ErrNoTable is the error of an outbox whose table was never migrated
+// (see [Outbox.Migrate], or idem outbox migrate).
+var ErrNoTable = errors.New("the outbox table does not exist: run Migrate (or idem outbox migrate) first")
+
+// wrap says what failed on the outbox, and marks a missing table with
+// ErrNoTable.
+func (c *core) wrap(doing string, err error) error {
+	if c.s.missing(err) || isNoRows(err) {
+		return fmt.Errorf("%s of outbox %s: %w (%w)", doing, c.table, ErrNoTable, err)
+	}
+	return fmt.Errorf("%s of outbox %s: %w", doing, c.table, err)
+}
+
 // shardCount is the stored shard count, read once.
 func (c *core) shardCount(ctx context.Context) (int, error) {
 	c.mu.Lock()
@@ -188,7 +202,7 @@ func (c *core) shardCount(ctx context.Context) (int, error) {
 	}
 	err := c.drv.Read(ctx, func(conn inboxdb.Conn) error { return conn.QueryRow(ctx, c.s.shardsNow).Scan(&n) })
 	if err != nil {
-		return 0, fmt.Errorf("reading the shard count of outbox %s (run Migrate, or idem migrate, first): %w", c.table, err)
+		return 0, c.wrap("reading the shard count", err)
 	}
 	c.mu.Lock()
 	c.shards = n

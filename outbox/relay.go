@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/inboxdb"
+	"github.com/idemkit/idem/internal/pgerr"
 )
 
 // Defaults of [RelayConfig].
@@ -191,7 +192,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if r.c.s.missing(err) {
+		if errors.Is(err, ErrNoTable) || pgerr.Classify(err) == idem.ClassConfig {
 			return fmt.Errorf("starting the relay: %w", err)
 		}
 		r.outage(ctx, st, log, err)

@@ -7,9 +7,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemkit/idem"
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/idemkit/idem/internal/inboxdb"
-	"github.com/idemkit/idem/internal/pgerr"
 )
 
 // sqliteTimeFormat is how times are stored on SQLite: fixed-width UTC text,
@@ -30,8 +30,7 @@ type statements struct {
 	timeArg  func(time.Time) any
 	scanTime func(any) (time.Time, error)
 	list     func([]int64) any // binds a list of integers
-	// missing reports an error that says the table is not there (or not
-	// readable): a configuration error, not an outage.
+	// missing reports an error that says the table is not there.
 	missing func(error) bool
 
 	migrateLock string // taken first in the migration transaction ("" on SQLite)
@@ -80,7 +79,10 @@ func newStatements(dialect string, t inboxdb.Table) *statements {
 		s.timeArg = func(t time.Time) any { return t }
 		s.scanTime = scanPostgresTime
 		s.list = func(v []int64) any { return v }
-		s.missing = func(err error) bool { return pgerr.Classify(err) == idem.ClassConfig }
+		s.missing = func(err error) bool {
+			var pe *pgconn.PgError
+			return errors.As(err, &pe) && pe.Code == "42P01"
+		}
 		now = "now()"
 		plusMs = func() string { return "now() + $%d * interval '1 millisecond'" }()
 		inList = "= ANY($%d)"
@@ -101,8 +103,9 @@ func newStatements(dialect string, t inboxdb.Table) *statements {
 			return "[" + strings.Join(b, ",") + "]"
 		}
 		s.missing = func(err error) bool {
+			// SQLITE_ERROR has no code of its own for a missing table.
 			var c interface{ Code() int }
-			return errors.As(err, &c) && c.Code()&0xff == 1 // SQLITE_ERROR: no such table, among others
+			return errors.As(err, &c) && c.Code()&0xff == 1 && strings.Contains(err.Error(), "no such table")
 		}
 		now = `strftime('%Y-%m-%dT%H:%M:%f000Z', 'now')`
 		plusMs = `strftime('%%Y-%%m-%%dT%%H:%%M:%%f000Z', 'now', printf('%%+.3f seconds', $%d / 1000.0))`
