@@ -80,7 +80,7 @@ type MigrateReport struct {
 // migrators; running it again is a no-op. A new table stores
 // Config.Shards (DefaultShards when 0); an existing one keeps its count,
 // and a different non-zero Config.Shards is refused.
-func (c *core) Migrate(ctx context.Context) (MigrateReport, error) {
+func (c *core) migrateReport(ctx context.Context) (MigrateReport, error) {
 	r, err := c.migrate(ctx)
 	if err != nil {
 		return r, fmt.Errorf("migrating outbox table %s: %w", c.table, err)

@@ -37,7 +37,7 @@ type Stats struct {
 
 // Stats counts the outbox's rows. It reads the whole table: for a
 // dashboard every few seconds, not for every message.
-func (c *core) Stats(ctx context.Context) (Stats, error) {
+func (c *core) stats(ctx context.Context) (Stats, error) {
 	st := Stats{Table: c.table.String()}
 	var now time.Time
 	err := c.drv.Read(ctx, func(conn inboxdb.Conn) error {
@@ -95,7 +95,7 @@ type PruneOptions struct {
 // Prune deletes the rows sent longer than the retention ago, in batches,
 // and returns how many it deleted (or, with DryRun, would delete). Unsent
 // and parked rows are never deleted.
-func (c *core) Prune(ctx context.Context, opts PruneOptions) (int64, error) {
+func (c *core) prune(ctx context.Context, opts PruneOptions) (int64, error) {
 	if opts.Retention == 0 {
 		opts.Retention = DefaultRetention
 	}
@@ -165,7 +165,7 @@ type RetryFilter struct {
 // Retry un-parks the parked rows that match f: their attempts start again
 // from zero and the relays send them on their next pass (on PostgreSQL
 // they are notified). It returns how many rows it un-parked.
-func (c *core) Retry(ctx context.Context, f RetryFilter) (int64, error) {
+func (c *core) retry(ctx context.Context, f RetryFilter) (int64, error) {
 	tx, err := c.drv.Begin(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("retrying parked rows of outbox %s: %w", c.table, err)
@@ -200,7 +200,7 @@ type ParkedRow struct {
 }
 
 // ParkedRows lists up to limit parked rows, oldest first.
-func (c *core) ParkedRows(ctx context.Context, limit int) ([]ParkedRow, error) {
+func (c *core) parkedRows(ctx context.Context, limit int) ([]ParkedRow, error) {
 	var out []ParkedRow
 	err := c.drv.Read(ctx, func(conn inboxdb.Conn) error {
 		return conn.Query(ctx, c.s.parked, func(row inboxdb.Row) error {

@@ -177,7 +177,7 @@ func newCore(dialect string, drv inboxdb.Driver, cfg *Config) (*core, error) {
 }
 
 // Table is the outbox table's name, as configured.
-func (c *core) Table() string { return c.table.String() }
+func (c *core) tableName() string { return c.table.String() }
 
 // ErrNoTable is the error of an outbox whose table was never migrated
 // (see [Outbox.Migrate], or idem outbox migrate).

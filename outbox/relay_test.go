@@ -23,7 +23,7 @@ func TestCommittedPublishedRolledBackNever(t *testing.T) {
 		}
 		runRelay(t, r)
 		eventually(t, "the committed message marked sent", func() bool {
-			st, err := o.Stats(context.Background())
+			st, err := o.stats(context.Background())
 			return err == nil && st.Unsent == 0 && st.Sent == 1 && st.Parked == 0
 		})
 		if got := log.ids(); !slices.Equal(got, ids) {
