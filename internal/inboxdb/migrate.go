@@ -123,8 +123,11 @@ func splitStatements(script string) []string {
 
 // Migrate brings the inbox table to the newest schema version and records
 // its settings, in one transaction serialized against other migrators: all
-// pending migrations apply or none, and running it again is a no-op. It
-// refuses a table of the other layout (PostgreSQL).
+// pending migrations apply or none, and running it again is a no-op.
+// Before applying anything it refuses an existing table it would not make
+// the store's inbox: one without the columns every inbox version had
+// ([NotInboxError]) or, on PostgreSQL, of the other layout ([LayoutError]);
+// both match [idem.ErrConfig].
 //
 // The settings are written when the table has none: its layout, and window
 // (DefaultWindow when 0). A table that has them keeps them: a different
