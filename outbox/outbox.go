@@ -128,6 +128,9 @@ func NewSQL(db *sql.DB, dialect sqlinbox.Dialect, cfg *Config) (*Outbox[*sql.Tx]
 
 func sqlTxConn(tx *sql.Tx) inboxdb.Conn { return inboxdb.SQLTxConn(tx) }
 
+// maxIdentLen is PostgreSQL's identifier limit in bytes.
+const maxIdentLen = 63
+
 var identPart = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,48}$`)
 
 func newCore(dialect string, drv inboxdb.Driver, cfg *Config) (*core, error) {
@@ -165,13 +168,20 @@ func newCore(dialect string, drv inboxdb.Driver, cfg *Config) (*core, error) {
 	}
 	h := fnv.New32a()
 	h.Write([]byte(t.String()))
+	channel := t.String()
+	if len(channel) > maxIdentLen {
+		// NOTIFY channels are identifiers, cut at 63 bytes.
+		f := fnv.New64a()
+		f.Write([]byte(channel))
+		channel = fmt.Sprintf("idem_outbox_%016x", f.Sum64())
+	}
 	return &core{
 		table:   t,
 		s:       newStatements(dialect, t),
 		drv:     drv,
 		cfg:     c,
 		ns:      int32(h.Sum32()),
-		channel: t.String(),
+		channel: channel,
 		wakes:   map[chan struct{}]struct{}{},
 	}, nil
 }

@@ -86,7 +86,8 @@ type Relay struct {
 }
 
 // NewRelay returns a relay of o's rows through pub. It validates cfg; it
-// does not touch the database until Run.
+// does not touch the database until Run. The caller closes pub after Run
+// returned.
 func NewRelay[TTx any](o *Outbox[TTx], pub Publisher, cfg *RelayConfig) (*Relay, error) {
 	if o == nil || pub == nil {
 		return nil, fmt.Errorf("%w: outbox: NewRelay needs an outbox and a publisher", idem.ErrConfig)
@@ -227,8 +228,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		n, err := r.pass(ctx, st, serial)
 		serial = false
 		if err != nil {
-			if ctx.Err() != nil && errors.Is(err, context.Canceled) {
-				break
+			if ctx.Err() != nil {
+				break // stopping: the batch in flight, if any, was marked
 			}
 			r.outage(ctx, st, log, err)
 			continue
@@ -321,6 +322,11 @@ func (r *Relay) balance(ctx context.Context, st *relayState) error {
 	s := r.c.s
 	if _, err := tx.Exec(ctx, s.presence, st.owner, term); err != nil {
 		return fmt.Errorf("announcing the relay: %w", err)
+	}
+	// Relays that ended without giving their shards up (killed) leave a
+	// row; it stops counting after a term and is removed after ten.
+	if _, err := tx.Exec(ctx, s.forget, -10*term); err != nil {
+		return fmt.Errorf("forgetting relays gone: %w", err)
 	}
 	held := map[int]lease{}
 	scanLeases := func(row inboxdb.Row) error {

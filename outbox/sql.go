@@ -51,6 +51,7 @@ type statements struct {
 	markRefused string // $1 seq, $2 error, $3 retry after ms, $4 max attempts → parked
 	presence    string // $1 owner, $2 ms
 	absent      string // $1 owner
+	forget      string // $1 ms: relays gone that long
 	liveRelays  string // $1 owner → the number of other live relays
 	claim       string // $1 owner, $2 term ms, $3 limit → shard, epoch
 	renew       string // $1 owner, $2 term ms → shard, epoch
@@ -149,6 +150,7 @@ ORDER BY o.seq LIMIT $2`
 WHERE seq = $1 AND sent_at IS NULL RETURNING parked_at IS NOT NULL`
 	s.presence = `INSERT INTO ` + relays + ` (owner, seen_until) VALUES ($1, ` + plus(2) + `) ON CONFLICT (owner) DO UPDATE SET seen_until = excluded.seen_until`
 	s.absent = `DELETE FROM ` + relays + ` WHERE owner = $1 OR seen_until < ` + now
+	s.forget = `DELETE FROM ` + relays + ` WHERE seen_until < ` + plus(1)
 	s.liveRelays = `SELECT count(*) FROM ` + relays + ` WHERE owner <> $1 AND seen_until > ` + now
 	s.claim = `UPDATE ` + leases + ` SET owner = $1, epoch = epoch + 1, expires_at = ` + plus(2) + `
 WHERE shard IN (SELECT shard FROM ` + leases + ` WHERE expires_at < ` + now + ` ORDER BY shard LIMIT $3` + skipLocked + `)
@@ -171,7 +173,7 @@ WHERE parked_at IS NOT NULL AND sent_at IS NULL AND ($1 = '' OR destination = $1
 
 	if dialect == "sqlite" {
 		for _, p := range []*string{&s.insert, &s.readMeta, &s.insertMeta, &s.updateMeta, &s.insertLease,
-			&s.read, &s.readStrict, &s.validLeases, &s.markSent, &s.markRefused, &s.presence, &s.absent,
+			&s.read, &s.readStrict, &s.validLeases, &s.markSent, &s.markRefused, &s.presence, &s.absent, &s.forget,
 			&s.liveRelays, &s.claim, &s.renew, &s.release, &s.prune, &s.prunable, &s.unpark, &s.parked} {
 			*p = dollarParam.ReplaceAllString(*p, "?$1")
 		}
