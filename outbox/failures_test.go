@@ -365,3 +365,54 @@ func TestDatabaseOutageWaitedOut(t *testing.T) {
 		t.Fatalf("published %v, want %v then %v", log.ids(), first, second)
 	}
 }
+
+// Stopping a relay mid-publish finishes the batch in flight: what the
+// broker confirmed is marked sent, and the shards are given up at once for
+// the other relays, not left to expire.
+func TestStopFinishesBatchInFlight(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	o, pool := pgxOutbox(t, nil)
+	var msgs []Message
+	for i := range 20 {
+		msgs = append(msgs, Message{Destination: "events", Key: fmt.Sprintf("k%d", i), Body: []byte("x")})
+	}
+	enqueuePgx(t, o, pool, false, msgs...)
+	inFlight, finish := make(chan struct{}), make(chan struct{})
+	log := newLog()
+	pub := &testPublisher{name: "a", log: log, hold: func(call int) {
+		if call == 1 {
+			close(inFlight)
+			<-finish
+		}
+	}}
+	r, err := NewRelay(o, pub, &RelayConfig{BatchSize: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ran := make(chan error, 1)
+	go func() { ran <- r.Run(rctx) }()
+	<-inFlight
+	cancel() // SIGTERM while the broker has the batch
+	close(finish)
+	if err := <-ran; err != nil {
+		t.Fatal(err)
+	}
+	st, err := o.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Sent != 20 || st.Unsent != 0 || log.count() != 20 {
+		t.Fatalf("after stop: %+v, %d published; want the whole batch marked sent", st, log.count())
+	}
+	var held, relays int
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM idem_outbox_leases WHERE owner <> '' OR expires_at > now()),
+  (SELECT count(*) FROM idem_outbox_relays)`).Scan(&held, &relays); err != nil {
+		t.Fatal(err)
+	}
+	if held != 0 || relays != 0 {
+		t.Fatalf("%d leases still held and %d relays announced after stop", held, relays)
+	}
+}
