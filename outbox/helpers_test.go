@@ -176,7 +176,7 @@ func pgxOutbox(t *testing.T, cfg *Config) (*Outbox[pgx.Tx], *pgxpool.Pool) {
 
 // sqlOutbox is a migrated outbox through database/sql: on PostgreSQL
 // (pgx stdlib) or on SQLite in a temporary directory.
-func sqlOutbox(t *testing.T, dialect sqlinbox.Dialect, cfg *Config) (*Outbox[*sql.Tx], *sql.DB) {
+func sqlOutbox(t testing.TB, dialect sqlinbox.Dialect, cfg *Config) (*Outbox[*sql.Tx], *sql.DB) {
 	t.Helper()
 	var db *sql.DB
 	var err error

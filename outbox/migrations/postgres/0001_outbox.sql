@@ -19,8 +19,9 @@ CREATE TABLE IF NOT EXISTS {{.Table}} (
     parked_at     timestamptz,
     parked_reason text
 );
--- What the relay reads: a shard's unsent rows in seq order.
-CREATE INDEX IF NOT EXISTS {{index "unsent"}} ON {{.Table}} (shard, seq) WHERE sent_at IS NULL AND parked_at IS NULL;
+-- What the relay reads: the unsent rows in seq order (of the shards it
+-- holds, a share of all: it reads past the others' rows).
+CREATE INDEX IF NOT EXISTS {{index "unsent"}} ON {{.Table}} (seq) WHERE sent_at IS NULL AND parked_at IS NULL;
 -- Rows that hold back their key's later rows: waiting after a refusal, or parked.
 CREATE INDEX IF NOT EXISTS {{index "held"}} ON {{.Table}} (shard, key, seq) WHERE sent_at IS NULL AND (available_at IS NOT NULL OR parked_at IS NOT NULL);
 -- What prune deletes.

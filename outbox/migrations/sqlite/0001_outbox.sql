@@ -19,7 +19,7 @@ CREATE TABLE IF NOT EXISTS {{.Table}} (
     parked_at     TEXT,
     parked_reason TEXT
 );
-CREATE INDEX IF NOT EXISTS {{index "unsent"}} ON {{.Table}} (shard, seq) WHERE sent_at IS NULL AND parked_at IS NULL;
+CREATE INDEX IF NOT EXISTS {{index "unsent"}} ON {{.Table}} (seq) WHERE sent_at IS NULL AND parked_at IS NULL;
 CREATE INDEX IF NOT EXISTS {{index "held"}} ON {{.Table}} (shard, key, seq) WHERE sent_at IS NULL AND (available_at IS NOT NULL OR parked_at IS NOT NULL);
 CREATE INDEX IF NOT EXISTS {{index "sent"}} ON {{.Table}} (sent_at) WHERE sent_at IS NOT NULL;
 CREATE TABLE IF NOT EXISTS {{.Leases}} (
