@@ -36,7 +36,7 @@ func TestLeaseTakeoverRepublishesOnlyUnmarked(t *testing.T) {
 			<-release // a broker that stopped answering; the context is not looked at
 		}
 	}}
-	cfg := RelayConfig{BatchSize: 10, LeaseTerm: time.Second, PollInterval: 20 * time.Millisecond}
+	cfg := RelayConfig{BatchSize: 10, LeaseTerm: 2 * time.Second, PollInterval: 20 * time.Millisecond}
 	cfg.Name = "a"
 	ra, err := NewRelay(o, a, &cfg)
 	if err != nil {
