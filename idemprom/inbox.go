@@ -71,20 +71,13 @@ type InboxCollector struct {
 
 	age, headroom, markers, window, up, took, errs *prometheus.Desc
 
-	mu       sync.Mutex
-	last     oldestRead
-	at       time.Time     // when last was read; zero: never
-	inflight chan struct{} // closed when the running read ends; nil: none
-	counts   countRead
-	countAt  time.Time // when the last count started; zero: never
-	counting bool
-	errors   map[string]float64 // by read
-}
+	oldest *cachedRead[inboxdb.ConsumerStats]
 
-type oldestRead struct {
-	stats inboxdb.ConsumerStats
-	err   error
-	took  time.Duration
+	mu          sync.Mutex
+	counts      countRead
+	countAt     time.Time // when the last count started; zero: never
+	counting    bool
+	countErrors float64
 }
 
 type countRead struct {
@@ -131,7 +124,7 @@ func NewInboxCollector(store InboxStats, table string, opts *InboxOptions) *Inbo
 	cl := []string{"consumer"}
 	return &InboxCollector{
 		store: store, table: table, opts: o,
-		errors: map[string]float64{readOldest: 0, readMarkers: 0},
+		oldest: &cachedRead[inboxdb.ConsumerStats]{read: store.ConsumerStats, interval: o.Interval, timeout: o.Timeout},
 		age: prometheus.NewDesc("idem_inbox_consumer_oldest_marker_age_seconds",
 			"Age of the consumer's oldest inbox marker (its keep_until, or partition time); well above the window means prune is not running.", cl, tl),
 		headroom: prometheus.NewDesc("idem_inbox_consumer_headroom_seconds",
@@ -161,11 +154,11 @@ func (c *InboxCollector) Describe(ch chan<- *prometheus.Desc) {
 // Timeout, and starts a count in the background when the last one is
 // older than CountInterval.
 func (c *InboxCollector) Collect(ch chan<- prometheus.Metric) {
-	r := c.read()
+	r := c.oldest.get()
 	c.mu.Lock()
 	c.maybeCount()
 	counts := c.counts
-	errs := map[string]float64{readOldest: c.errors[readOldest], readMarkers: c.errors[readMarkers]}
+	errs := map[string]float64{readOldest: c.oldest.failures(), readMarkers: c.countErrors}
 	c.mu.Unlock()
 
 	for _, read := range []string{readOldest, readMarkers} {
@@ -183,57 +176,11 @@ func (c *InboxCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1)
-	ch <- prometheus.MustNewConstMetric(c.window, prometheus.GaugeValue, r.stats.Window.Seconds())
-	for _, s := range r.stats.Consumers {
+	ch <- prometheus.MustNewConstMetric(c.window, prometheus.GaugeValue, r.val.Window.Seconds())
+	for _, s := range r.val.Consumers {
 		ch <- prometheus.MustNewConstMetric(c.age, prometheus.GaugeValue, s.OldestAge.Seconds(), s.Consumer)
 		ch <- prometheus.MustNewConstMetric(c.headroom, prometheus.GaugeValue, s.Headroom.Seconds(), s.Consumer)
 	}
-}
-
-// read returns the current oldest markers, reading the store when they are
-// stale. Concurrent scrapes share one read.
-func (c *InboxCollector) read() oldestRead {
-	c.mu.Lock()
-	if !c.at.IsZero() && c.opts.Interval > 0 && time.Since(c.at) < c.opts.Interval {
-		defer c.mu.Unlock()
-		return c.last
-	}
-	if c.inflight == nil {
-		c.inflight = make(chan struct{})
-		go c.refresh(c.inflight)
-	}
-	done := c.inflight
-	c.mu.Unlock()
-
-	// The read itself is bounded by Timeout; this bound only matters for a
-	// store that ignores its context, which must not hold the scrape.
-	t := time.NewTimer(c.opts.Timeout + time.Second)
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
-		return oldestRead{err: context.DeadlineExceeded, took: c.opts.Timeout}
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.last
-}
-
-// refresh reads the oldest markers once, with the timeout, and publishes
-// the result.
-func (c *InboxCollector) refresh(done chan struct{}) {
-	ctx, cancel := context.WithTimeout(context.Background(), c.opts.Timeout)
-	defer cancel()
-	start := time.Now()
-	st, err := c.store.ConsumerStats(ctx)
-	r := oldestRead{stats: st, err: err, took: time.Since(start)}
-	c.mu.Lock()
-	c.last, c.at, c.inflight = r, time.Now(), nil
-	if err != nil {
-		c.errors[readOldest]++
-	}
-	c.mu.Unlock()
-	close(done)
 }
 
 // maybeCount starts a count when one is due and none runs. c.mu is held.
@@ -267,17 +214,13 @@ func (c *InboxCollector) count(ctx context.Context) error {
 	c.counts = countRead{markers: markers, took: time.Since(start)}
 	if err != nil {
 		c.counts.markers = nil
-		c.errors[readMarkers]++
+		c.countErrors++
 	}
 	return err
 }
 
 // Err returns the error of the last read of the oldest markers, nil when
 // it succeeded or none ran yet, for a health check or a log line.
-func (c *InboxCollector) Err() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.last.err
-}
+func (c *InboxCollector) Err() error { return c.oldest.lastErr() }
 
 var _ prometheus.Collector = (*InboxCollector)(nil)
