@@ -77,11 +77,16 @@ type core struct {
 	wakes  map[chan struct{}]struct{}
 }
 
+// PgxDB is what NewPgx needs: a *pgxpool.Pool or a *pgx.Conn.
+type PgxDB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
 // NewPgx returns the outbox of a pgx pool or connection; its transactions
 // are pgx.Tx. A *pgxpool.Pool also gives relays LISTEN/NOTIFY (on one
 // connection of its own). A *pgx.Conn is not safe for concurrent use: an
 // outbox on one serves a relay alone (which then polls), or Enqueue alone.
-func NewPgx(db inboxdb.PgxDB, cfg *Config) (*Outbox[pgx.Tx], error) {
+func NewPgx(db PgxDB, cfg *Config) (*Outbox[pgx.Tx], error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: outbox: db is nil", idem.ErrConfig)
 	}
