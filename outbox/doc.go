@@ -37,8 +37,8 @@
 //     modulo Config.Shards, stored with the table). A relay publishes only
 //     the shards it holds a lease on (the <table>_leases table: owner,
 //     epoch, expiry), renewed every third of the lease term and shared
-//     fairly among the live relays (<table>_relays), and reads each
-//     shard's unsent rows in seq order.
+//     fairly among the live relays (<table>_relays), and reads the unsent
+//     rows of its shards together, in seq order.
 //   - The marking transaction first checks that the leases are still this
 //     relay's (owner and epoch, not expired; on PostgreSQL it also locks
 //     them against a takeover until it commits). A relay that stalled past
@@ -70,5 +70,6 @@
 // Sent rows are kept (sent_at) until [Outbox.Prune] deletes them in
 // batches after a retention (7 days by default). [Outbox.Stats] gives the
 // unsent count, the oldest unsent row's age, the parked and sent counts,
-// per destination. The CLI has idem outbox stats, retry and prune.
+// per destination. The CLI has idem outbox stats, retry, prune and
+// migrate.
 package outbox
