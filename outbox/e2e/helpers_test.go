@@ -37,7 +37,7 @@ type pipeline struct {
 	queueA, queueB string
 }
 
-func newPipeline(t *testing.T) *pipeline {
+func newPipeline(t testing.TB) *pipeline {
 	t.Helper()
 	ctx := context.Background()
 	p := &pipeline{url: pgtest.Schema(t)}
@@ -78,7 +78,7 @@ CREATE TABLE b_effects (message_id text NOT NULL, n int NOT NULL, cause text NOT
 
 // declare makes a quorum queue with its dead-letter queue; kills redeliver
 // often, so the delivery limit is high.
-func (p *pipeline) declare(t *testing.T, q string) string {
+func (p *pipeline) declare(t testing.TB, q string) string {
 	t.Helper()
 	ch, err := p.conn.Channel()
 	if err != nil {
@@ -113,7 +113,7 @@ func (p *pipeline) env(extra ...string) []string {
 
 // publishInput publishes input messages from..to-1 to queue A, each with
 // its own message ID.
-func (p *pipeline) publishInput(t *testing.T, from, to int) {
+func (p *pipeline) publishInput(t testing.TB, from, to int) {
 	t.Helper()
 	pub, err := idemrabbitmq.NewPublisher(p.conn)
 	if err != nil {
@@ -136,7 +136,7 @@ type counts struct {
 	aRows, aDistinct, bRows, bDistinct, unsent, parked int64
 }
 
-func (p *pipeline) counts(t *testing.T) counts {
+func (p *pipeline) counts(t testing.TB) counts {
 	t.Helper()
 	var c counts
 	err := p.pool.QueryRow(context.Background(), `SELECT
@@ -153,7 +153,7 @@ func (p *pipeline) counts(t *testing.T) counts {
 
 // waitFor polls until done reports true, failing the test after limit
 // (a guard against a pipeline that stalls, not a measure of its speed).
-func waitFor(t *testing.T, limit time.Duration, what string, done func() bool) {
+func waitFor(t testing.TB, limit time.Duration, what string, done func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(limit)
 	for !done() {
@@ -166,7 +166,7 @@ func waitFor(t *testing.T, limit time.Duration, what string, done func() bool) {
 
 // process is a role running as a child process of the test.
 type process struct {
-	t    *testing.T
+	t    testing.TB
 	role string
 	env  []string
 	mu   sync.Mutex
@@ -194,7 +194,7 @@ func (l *lockedBuffer) String() string {
 
 // spawn starts role; it is killed when the test ends, and what it wrote to
 // stderr is logged if the test failed.
-func spawn(t *testing.T, role string, env []string) *process {
+func spawn(t testing.TB, role string, env []string) *process {
 	t.Helper()
 	p := &process{t: t, role: role, env: env, out: &lockedBuffer{}}
 	p.start()
