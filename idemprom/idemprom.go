@@ -25,6 +25,19 @@
 //	idem_inbox_window_seconds{table}
 //	idem_inbox_stats_up{table}, idem_inbox_stats_read_seconds{table,read}, idem_inbox_scrape_errors_total{table,read}
 //
+// Metrics is also an outbox relay hook (set it in outbox.RelayConfig.Hooks):
+//
+//	idem_outbox_published_total{destination}  records confirmed by the broker and marked sent
+//	idem_outbox_refused_total{destination}    publish attempts the broker refused
+//	idem_outbox_parked_total{destination}     records parked after their last refused attempt
+//	idem_outbox_outages_total, idem_outbox_outage_wait_seconds_total  broker or database unreachable, and the backoff waited
+//
+// [OutboxCollector] reads an outbox table's figures on scrape, the same way:
+//
+//	idem_outbox_unsent{table,destination}, idem_outbox_oldest_unsent_age_seconds{table,destination}
+//	idem_outbox_parked{table,destination}, idem_outbox_sent{table,destination}
+//	idem_outbox_stats_up{table}, idem_outbox_stats_read_seconds{table}, idem_outbox_scrape_errors_total{table}
+//
 // Alert rules and a Grafana dashboard that use exactly these names ship in
 // the repository's deploy/ directory (deploy/prometheus/idem-alerts.yml,
 // deploy/grafana/idem-dashboard.json).
@@ -35,6 +48,8 @@
 //	proc, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{..., Hooks: []idem.Hook{m}})
 //	store, err := pgxinbox.New(pool, &pgxinbox.Config{Hooks: m})
 //	prometheus.MustRegister(idemprom.NewInboxCollector(store, "idem_inbox", nil))
+//	relay, err := outbox.NewRelay(ob, pub, &outbox.RelayConfig{Hooks: m})
+//	prometheus.MustRegister(idemprom.NewOutboxCollector(ob, "", nil))
 //
 // The broker adapters take the processor's hooks, so settlements, dead
 // letters and redeliveries reach the same Metrics. Expired messages are
@@ -66,6 +81,7 @@ type Metrics struct {
 	pruned      *prometheus.CounterVec
 	dropped     *prometheus.CounterVec
 	oldest      *prometheus.GaugeVec
+	outbox      outboxMetrics
 }
 
 // New creates the metrics and registers them with reg (nil: not
@@ -144,6 +160,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.settled = register(reg, m.settled)
 		m.deadLetters = register(reg, m.deadLetters)
 	}
+	m.outbox = newOutboxMetrics(reg)
 	return m
 }
 
