@@ -20,6 +20,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemprom"
 	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/outbox"
 )
 
 var (
@@ -69,9 +70,9 @@ func (r *recordingRegisterer) described(t *testing.T) map[string]bool {
 	return names
 }
 
-// exported builds Metrics and an inbox collector on a real inbox, feeds
-// every hook so that every metric has a series, and returns the families
-// gathered, by name.
+// exported builds Metrics, an inbox collector on a real inbox and an
+// outbox collector on a real outbox, feeds every hook so that every metric
+// has a series, and returns the families gathered, by name.
 func exported(t *testing.T) map[string]*dto.MetricFamily {
 	t.Helper()
 	ctx := context.Background()
@@ -87,6 +88,9 @@ func exported(t *testing.T) map[string]*dto.MetricFamily {
 	if err := coll.Count(ctx); err != nil {
 		t.Fatal(err)
 	}
+	ob := pgxOutbox(t, pool)
+	enqueue(t, ob, pool, outbox.Message{Destination: "invoices", Key: "c-1", Body: []byte("x")})
+	reg.MustRegister(idemprom.NewOutboxCollector(ob, "", nil))
 
 	first := &idem.Marker{Key: "k", MessageID: "k", ProcessedAt: time.Now().Add(-time.Hour)}
 	m.OnOutcome("ledger", idem.Result{Outcome: idem.Applied, Untimed: true, PrunedOn: time.Now()}, time.Millisecond)
@@ -98,6 +102,9 @@ func exported(t *testing.T) map[string]*dto.MetricFamily {
 	m.MarkersPruned("idem_inbox", 3)
 	m.PartitionsDropped("idem_inbox", 1)
 	m.OldestMarker("idem_inbox", time.Hour)
+	m.OnPublished("invoices", 2)
+	m.OnRefused(outbox.Record{Destination: "invoices"}, outbox.Refused(errors.New("no route")), true)
+	m.OnOutage(errors.New("connection refused"), time.Second)
 
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -183,7 +190,30 @@ type grafanaDashboard struct {
 	} `json:"panels"`
 }
 
-func dashboardExprs(t *testing.T) []string {
+// followsVariable says whether a dashboard query is narrowed by one of the
+// dashboard's variables.
+func followsVariable(expr string) bool {
+	for _, f := range []string{`consumer=~"$consumer"`, `table=~"$table"`, `table=~"$outbox"`, `destination=~"$destination"`} {
+		if strings.Contains(expr, f) {
+			return true
+		}
+	}
+	return false
+}
+
+// unlabelled says whether every idem metric expr uses has no labels, so
+// that no variable could narrow it.
+func unlabelled(expr string, fams map[string]*dto.MetricFamily) bool {
+	for _, n := range metricName.FindAllString(expr, -1) {
+		mf := fams[base(n, fams)]
+		if mf == nil || len(mf.GetMetric()) == 0 || len(mf.GetMetric()[0].GetLabel()) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func dashboardExprs(t *testing.T, fams map[string]*dto.MetricFamily) []string {
 	t.Helper()
 	b, err := os.ReadFile(deployDashboard)
 	if err != nil {
@@ -210,8 +240,8 @@ func dashboardExprs(t *testing.T) []string {
 			exprs = append(exprs, q.Query)
 		}
 	}
-	if vars["DS_PROMETHEUS"] != "datasource" || vars["consumer"] != "query" {
-		t.Errorf("variables %v: want a datasource variable DS_PROMETHEUS and a query variable consumer", vars)
+	if vars["DS_PROMETHEUS"] != "datasource" || vars["consumer"] != "query" || vars["table"] != "query" || vars["outbox"] != "query" || vars["destination"] != "query" {
+		t.Errorf("variables %v: want a datasource variable DS_PROMETHEUS and query variables consumer, table, outbox and destination", vars)
 	}
 	for _, p := range d.Panels {
 		if p.Type == "row" {
@@ -224,8 +254,8 @@ func dashboardExprs(t *testing.T) []string {
 			t.Errorf("panel %q has no query", p.Title)
 		}
 		for _, tg := range p.Targets {
-			if !strings.Contains(tg.Expr, `consumer=~"$consumer"`) && !strings.Contains(tg.Expr, `table=~"$table"`) {
-				t.Errorf("panel %q: query %q follows neither the consumer nor the table variable", p.Title, tg.Expr)
+			if !followsVariable(tg.Expr) && !unlabelled(tg.Expr, fams) {
+				t.Errorf("panel %q: query %q follows none of the consumer, table, outbox and destination variables", p.Title, tg.Expr)
 			}
 			exprs = append(exprs, tg.Expr)
 		}
@@ -341,7 +371,7 @@ func TestDeployNamesMatch(t *testing.T) {
 		}
 	}
 	inDashboard := map[string]bool{}
-	for _, e := range dashboardExprs(t) {
+	for _, e := range dashboardExprs(t, fams) {
 		for _, p := range checkQuery(e, fams, inDashboard) {
 			t.Errorf("%s: %s (in %q)", deployDashboard, p, e)
 		}
@@ -354,6 +384,7 @@ func TestDeployNamesMatch(t *testing.T) {
 	for _, name := range []string{
 		"idem_inbox_consumer_headroom_seconds", "idem_inbox_consumer_oldest_marker_age_seconds", "idem_dead_letters_total",
 		"idem_settled_total", "idem_late_duplicates_total", "idem_untimed_total", "idem_messages_total",
+		"idem_outbox_unsent", "idem_outbox_oldest_unsent_age_seconds", "idem_outbox_parked", "idem_outbox_outages_total", "idem_outbox_stats_up",
 	} {
 		if !inRules[name] {
 			t.Errorf("no alert rule uses %s", name)
@@ -379,5 +410,12 @@ func TestDeployCheckCatchesMisspelling(t *testing.T) {
 	}
 	if problems := checkQuery(`sum by (le) (rate(idem_duplicate_age_seconds_bucket{consumer=~"$consumer"}[5m]))`, fams, map[string]bool{}); len(problems) != 0 {
 		t.Errorf("a correct query was refused: %v", problems)
+	}
+	// A panel must follow a variable unless its metrics have no labels.
+	if e := `sum by (destination) (idem_outbox_unsent)`; followsVariable(e) || unlabelled(e, fams) {
+		t.Errorf("%q passed as following a variable", e)
+	}
+	if e := `sum by (instance) (rate(idem_outbox_outages_total[5m]))`; !unlabelled(e, fams) {
+		t.Errorf("%q: the outage counter has no label a variable could narrow", e)
 	}
 }
