@@ -19,6 +19,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemkafka"
 	"github.com/idemkit/idem/idemprom"
+	"github.com/idemkit/idem/internal/netfault"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
 )
@@ -418,17 +419,72 @@ func gatherWithin(ctx context.Context, t *testing.T, reg prometheus.Gatherer) {
 	}
 }
 
+// outageContext bounds a test of an outage: a minute, or the test's own
+// deadline less the time to report, whichever comes first; a scrape that
+// outlives it hung.
+func outageContext(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	if d, ok := t.Deadline(); ok {
+		cancel()
+		ctx, cancel = context.WithDeadline(context.Background(), d.Add(-5*time.Second))
+	}
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// outage is a scrape of a collector whose database went away, and what
+// the test checks of it.
+type outage struct {
+	reg    prometheus.Gatherer
+	coll   interface{ Err() error }
+	up     string            // the collector's up gauge
+	labels map[string]string // its labels
+	// during checks the rest while the database is away; i is the
+	// fault's index. after, when set, checks the recovery.
+	during func(t *testing.T, i int)
+	after  func(t *testing.T)
+}
+
+// duringOutages runs o in a subtest for each way a database host goes
+// away: a proxy that goes silent (freeze), then one that also cuts every
+// connection (stop). Each scrapes through the fault, which must answer
+// with the read failed and up 0, then restores the proxy and scrapes
+// again, which must give up 1.
+func duringOutages(ctx context.Context, t *testing.T, proxy *netfault.Proxy, o outage) {
+	t.Helper()
+	for i, fault := range []struct {
+		name string
+		do   func()
+	}{{"freeze", proxy.Freeze}, {"stop", proxy.Stop}} {
+		t.Run(fault.name, func(t *testing.T) {
+			fault.do()
+			gatherWithin(ctx, t, o.reg)
+			if o.coll.Err() == nil {
+				t.Fatal("the read succeeded through a dead database")
+			}
+			if up, ok := value(t, o.reg, o.up, o.labels); !ok || up != 0 {
+				t.Errorf("during the outage: %s %v (%v), want 0", o.up, up, ok)
+			}
+			o.during(t, i)
+			proxy.Restore()
+			gatherWithin(ctx, t, o.reg)
+			if up, _ := value(t, o.reg, o.up, o.labels); up != 1 {
+				t.Errorf("after the outage: %s %v (%v)", o.up, up, o.coll.Err())
+			}
+			if o.after != nil {
+				o.after(t)
+			}
+		})
+	}
+}
+
 // TestInboxCollectorDatabaseGone scrapes an inbox whose database stops
 // answering (a proxy that goes silent, then one that cuts every
 // connection): the scrape answers, with the read counted as an error and
 // the per-consumer series withdrawn, and recovers when the database is
 // back.
 func TestInboxCollectorDatabaseGone(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	if d, ok := t.Deadline(); ok {
-		ctx, cancel = context.WithDeadline(context.Background(), d.Add(-5*time.Second))
-	}
-	defer cancel()
+	ctx := outageContext(t)
 	pool, proxy := pgtest.PoolBehindFault(t)
 	store := migrated(t, pool)
 	if _, err := pool.Exec(ctx, `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256) VALUES ('ledger', 'k', 'k', '\x00')`); err != nil {
@@ -445,19 +501,9 @@ func TestInboxCollectorDatabaseGone(t *testing.T) {
 		t.Fatalf("before the outage: up %v (%v)", up, coll.Err())
 	}
 
-	for i, fault := range []struct {
-		name string
-		do   func()
-	}{{"freeze", proxy.Freeze}, {"stop", proxy.Stop}} {
-		t.Run(fault.name, func(t *testing.T) {
-			fault.do()
-			gatherWithin(ctx, t, reg)
-			if coll.Err() == nil {
-				t.Fatal("the read succeeded through a dead database")
-			}
-			if up, ok := value(t, reg, "idem_inbox_stats_up", nil); !ok || up != 0 {
-				t.Errorf("during the outage: up %v (%v), want 0", up, ok)
-			}
+	duringOutages(ctx, t, proxy, outage{
+		reg: reg, coll: coll, up: "idem_inbox_stats_up",
+		during: func(t *testing.T, i int) {
 			if _, ok := value(t, reg, "idem_inbox_consumer_headroom_seconds", nil); ok {
 				t.Error("per-consumer series still exported while they cannot be read")
 			}
@@ -475,17 +521,14 @@ func TestInboxCollectorDatabaseGone(t *testing.T) {
 			if errs, _ := value(t, reg, "idem_inbox_scrape_errors_total", map[string]string{"read": "markers"}); errs != float64(i+1) {
 				t.Errorf("idem_inbox_scrape_errors_total{read=markers} = %v, want %v", errs, i+1)
 			}
-			proxy.Restore()
-			gatherWithin(ctx, t, reg)
-			if up, _ := value(t, reg, "idem_inbox_stats_up", nil); up != 1 {
-				t.Errorf("after the outage: up %v (%v)", up, coll.Err())
-			}
+		},
+		after: func(t *testing.T) {
 			if err := coll.Count(ctx); err != nil {
 				t.Fatal(err)
 			}
 			if markers, _ := value(t, reg, "idem_inbox_consumer_markers", nil); markers != 1 {
 				t.Errorf("after the outage: %v markers, want 1", markers)
 			}
-		})
-	}
+		},
+	})
 }
