@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	neturl "net/url"
 	"strings"
 	"sync"
@@ -241,6 +242,7 @@ func TestOutboxMetrics(t *testing.T) {
 		Hooks: m, MaxAttempts: maxAttempts, RetryDelay: 10 * time.Millisecond, MaxRetryDelay: 20 * time.Millisecond,
 		PollInterval: 50 * time.Millisecond, PublishTimeout: 3 * time.Second,
 		OutageBackoff: 20 * time.Millisecond, MaxOutageBackoff: 200 * time.Millisecond,
+		Logger: slog.New(slog.DiscardHandler), // the refusals and the outage are caused on purpose
 	})
 	if err != nil {
 		t.Fatal(err)
