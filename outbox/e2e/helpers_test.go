@@ -5,6 +5,7 @@ import (
 	"context"
 	crand "crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
@@ -164,15 +165,22 @@ func waitFor(t testing.TB, limit time.Duration, what string, done func() bool) {
 	}
 }
 
-// process is a role running as a child process of the test.
+// process is a role running as a child process of the test. Like a
+// service manager, it starts the role again when it exits on its own (a
+// start-up failure on a loaded machine, say), unless it is one-shot.
 type process struct {
-	t    testing.TB
-	role string
-	env  []string
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	out  *lockedBuffer
-	done chan struct{}
+	t         testing.TB
+	role      string
+	env       []string
+	supervise bool
+	out       *lockedBuffer
+
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	done    chan struct{}
+	killing bool // the test is killing it: not an exit of its own
+	closed  bool // the test ended
+	exits   int  // exits of its own, restarted
 }
 
 type lockedBuffer struct {
@@ -192,13 +200,27 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-// spawn starts role; it is killed when the test ends, and what it wrote to
-// stderr is logged if the test failed.
+// spawn starts role, restarted whenever it exits on its own; it is killed
+// when the test ends, and what it wrote is logged if the test failed.
 func spawn(t testing.TB, role string, env []string) *process {
+	return spawnProcess(t, role, env, true)
+}
+
+// spawnOnce starts role once: it is not restarted when it exits.
+func spawnOnce(t testing.TB, role string, env []string) *process {
+	return spawnProcess(t, role, env, false)
+}
+
+func spawnProcess(t testing.TB, role string, env []string, supervise bool) *process {
 	t.Helper()
-	p := &process{t: t, role: role, env: env, out: &lockedBuffer{}}
-	p.start()
+	p := &process{t: t, role: role, env: env, supervise: supervise, out: &lockedBuffer{}}
+	if err := p.start(); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
+		p.mu.Lock()
+		p.closed = true
+		p.mu.Unlock()
 		p.kill()
 		if t.Failed() {
 			if s := p.out.String(); s != "" {
@@ -209,37 +231,69 @@ func spawn(t testing.TB, role string, env []string) *process {
 	return p
 }
 
-func (p *process) start() {
-	p.t.Helper()
+func (p *process) start() error {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), append([]string{roleEnv + "=" + p.role}, p.env...)...)
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {
-		p.t.Fatalf("starting %s: %v", p.role, err)
+		return fmt.Errorf("starting %s: %w", p.role, err)
 	}
 	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
 	p.mu.Lock()
+	if p.closed { // the test ended while this one started
+		p.mu.Unlock()
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil
+	}
 	p.cmd, p.done = cmd, done
 	p.mu.Unlock()
+	go func() {
+		_ = cmd.Wait()
+		p.mu.Lock()
+		own := !p.killing && !p.closed
+		if own {
+			p.exits++
+		}
+		close(done)
+		p.mu.Unlock()
+		if !own || !p.supervise {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+		p.mu.Lock()
+		again := !p.closed && p.cmd == cmd
+		p.mu.Unlock()
+		if again {
+			if err := p.start(); err != nil {
+				p.t.Log(err) // the next kill of the test starts it again
+			}
+		}
+	}()
+	return nil
 }
 
 // kill sends SIGKILL and waits for the process to be gone.
 func (p *process) kill() {
 	p.mu.Lock()
 	cmd, done := p.cmd, p.done
+	p.killing = true
 	p.mu.Unlock()
-	if cmd == nil {
-		return
+	if cmd != nil {
+		_ = cmd.Process.Signal(syscall.SIGKILL)
+		<-done
 	}
-	_ = cmd.Process.Signal(syscall.SIGKILL)
-	<-done
+	p.mu.Lock()
+	p.killing = false
+	p.mu.Unlock()
 }
 
 // restart kills the process and starts it again.
 func (p *process) restart() {
 	p.kill()
-	p.start()
+	if err := p.start(); err != nil {
+		p.t.Error(err)
+	}
 }
 
 // exited is closed when the current process ended.
@@ -247,4 +301,11 @@ func (p *process) exited() <-chan struct{} {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.done
+}
+
+// ownExits is how often the process exited without being killed.
+func (p *process) ownExits() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.exits
 }

@@ -12,6 +12,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemrabbitmq"
@@ -31,6 +34,35 @@ const messagesEnv = "IDEM_E2E_MESSAGES"
 // once, each for an A effect that committed, and no event of a rolled-back
 // effect was published.
 func TestPipelineKilled(t *testing.T) {
+	p := newPipeline(t)
+	killedPipeline(t, p, p.env())
+}
+
+// The same with the events on Kafka: the relay publishes them with
+// kafkapub to an in-process Kafka, and consumer B is an idemkafka consumer
+// in a group, killed and started again like the others.
+func TestPipelineKilledKafka(t *testing.T) {
+	p := newPipeline(t)
+	k, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(k.Close)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	topic := "events"
+	for _, name := range []string{topic, topic + ".dlq"} {
+		if _, err := kadm.NewClient(cl).CreateTopic(context.Background(), 4, 1, nil, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	killedPipeline(t, p, p.env(kafkaEnv+"="+strings.Join(k.ListenAddrs(), ","), topicEnv+"="+topic))
+}
+
+func killedPipeline(t *testing.T, p *pipeline, env []string) {
 	n := 2000
 	if s := os.Getenv(messagesEnv); s != "" {
 		var err error
@@ -38,8 +70,6 @@ func TestPipelineKilled(t *testing.T) {
 			t.Fatalf("%s=%q is not a positive count", messagesEnv, s)
 		}
 	}
-	p := newPipeline(t)
-	env := p.env()
 	parts := []*process{spawn(t, "relay", env), spawn(t, "a", env), spawn(t, "b", env)}
 
 	// Kill one part at random every few hundred milliseconds until the
@@ -83,12 +113,18 @@ func TestPipelineKilled(t *testing.T) {
 			want++
 		}
 	}
+	var last counts
+	defer func() {
+		if t.Failed() {
+			t.Logf("want %d effects of A and of B; last counts %+v, kills %v", want, last, kills)
+		}
+	}()
 	waitFor(t, 3*time.Minute, "every effect", func() bool {
-		c := p.counts(t)
-		return c.aDistinct == want && c.bDistinct == want && c.unsent == 0
+		last = p.counts(t)
+		return last.aDistinct == want && last.bDistinct == want && last.unsent == 0
 	})
 	c := p.counts(t)
-	t.Logf("%d input messages, kills %v, counts %+v", n, kills, c)
+	t.Logf("%d input messages, kills %v, exits of their own (restarted) %d, counts %+v", n, kills, parts[0].ownExits()+parts[1].ownExits()+parts[2].ownExits(), c)
 	if c.aRows != want || c.bRows != want {
 		t.Errorf("A has %d effect rows, B %d; want %d each, once per message", c.aRows, c.bRows, want)
 	}
@@ -155,7 +191,7 @@ func TestCrashBetweenPublishAndMark(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	proc, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{Consumer: "consumer-b", Key: idem.ByMessageID, Observer: obs,
+	proc, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{Consumer: "consumer-b", Key: idem.ByMessageID, Observer: obs, Logger: quiet,
 		Handler: func(ctx context.Context, tx pgx.Tx, m idem.Message) error {
 			v, err := strconv.Atoi(string(m.Body))
 			if err != nil {
@@ -167,7 +203,7 @@ func TestCrashBetweenPublishAndMark(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cons, err := idemrabbitmq.NewConsumer(proc, &idemrabbitmq.Config{URL: amqpURL(), Queue: p.queueB})
+	cons, err := idemrabbitmq.NewConsumer(proc, &idemrabbitmq.Config{URL: amqpURL(), Queue: p.queueB, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +213,7 @@ func TestCrashBetweenPublishAndMark(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-consumed })
 
 	died := filepath.Join(t.TempDir(), "died")
-	relay := spawn(t, "relay", p.env(dieAfterEnv+"=2", diedFileEnv+"="+died, leaseTermEnv+"=1500ms"))
+	relay := spawnOnce(t, "relay", p.env(dieAfterEnv+"=2", diedFileEnv+"="+died, leaseTermEnv+"=1500ms"))
 	select {
 	case <-relay.exited():
 	case <-time.After(2 * time.Minute):

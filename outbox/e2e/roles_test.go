@@ -16,11 +16,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemkafka"
 	"github.com/idemkit/idem/idemrabbitmq"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/outbox/amqppub"
+	"github.com/idemkit/idem/outbox/kafkapub"
 	"github.com/idemkit/idem/pgxinbox"
 )
 
@@ -36,6 +39,8 @@ const (
 	diedFileEnv  = "IDEM_E2E_DIED_FILE"  // relay: where it writes the IDs of the batch it dies with
 	amqpURLEnv   = "IDEM_AMQP_URL"       // as in the other packages' tests
 	leaseTermEnv = "IDEM_E2E_LEASE_TERM" // relay: its lease term
+	kafkaEnv     = "IDEM_E2E_KAFKA"      // the Kafka brokers: the events go to topicEnv, B consumes it there
+	topicEnv     = "IDEM_E2E_TOPIC"
 )
 
 func TestMain(m *testing.M) {
@@ -85,6 +90,18 @@ func runRole(role string) error {
 }
 
 func runRelay(ctx context.Context, ob *outbox.Outbox[pgx.Tx], log *slog.Logger) error {
+	if brokers := os.Getenv(kafkaEnv); brokers != "" {
+		cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(strings.Split(brokers, ",")...)}, kafkapub.ProducerOptions()...)...)
+		if err != nil {
+			return err
+		}
+		defer cl.Close()
+		kp, err := kafkapub.New(cl, nil)
+		if err != nil {
+			return err
+		}
+		return relayWith(ctx, ob, kp, log)
+	}
 	dialer := func(context.Context) (*amqp.Connection, error) { return amqp.Dial(amqpURL()) }
 	conn, err := dialer(ctx)
 	if err != nil {
@@ -95,9 +112,12 @@ func runRelay(ctx context.Context, ob *outbox.Outbox[pgx.Tx], log *slog.Logger) 
 	if err != nil {
 		return err
 	}
-	var pub outbox.Publisher = ap
+	return relayWith(ctx, ob, ap, log)
+}
+
+func relayWith(ctx context.Context, ob *outbox.Outbox[pgx.Tx], pub outbox.Publisher, log *slog.Logger) error {
 	if n, _ := strconv.Atoi(os.Getenv(dieAfterEnv)); n > 0 {
-		pub = &dying{Publisher: ap, after: n, file: os.Getenv(diedFileEnv)}
+		pub = &dying{Publisher: pub, after: n, file: os.Getenv(diedFileEnv)}
 	}
 	term := 3 * time.Second
 	if d, err := time.ParseDuration(os.Getenv(leaseTermEnv)); err == nil {
@@ -155,10 +175,12 @@ func runConsumer(ctx context.Context, role string, pool *pgxpool.Pool, ob *outbo
 			if _, err := tx.Exec(ctx, `INSERT INTO a_effects (message_id, n) VALUES ($1, $2)`, m.ID, n); err != nil {
 				return err
 			}
-			if _, err := ob.Enqueue(ctx, tx, outbox.Message{
-				DefaultExchange: true, RoutingKey: queueB, Key: "k" + strconv.Itoa(n%50), Body: m.Body,
-				Headers: map[string]string{"x-cause": m.ID},
-			}); err != nil {
+			ev := outbox.Message{DefaultExchange: true, RoutingKey: queueB, Key: "k" + strconv.Itoa(n%50), Body: m.Body,
+				Headers: map[string]string{"x-cause": m.ID}}
+			if topic := os.Getenv(topicEnv); topic != "" {
+				ev.DefaultExchange, ev.RoutingKey, ev.Destination = false, "", topic
+			}
+			if _, err := ob.Enqueue(ctx, tx, ev); err != nil {
 				return err
 			}
 			if rejected(n) {
@@ -179,6 +201,21 @@ func runConsumer(ctx context.Context, role string, pool *pgxpool.Pool, ob *outbo
 	proc, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{Consumer: "consumer-" + role, Key: idem.ByMessageID, Handler: h, Logger: log})
 	if err != nil {
 		return err
+	}
+	if brokers := os.Getenv(kafkaEnv); brokers != "" && role == "b" {
+		topic := os.Getenv(topicEnv)
+		cl, err := kgo.NewClient(append(idemkafka.GroupOptions("consumer-b", topic), kgo.SeedBrokers(strings.Split(brokers, ",")...),
+			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond),
+			kgo.SessionTimeout(time.Second), kgo.RebalanceTimeout(2*time.Second), kgo.HeartbeatInterval(200*time.Millisecond))...)
+		if err != nil {
+			return err
+		}
+		defer cl.Close()
+		cons, err := idemkafka.NewConsumer(cl, proc, &idemkafka.Config{Logger: log})
+		if err != nil {
+			return err
+		}
+		return cons.Run(ctx)
 	}
 	cons, err := idemrabbitmq.NewConsumer(proc, &idemrabbitmq.Config{URL: amqpURL(), Queue: queue, Logger: log, ShutdownGrace: time.Second})
 	if err != nil {
