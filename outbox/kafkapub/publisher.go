@@ -202,6 +202,17 @@ func (p *Publisher) produce(ctx context.Context, recs []outbox.Record, idx []int
 	if len(idx) == 0 {
 		return res
 	}
+	// Records left buffered by a call that ended with ctx go first: while
+	// they drain during this produce, the buffer limit could fail one
+	// record of a partition and take the next.
+	if p.cl.BufferedProduceRecords() > 0 {
+		if err := p.cl.Flush(ctx); err != nil {
+			for j := range res {
+				res[j] = result{err: fmt.Errorf("flushing the records of an earlier call: %w", err), partition: -1, done: true}
+			}
+			return res
+		}
+	}
 	var (
 		mu      sync.Mutex
 		pending = len(idx)
