@@ -62,7 +62,6 @@ type core struct {
 	s       *statements
 	drv     inboxdb.Driver
 	cfg     Config
-	ns      int32  // advisory-lock namespace of the table's keys
 	channel string // NOTIFY channel
 	// listen holds one session that LISTENs on channel and calls wake on
 	// each notification, until ctx is done; nil without LISTEN (SQLite, a
@@ -172,8 +171,6 @@ func newCore(dialect string, drv inboxdb.Driver, cfg *Config) (*core, error) {
 	if len(parts) == 2 {
 		t.Schema = parts[0]
 	}
-	h := fnv.New32a()
-	h.Write([]byte(t.String()))
 	channel := t.String()
 	if len(channel) > maxIdentLen {
 		// NOTIFY channels are identifiers, cut at 63 bytes.
@@ -186,7 +183,6 @@ func newCore(dialect string, drv inboxdb.Driver, cfg *Config) (*core, error) {
 		s:       newStatements(dialect, t),
 		drv:     drv,
 		cfg:     c,
-		ns:      int32(h.Sum32()),
 		channel: channel,
 		wakes:   map[chan struct{}]struct{}{},
 	}, nil
@@ -284,11 +280,21 @@ func (o *Outbox[TTx]) Enqueue(ctx context.Context, tx TTx, msgs ...Message) (ids
 			return nil, err
 		}
 	}
-	shards, err := o.shardCount(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("enqueueing: %w", err)
-	}
 	conn := o.conn(tx)
+	// The shard count, when not read yet, is read in tx itself: another
+	// connection could be the pool's last (enqueuers would wait for each
+	// other), and a read of its own on a *pgx.Conn would end tx.
+	o.mu.Lock()
+	shards := o.shards
+	o.mu.Unlock()
+	if shards == 0 {
+		if err := conn.QueryRow(ctx, o.s.shardsNow).Scan(&shards); err != nil {
+			return nil, fmt.Errorf("enqueueing: %w", o.wrap("reading the shard count", err))
+		}
+		o.mu.Lock()
+		o.shards = shards
+		o.mu.Unlock()
+	}
 	if o.s.lockKeys != "" {
 		keys := make([]string, 0, len(msgs))
 		for _, m := range msgs {
@@ -299,7 +305,7 @@ func (o *Outbox[TTx]) Enqueue(ctx context.Context, tx TTx, msgs ...Message) (ids
 		if len(keys) > 0 {
 			sort.Strings(keys)
 			var n int64
-			if err := conn.QueryRow(ctx, o.s.lockKeys, o.ns, keys).Scan(&n); err != nil {
+			if err := conn.QueryRow(ctx, o.s.lockKeys, o.table.Quoted(), keys).Scan(&n); err != nil {
 				return nil, fmt.Errorf("enqueueing into outbox %s: locking the keys: %w", o.table, err)
 			}
 		}

@@ -40,7 +40,7 @@ type statements struct {
 	updateMeta  string // $1 version
 	insertLease string // $1 shard, $2 never
 
-	lockKeys string // $1 namespace, $2 keys (PostgreSQL)
+	lockKeys string // $1 the table, $2 keys (PostgreSQL)
 	insert   string // one row: $1 id … $8 event time, $9 enqueued at
 	notify   string // $1 channel (PostgreSQL)
 
@@ -89,7 +89,9 @@ func newStatements(dialect string, t inboxdb.Table) *statements {
 		inList = "= ANY($%d)"
 		forShare, skipLocked = " FOR SHARE", " FOR UPDATE SKIP LOCKED"
 		s.migrateLock = `SELECT pg_advisory_xact_lock(hashtext('idem.outbox.migrate'))`
-		s.lockKeys = `SELECT count(pg_advisory_xact_lock($1::int, h)) FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest($2::text[]) AS k ORDER BY 1) AS s`
+		// The lock space is the table's OID, not its spelling: one table
+		// named two ways (idem_outbox, public.idem_outbox) locks a key once.
+		s.lockKeys = `SELECT count(pg_advisory_xact_lock(hashtext($1::regclass::oid::text), h)) FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest($2::text[]) AS k ORDER BY 1) AS s`
 		s.notify = `SELECT pg_notify($1, '')`
 		s.insert = `INSERT INTO ` + q + ` (id, destination, routing_key, key, shard, headers, body, event_time, enqueued_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`
 	case "sqlite":
