@@ -42,9 +42,10 @@
 //   - The marking transaction first checks that the leases are still this
 //     relay's (owner and epoch, not expired; on PostgreSQL it also locks
 //     them against a takeover until it commits). A relay that stalled past
-//     its lease term marks nothing of the shards it lost and publishes no
-//     more of them; the new holder republishes the unmarked rows, in
-//     order, and the downstream inbox skips the copies.
+//     its lease term marks nothing of the shards it lost and starts no new
+//     publish of them (a publish already under way may still end after the
+//     lease did: its copies are duplicates); the new holder republishes the
+//     unmarked rows, in order, and the downstream inbox skips the copies.
 //
 // The relay wakes on LISTEN/NOTIFY on PostgreSQL (Enqueue notifies in the
 // caller's transaction, which PostgreSQL delivers on commit) and polls as a

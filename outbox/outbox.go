@@ -268,7 +268,11 @@ func (c *core) wakeAll() {
 // On PostgreSQL, Enqueue locks each key for the rest of tx (a
 // transaction-scoped advisory lock, taken in one order), so that two
 // transactions writing the same key commit in the order of their rows;
-// transactions that enqueue the same keys wait for each other. It also
+// transactions that enqueue the same keys wait for each other. Enqueue a
+// transaction's messages in one call: the keys of one call are locked in
+// one order, but a transaction that enqueues key A and then, in a later
+// call, key B can deadlock with one that does B then A (PostgreSQL aborts
+// one of them). It also
 // notifies the relays, on commit. A message that fails validation is
 // refused with [ErrInvalid] and nothing is written.
 func (o *Outbox[TTx]) Enqueue(ctx context.Context, tx TTx, msgs ...Message) (ids []string, err error) {

@@ -267,9 +267,15 @@ func (r *Relay) listen(ctx context.Context, log *slog.Logger, notified chan<- st
 	}
 	wait := r.cfg.OutageBackoff
 	for ctx.Err() == nil {
+		began := time.Now()
 		err := r.c.listen(ctx, wake)
 		if ctx.Err() != nil {
 			return
+		}
+		if time.Since(began) > r.cfg.MaxOutageBackoff {
+			// The session had worked for a while: a new loss starts the
+			// backoff over instead of waiting the longest at once.
+			wait = r.cfg.OutageBackoff
 		}
 		log.Warn("outbox relay: LISTEN session lost; polling until it is back", "err", err, "retry_in", wait)
 		t := time.NewTimer(wait)
