@@ -20,19 +20,7 @@ import (
 func TestEnqueueStaysInTheCallersTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := pgtest.Schema(t)
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	mig, err := NewPgx(pool, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := mig.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	url, pool, _ := migratedOutbox(t)
 	count := func() (n int) {
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM idem_outbox`).Scan(&n); err != nil {
 			t.Fatal(err)
@@ -100,19 +88,7 @@ func TestEnqueueStaysInTheCallersTransaction(t *testing.T) {
 func TestKeyLockFollowsTheTableNotItsName(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := pgtest.Schema(t)
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	plain, err := NewPgx(pool, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := plain.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	_, pool, plain := migratedOutbox(t)
 	var schema string
 	if err := pool.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
 		t.Fatal(err)
@@ -141,4 +117,25 @@ func TestKeyLockFollowsTheTableNotItsName(t *testing.T) {
 	if _, err := qualified.Enqueue(cctx, tx2, Message{Destination: "d", Key: "k", Body: []byte("2")}); err == nil {
 		t.Errorf("a second transaction enqueued key k under the table's other name while the first held k's lock")
 	}
+}
+
+// migratedOutbox is a schema of its own with the outbox migrated: its URL,
+// a pool on it, and the Outbox that migrated it.
+func migratedOutbox(t *testing.T) (string, *pgxpool.Pool, *Outbox[pgx.Tx]) {
+	t.Helper()
+	ctx := context.Background()
+	url := pgtest.Schema(t)
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	o, err := NewPgx(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return url, pool, o
 }
