@@ -72,10 +72,10 @@ func uuid4() string {
 type Env struct {
 	Pool     *pgxpool.Pool
 	Store    *pgxinbox.Store // the idem inbox
-	Consumer string // the consumer's name: its inbox scope and its effects' label
-	Source   string // the queue or topic holding the workload
-	Batch    int    // messages per transaction for the batched consumers
-	Prefetch int    // deliveries in flight (RabbitMQ prefetch; Kafka max poll records)
+	Consumer string          // the consumer's name: its inbox scope and its effects' label
+	Source   string          // the queue or topic holding the workload
+	Batch    int             // messages per transaction for the batched consumers
+	Prefetch int             // deliveries in flight (RabbitMQ prefetch; Kafka max poll records)
 	AMQPURL  string
 	Kafka    []string // seed brokers
 
