@@ -3,13 +3,14 @@ PKGS ?= ./...
 # staticcheck at a pinned version, fetched and built by go run on first use.
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: test services bench lint demo
+.PHONY: test services bench bench-peers lint demo
 
 # Runs every test with the race detector, after bringing up PostgreSQL and
 # RabbitMQ on 127.0.0.1 if they are down.
 test: services lint
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 	cd idemotel && $(GO) test -race -count=1 -timeout 15m ./...
+	cd bench/peers && $(GO) test -race -count=1 -timeout 15m ./...
 
 services:
 	@bash scripts/services.sh
@@ -19,12 +20,24 @@ lint:
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	cd idemotel && $(GO) vet ./...
+	cd bench/peers && $(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 	cd idemotel && $(GO) run $(STATICCHECK) ./...
+	cd bench/peers && $(GO) run $(STATICCHECK) ./...
 
 # Benchmarks: claim vs no claim, batch sizes; see README for the figures.
 bench: services
 	$(GO) test -run '^$$' -bench . -benchtime 3s -count 1 ./pgxinbox/ ./sqlinbox/
+
+# idem side by side with the peers (no guard, the inbox SQL by hand, a
+# hand-rolled batched inbox, Watermill) on RabbitMQ and Kafka (kfake unless
+# IDEM_KAFKA_BROKERS is set), every run checked for exactly-once; writes the
+# figures and the chart under docs/bench/. See README, "Performance".
+PEERS_MESSAGES ?= 50000
+PEERS_REPEAT ?= 1
+bench-peers: services
+	cd bench/peers && $(GO) run . -messages $(PEERS_MESSAGES) -repeat $(PEERS_REPEAT) -out ../../docs/bench/peers.json
+	cd bench/peers && $(GO) run ./chart -in ../../docs/bench/peers.json -out ../../docs/bench/peers.svg
 
 demo:
 	$(GO) run ./cmd/idem demo
