@@ -147,3 +147,192 @@ func rates(v []float64) string {
 	}
 	return strings.Join(s, " ")
 }
+
+// BenchmarkDrain drains a topic of kfake into PostgreSQL, batch 100, one
+// business row per record written with one statement per batch, over 1 and
+// 2 partitions, three ways: handrolled (handDrain: the best hand-written
+// franz-go and pgx consumer, strictly in sequence), handrolled-processor
+// (the same loop around idem's processor) and idem (idemkafka, MaxBatch
+// 100, a worker per partition). The three run in turn for several rounds,
+// so that a neighbour's load hits each alike; the medians are reported, and
+// x_handrolled is a pipeline's median over handrolled's. IDEM_BENCH_RECORDS
+// sets the records (default 20000), IDEM_BENCH_ROUNDS the rounds (default
+// 3):
+//
+//	IDEM_BENCH_RECORDS=50000 go test -run '^$' -bench 'Drain' -benchtime 1x ./idemkafka/
+func BenchmarkDrain(b *testing.B) {
+	for _, parts := range []int32{1, 2} {
+		b.Run("partitions="+strconv.Itoa(int(parts)), func(b *testing.B) { benchDrain(b, parts) })
+	}
+}
+
+func benchDrain(b *testing.B, parts int32) {
+	n, rounds := envInt(b, "IDEM_BENCH_RECORDS", 20000), envInt(b, "IDEM_BENCH_ROUNDS", 3)
+	k := newKafka(b)
+	topic := k.topic(b, "drain", parts)
+	produce(b, k.client(b), topic, parts, 0, n, msgID)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+
+	type pipeline struct {
+		name  string
+		db    *db
+		proc  *idem.Processor[pgx.Tx]
+		rates []float64
+	}
+	var pipes []*pipeline
+	for _, name := range []string{"handrolled", "handrolled-processor", "idem"} {
+		p := &pipeline{name: name, db: newDB(b)}
+		if _, err := p.db.pool.Exec(context.Background(), `CREATE TABLE processed_events (consumer text NOT NULL, message_id text NOT NULL, PRIMARY KEY (consumer, message_id))`); err != nil {
+			b.Fatal(err)
+		}
+		p.proc = p.db.processor(b, nil, nil, func(c *idem.Config[pgx.Tx]) {
+			c.Logger = quiet
+			c.Handler, c.HandleBatch = nil, writeBatch
+		})
+		pipes = append(pipes, p)
+	}
+	pass := 0
+	consume := func(p *pipeline) float64 {
+		pass++
+		var start atomic.Pointer[time.Time]
+		assigned := kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) {
+			now := time.Now()
+			start.CompareAndSwap(nil, &now)
+		})
+		cl := k.groupClient(b, k.group("drain"+strconv.Itoa(pass)), []string{topic}, assigned)
+		var end time.Time
+		switch p.name {
+		case "idem":
+			obs := newCommits(b, ends(n, parts))
+			c, err := idemkafka.NewConsumer(cl, p.proc, &idemkafka.Config{MaxBatch: 100, Hooks: []idem.Hook{obs}, Logger: quiet})
+			if err != nil {
+				b.Fatal(err)
+			}
+			stop := run(b, c)
+			wait(b, obs.done, 10*time.Minute, "every partition committed")
+			end = time.Now()
+			if err := stop(); err != nil {
+				b.Fatal(err)
+			}
+		default:
+			var proc *idem.Processor[pgx.Tx]
+			if p.name == "handrolled-processor" {
+				proc = p.proc
+			}
+			handDrain(b, cl, p.db, proc, n)
+			end = time.Now()
+		}
+		elapsed := end.Sub(*start.Load())
+		cl.Close()
+		if rows, distinct := p.db.effects(b); rows != n || distinct != n {
+			b.Fatalf("%s: effects: %d rows, %d distinct; want %d", p.name, rows, distinct, n)
+		}
+		if _, err := p.db.pool.Exec(context.Background(), `TRUNCATE effects, idem_inbox, processed_events`); err != nil {
+			b.Fatal(err)
+		}
+		return float64(n) / elapsed.Seconds()
+	}
+	b.ResetTimer()
+	for range b.N {
+		for r := range rounds {
+			for i := range pipes {
+				p := pipes[(i+r)%len(pipes)]
+				p.rates = append(p.rates, consume(p))
+			}
+		}
+	}
+	hand := median(pipes[0].rates)
+	for _, p := range pipes {
+		m := median(p.rates)
+		b.ReportMetric(m, p.name+"-msgs/s")
+		if p != pipes[0] {
+			b.ReportMetric(m/hand, p.name+"-x_handrolled")
+		}
+		b.Logf("%s: %s msgs/s", p.name, rates(p.rates))
+	}
+	b.ReportMetric(median(pipes[2].rates)/median(pipes[1].rates), "idem-x_handproc")
+	b.ReportMetric(0, "ns/op")
+}
+
+// handDrain is the best batched inbox consumer one writes by hand with
+// franz-go and pgx, strictly in sequence: poll up to 100 records, in one
+// transaction claim their IDs with one statement in sorted order into
+// processed_events and write the effect of the fresh ones with one more,
+// commit, then commit the polled offsets, until n records are done. With
+// proc, the transaction is the processor's ProcessBatch instead.
+func handDrain(b *testing.B, cl *kgo.Client, d *db, proc *idem.Processor[pgx.Tx], n int) {
+	ctx := context.Background()
+	pc, err := d.pool.Acquire(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pc.Release()
+	var (
+		ids, sources, fresh []string
+		msgs                []idem.Message
+		won                 = map[string]bool{}
+	)
+	for done := 0; done < n; {
+		fs := cl.PollRecords(ctx, 100)
+		if err := fs.Err0(); err != nil {
+			b.Fatal(err)
+		}
+		recs := fs.Records()
+		if len(recs) == 0 {
+			cl.AllowRebalance()
+			continue
+		}
+		if proc != nil {
+			msgs = msgs[:0]
+			for _, r := range recs {
+				msgs = append(msgs, idem.Message{ID: string(r.Headers[0].Value), Source: r.Topic + "/" + strconv.Itoa(int(r.Partition)), Key: string(r.Key), Body: r.Value, Attempt: 1})
+			}
+			for _, res := range proc.ProcessBatchInOrder(ctx, msgs) {
+				if res.Outcome != idem.Applied {
+					b.Fatalf("%s: %v (%v)", res.MessageID, res.Outcome, res.Err)
+				}
+			}
+		} else {
+			ids, sources = ids[:0], sources[:0]
+			for _, r := range recs {
+				ids = append(ids, string(r.Headers[0].Value))
+			}
+			sorted := slices.Sorted(slices.Values(ids))
+			tx, err := pc.Begin(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			rows, err := tx.Query(ctx, `INSERT INTO processed_events (consumer, message_id)
+SELECT 'kafka-test', id FROM unnest($1::text[]) WITH ORDINALITY AS u(id, n) ORDER BY n
+ON CONFLICT DO NOTHING RETURNING message_id`, sorted)
+			if err != nil {
+				b.Fatal(err)
+			}
+			fresh, err = pgx.AppendRows(fresh[:0], rows, pgx.RowTo[string])
+			if err != nil {
+				b.Fatal(err)
+			}
+			clear(won)
+			for _, id := range fresh {
+				won[id] = true
+			}
+			ids = ids[:0]
+			for _, r := range recs {
+				if id := string(r.Headers[0].Value); won[id] {
+					ids, sources = append(ids, id), append(sources, r.Topic+"/"+strconv.Itoa(int(r.Partition)))
+				}
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO effects (message_id, source) SELECT * FROM unnest($1::text[], $2::text[])`, ids, sources); err != nil {
+				b.Fatal(err)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := cl.CommitRecords(ctx, recs...); err != nil {
+			b.Fatal(err)
+		}
+		cl.AllowRebalance()
+		done += len(recs)
+	}
+}
