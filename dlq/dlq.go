@@ -1,0 +1,530 @@
+// Package dlq is what an operator does with dead letters: list them grouped
+// by reason and consumer, show one with what a redrive would do to it,
+// redrive or purge a selection, and replay a message whose marker exists by
+// retiring the marker, on purpose and with an audit row, first.
+//
+// The sources are a RabbitMQ dead-letter queue ([RabbitMQ]) and a Kafka
+// dead-letter topic ([Kafka]), as idemrabbitmq and idemkafka fill them. The
+// verdict of a redrive comes from the inbox ([Inbox]): a key that has a
+// marker is skipped as a duplicate by the consumer, a message older than
+// the inbox's window is expired again, anything else is applied.
+//
+// Every function returns structs and prints nothing, so a command line and a
+// web console can share it. Redrive, purge and replay are dry runs unless
+// [Selection.Apply] is set. A letter leaves its dead-letter queue only after
+// the broker confirmed its republish (RabbitMQ: publisher confirm, then the
+// dead-letter copy is acked; Kafka: acks=all, then the dead-letter group's
+// offset is committed): a failure in between leaves one copy in each place,
+// and the consumer's inbox absorbs the second. Nothing is ever lost.
+package dlq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+// Headers of a dead letter, as idemrabbitmq and idemkafka write them.
+const (
+	HeaderReason   = "x-idem-reason"
+	HeaderOutcome  = "x-idem-outcome"
+	HeaderConsumer = "x-idem-consumer"
+	HeaderAttempts = "x-idem-attempts"
+	HeaderOrigin   = "x-idem-origin"
+	// HeaderRedriven counts the redrives of a message: a redrive removes
+	// the dead-letter headers and sets this one to one more than it was.
+	HeaderRedriven = "x-idem-redriven"
+)
+
+// Letter is one dead letter, as read from its dead-letter queue or topic.
+type Letter struct {
+	// ID is the message ID (AMQP message_id or the ID header; for Kafka the
+	// ID header).
+	ID string `json:"id"`
+	// DLQ is the queue or topic the letter is in.
+	DLQ string `json:"dlq"`
+	// Position is where in the DLQ: the n-th message of the queue
+	// (RabbitMQ, as read now), or partition/offset (Kafka).
+	Position string `json:"position"`
+	// Reason, Outcome, Consumer and Attempts are the x-idem-* headers. A
+	// message the broker dead-lettered itself (RabbitMQ's delivery limit)
+	// has none: Reason is then taken from x-first-death-reason.
+	Reason   string `json:"reason"`
+	Outcome  string `json:"outcome,omitempty"`
+	Consumer string `json:"consumer,omitempty"`
+	Attempts int    `json:"attempts"`
+	// Origin is the x-idem-origin header: the queue, or topic/partition/offset.
+	Origin string `json:"origin"`
+	// Target is where a redrive sends it: the origin queue or topic.
+	Target string `json:"target"`
+	// Redriven is how many times it was redriven before.
+	Redriven int `json:"redriven"`
+	// Time is the message's event time, from the most stable source it has
+	// ([idem.EventTime]); zero when it has none.
+	Time       time.Time       `json:"time,omitzero"`
+	TimeSource idem.TimeSource `json:"-"`
+	// Key is the routing or record key (not the inbox key).
+	Key     string            `json:"key,omitempty"`
+	Headers map[string]string `json:"headers,omitempty"`
+	Body    []byte            `json:"body,omitempty"`
+
+	ref any // the source's handle: a delivery, a record
+}
+
+// message is the letter as the consumer will see it when redriven.
+func (l *Letter) message() idem.Message {
+	return idem.Message{ID: l.ID, Source: l.Target, Key: l.Key, Headers: l.Headers, Body: l.Body, Time: l.Time, TimeSource: l.TimeSource}
+}
+
+// Action is what a [Source] does with one letter it walks.
+type Action int
+
+const (
+	// Keep leaves the letter in the DLQ.
+	Keep Action = iota
+	// Send republishes it to its target and removes it once the broker
+	// confirmed the republish.
+	Send
+	// Drop removes it.
+	Drop
+)
+
+// Source is a dead-letter queue or topic.
+type Source interface {
+	// Name says which DLQ, for reports ("rabbitmq queue billing.dlq").
+	Name() string
+	// Peek returns up to limit letters (0: all there are now), in order,
+	// and leaves them where they are.
+	Peek(ctx context.Context, limit int) ([]Letter, error)
+	// Walk hands the letters there are now (at most limit; 0: all), in
+	// order, to decide, and carries out its answers: a Send is removed
+	// only after the broker confirmed its republish; a Drop is removed.
+	// done reports, per letter decided on, whether it left the DLQ (Kafka
+	// removes only a prefix: a letter behind a kept one stays, and is
+	// redriven again next time, which the inbox absorbs). A decide error
+	// stops the walk; the letters not yet removed stay.
+	Walk(ctx context.Context, limit int, decide func(*Letter) (Action, error), done func(l *Letter, a Action, removed bool)) error
+	// Close releases the source's connections.
+	Close() error
+}
+
+// Verdict is what a redrive of a letter would do at its consumer.
+type Verdict string
+
+const (
+	// Apply: no marker for its key, inside the horizon: the handler runs.
+	Apply Verdict = "apply"
+	// Duplicate: its key has a marker; the consumer acks it as a
+	// duplicate without running the handler (a replay retires the marker
+	// first).
+	Duplicate Verdict = "duplicate"
+	// Expire: older than the inbox's window (DESIGN.md 8); the consumer
+	// expires it again unless its horizon applies expired messages.
+	Expire Verdict = "expire"
+	// Invalid: no ID or no valid inbox key; the consumer dead-letters it
+	// again.
+	Invalid Verdict = "invalid"
+	// Unknown: no inbox was given to judge with.
+	Unknown Verdict = "unknown"
+)
+
+// Judgement is a verdict with what it rests on.
+type Judgement struct {
+	Verdict Verdict `json:"verdict"`
+	// Why in words: the marker found, the horizon crossed.
+	Why string `json:"why"`
+	// InboxKey is the key the consumer will claim.
+	InboxKey string `json:"inbox_key,omitempty"`
+	// Marker is the marker found, for Duplicate.
+	Marker *idem.Marker `json:"marker,omitempty"`
+}
+
+// Group is the letters of one reason and consumer.
+type Group struct {
+	// Reason is the letters' reason, their message IDs in it written <id>.
+	Reason   string    `json:"reason"`
+	Consumer string    `json:"consumer"`
+	Count    int       `json:"count"`
+	Oldest   time.Time `json:"oldest,omitzero"`
+	Newest   time.Time `json:"newest,omitzero"`
+	// Untimed counts the letters with no event time (not in Oldest/Newest).
+	Untimed     int `json:"untimed"`
+	MinAttempts int `json:"min_attempts"`
+	MaxAttempts int `json:"max_attempts"`
+	// IDs are the first few message IDs, for show.
+	IDs []string `json:"ids"`
+}
+
+// groupIDs is how many IDs a group lists.
+const groupIDs = 5
+
+// Listing is the content of a DLQ, grouped.
+type Listing struct {
+	DLQ    string  `json:"dlq"`
+	Total  int     `json:"total"`
+	Groups []Group `json:"groups"`
+}
+
+// List reads the DLQ (at most limit letters; 0: all) without changing it
+// and groups the letters by reason and consumer, largest group first.
+func List(ctx context.Context, src Source, limit int) (Listing, error) {
+	ls, err := src.Peek(ctx, limit)
+	if err != nil {
+		return Listing{}, err
+	}
+	return Summarize(src.Name(), ls), nil
+}
+
+// Summarize groups letters by reason and consumer.
+func Summarize(dlq string, ls []Letter) Listing {
+	type gk struct{ reason, consumer string }
+	idx := map[gk]int{}
+	out := Listing{DLQ: dlq, Total: len(ls), Groups: []Group{}}
+	for i := range ls {
+		l := &ls[i]
+		reason := l.Reason
+		if l.ID != "" {
+			// "handling message inv-1: ..." and "handling message inv-2:
+			// ..." are one reason.
+			reason = strings.ReplaceAll(reason, l.ID, "<id>")
+		}
+		k := gk{reason, l.Consumer}
+		n, ok := idx[k]
+		if !ok {
+			n = len(out.Groups)
+			idx[k] = n
+			out.Groups = append(out.Groups, Group{Reason: reason, Consumer: l.Consumer, MinAttempts: l.Attempts, MaxAttempts: l.Attempts})
+		}
+		g := &out.Groups[n]
+		g.Count++
+		g.MinAttempts, g.MaxAttempts = min(g.MinAttempts, l.Attempts), max(g.MaxAttempts, l.Attempts)
+		if l.Time.IsZero() {
+			g.Untimed++
+		} else {
+			if g.Oldest.IsZero() || l.Time.Before(g.Oldest) {
+				g.Oldest = l.Time
+			}
+			if l.Time.After(g.Newest) {
+				g.Newest = l.Time
+			}
+		}
+		if len(g.IDs) < groupIDs {
+			g.IDs = append(g.IDs, l.ID)
+		}
+	}
+	sort.SliceStable(out.Groups, func(i, j int) bool { return out.Groups[i].Count > out.Groups[j].Count })
+	return out
+}
+
+// Shown is one letter with the verdict of its redrive.
+type Shown struct {
+	Letter    Letter    `json:"letter"`
+	Judgement Judgement `json:"judgement"`
+}
+
+// ErrNotFound is returned by [Show] for an ID the DLQ does not hold.
+var ErrNotFound = errors.New("no dead letter with that message ID")
+
+// Show finds the letter with message ID id (the first, when there are
+// several copies) and judges its redrive with in (nil: Unknown).
+func Show(ctx context.Context, src Source, in *Inbox, id string) (Shown, error) {
+	ls, err := src.Peek(ctx, 0)
+	if err != nil {
+		return Shown{}, err
+	}
+	for i := range ls {
+		if ls[i].ID == id {
+			j, err := in.Judge(ctx, &ls[i])
+			return Shown{Letter: ls[i], Judgement: j}, err
+		}
+	}
+	return Shown{}, fmt.Errorf("%w: %q in %s", ErrNotFound, id, src.Name())
+}
+
+// Filter selects letters. Empty fields select everything.
+type Filter struct {
+	// Reason selects letters whose reason contains it.
+	Reason string
+	// Consumer selects letters of this consumer.
+	Consumer string
+	// Since and Until bound the event time (a letter without one is
+	// selected only when both are zero).
+	Since, Until time.Time
+	// IDs selects these message IDs.
+	IDs []string
+}
+
+// Match reports whether f selects l.
+func (f *Filter) Match(l *Letter) bool {
+	if f.Reason != "" && !strings.Contains(l.Reason, f.Reason) {
+		return false
+	}
+	if f.Consumer != "" && l.Consumer != f.Consumer {
+		return false
+	}
+	if !f.Since.IsZero() || !f.Until.IsZero() {
+		if l.Time.IsZero() {
+			return false
+		}
+		if !f.Since.IsZero() && l.Time.Before(f.Since) {
+			return false
+		}
+		if !f.Until.IsZero() && !l.Time.Before(f.Until) {
+			return false
+		}
+	}
+	if len(f.IDs) > 0 && !slices.Contains(f.IDs, l.ID) {
+		return false
+	}
+	return true
+}
+
+// Selection is what a redrive, purge or replay acts on, and how.
+type Selection struct {
+	Filter
+	// Apply carries it out; without it, the result says what would be done
+	// and nothing changes.
+	Apply bool
+	// Rate bounds the republishes per second (0: no bound).
+	Rate float64
+	// Expired redrives letters that the horizon expires: the consumer
+	// expires them again unless its horizon applies expired messages
+	// (idem.Horizon.ApplyExpired). Off: they are refused and stay.
+	Expired bool
+	// Invalid redrives letters without an ID or a valid key, which the
+	// consumer dead-letters again (after a key function was fixed). Off:
+	// they are refused and stay.
+	Invalid bool
+	// Limit bounds the letters read (0: all there are now).
+	Limit int
+	// Progress, when set, is called after each letter decided on.
+	Progress func(done, matched int)
+}
+
+// Item is what happened, or would happen, to one letter.
+type Item struct {
+	ID        string    `json:"id"`
+	Position  string    `json:"position"`
+	Target    string    `json:"target"`
+	Judgement Judgement `json:"judgement"`
+	// Action: "redrive", "purge", "refuse" (left in the DLQ, see Why),
+	// "replay" (marker retired, then redriven).
+	Action string `json:"action"`
+	// Done: the broker confirmed the republish (or the purge) and the
+	// letter left the DLQ. False in a dry run.
+	Done bool `json:"done"`
+	// Sent: republished, and confirmed, even if the letter could not leave
+	// the DLQ (Kafka, behind a kept letter).
+	Sent bool   `json:"sent"`
+	Why  string `json:"why,omitempty"`
+	// Retired is the audit row of a replay's retired marker.
+	Retired *Retired `json:"retired,omitempty"`
+}
+
+// Result is the report of a redrive, purge or replay.
+type Result struct {
+	DLQ    string `json:"dlq"`
+	DryRun bool   `json:"dry_run"`
+	// Matched counts the letters the filter selected; Done those that left
+	// the DLQ; Refused those left in it on purpose (expired, invalid).
+	Matched  int      `json:"matched"`
+	Done     int      `json:"done"`
+	Refused  int      `json:"refused"`
+	Items    []Item   `json:"items"`
+	Warnings []string `json:"warnings,omitempty"`
+}
+
+// ByVerdict counts the items by verdict.
+func (r *Result) ByVerdict() map[Verdict]int {
+	m := map[Verdict]int{}
+	for _, it := range r.Items {
+		m[it.Judgement.Verdict]++
+	}
+	return m
+}
+
+// pacer spaces republishes rate per second apart.
+type pacer struct {
+	every time.Duration
+	next  time.Time
+}
+
+func newPacer(rate float64) *pacer {
+	if rate <= 0 {
+		return &pacer{}
+	}
+	return &pacer{every: time.Duration(float64(time.Second) / rate)}
+}
+
+func (p *pacer) wait(ctx context.Context) error {
+	if p.every == 0 {
+		return nil
+	}
+	now := time.Now()
+	if d := p.next.Sub(now); d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+		now = p.next
+	}
+	p.next = now.Add(p.every)
+	return nil
+}
+
+// Redrive sends the selected letters back to their origin. Duplicates are
+// sent too (the consumer acks them without an effect, and they leave the
+// DLQ); expired and invalid letters only when sel allows it, with a
+// warning; otherwise they are refused and stay.
+func Redrive(ctx context.Context, src Source, in *Inbox, sel Selection) (Result, error) {
+	return walk(ctx, src, in, sel, "redrive", nil)
+}
+
+// Purge removes the selected letters for good. Without sel.Apply it only
+// says which.
+func Purge(ctx context.Context, src Source, in *Inbox, sel Selection) (Result, error) {
+	return walk(ctx, src, in, sel, "purge", nil)
+}
+
+// Retirement is who retires a marker for a replay, and why; both are
+// required and kept in the audit table.
+type Retirement struct {
+	By  string
+	Why string
+}
+
+// Replay re-applies the selected letters whose keys have markers: for
+// each, it retires the marker (moved to the audit table, never a silent
+// delete) and redrives the letter, which the consumer then applies once
+// more. Letters without a marker are redriven as [Redrive] would. The
+// filter must name the IDs: a replay is a deliberate act on messages one
+// knows.
+func Replay(ctx context.Context, src Source, in *Inbox, sel Selection, r Retirement) (Result, error) {
+	if len(sel.IDs) == 0 {
+		return Result{}, errors.New("a replay names the message IDs it replays")
+	}
+	if strings.TrimSpace(r.By) == "" || strings.TrimSpace(r.Why) == "" {
+		return Result{}, errors.New("a replay says who replays and why")
+	}
+	if in == nil {
+		return Result{}, errors.New("a replay needs the inbox")
+	}
+	return walk(ctx, src, in, sel, "replay", &r)
+}
+
+func walk(ctx context.Context, src Source, in *Inbox, sel Selection, op string, ret *Retirement) (Result, error) {
+	res := Result{DLQ: src.Name(), DryRun: !sel.Apply, Items: []Item{}}
+	pace := newPacer(sel.Rate)
+	byLetter := map[*Letter]int{}
+	var expiredWarned, invalidWarned bool
+	decide := func(l *Letter) (Action, error) {
+		if !sel.Match(l) {
+			return Keep, nil
+		}
+		res.Matched++
+		j, err := in.Judge(ctx, l)
+		if err != nil {
+			return Keep, err
+		}
+		it := Item{ID: l.ID, Position: l.Position, Target: l.Target, Judgement: j, Action: op}
+		act := Send
+		switch {
+		case op == "purge":
+			act = Drop
+		case l.Target == "":
+			it.Action, it.Why, act = "refuse", "the letter names no origin to redrive to", Keep
+		case j.Verdict == Expire && !sel.Expired:
+			it.Action, it.Why, act = "refuse", "expired: "+j.Why+"; redrive it with the expired flag to send it anyway (the consumer expires it again unless its horizon applies expired messages)", Keep
+		case j.Verdict == Expire:
+			if !expiredWarned {
+				expiredWarned = true
+				res.Warnings = append(res.Warnings, "redriving expired messages: they are older than the inbox window, so their markers may be gone and the consumer cannot prove them new; it expires them again unless its horizon applies expired messages (idem.Horizon.ApplyExpired)")
+			}
+		case j.Verdict == Invalid && !sel.Invalid:
+			it.Action, it.Why, act = "refuse", "invalid: "+j.Why+"; the consumer would dead-letter it again", Keep
+		case j.Verdict == Invalid:
+			if !invalidWarned {
+				invalidWarned = true
+				res.Warnings = append(res.Warnings, "redriving messages without a valid ID or key: the consumer dead-letters them again unless its key function changed")
+			}
+		case j.Verdict == Duplicate && op == "replay":
+			if sel.Apply {
+				r, err := in.Retire(ctx, j.InboxKey, l.Consumer, l.ID, *ret)
+				if err != nil {
+					return Keep, fmt.Errorf("retiring the marker of %q: %w", l.ID, err)
+				}
+				it.Retired = &r
+			}
+			it.Why = "marker retired to the audit table, then redriven: the consumer applies it once more"
+		case j.Verdict == Duplicate:
+			it.Why = "its key has a marker: the consumer acks it as a duplicate without an effect (replay it to apply it once more)"
+		}
+		if act == Keep {
+			res.Refused++
+		}
+		if act == Keep || !sel.Apply {
+			res.Items = append(res.Items, it)
+			if sel.Progress != nil {
+				sel.Progress(len(res.Items), res.Matched)
+			}
+			return Keep, nil
+		}
+		if act == Send {
+			if err := pace.wait(ctx); err != nil {
+				return Keep, err
+			}
+		}
+		byLetter[l] = len(res.Items)
+		res.Items = append(res.Items, it)
+		return act, nil
+	}
+	done := func(l *Letter, a Action, removed bool) {
+		i, ok := byLetter[l]
+		if !ok {
+			return
+		}
+		it := &res.Items[i]
+		it.Sent = a == Send
+		it.Done = removed
+		if removed {
+			res.Done++
+		} else if a == Send {
+			it.Why = strings.TrimPrefix(it.Why+"; ", "; ") + "sent, but left in the dead-letter topic behind a letter that stays: a later redrive sends it again, which the inbox absorbs"
+		} else {
+			it.Why = strings.TrimPrefix(it.Why+"; ", "; ") + "left in the dead-letter topic behind a letter that stays"
+		}
+		if sel.Progress != nil {
+			sel.Progress(i+1, res.Matched)
+		}
+	}
+	err := src.Walk(ctx, sel.Limit, decide, done)
+	return res, err
+}
+
+// headerInt reads an integer header value.
+func headerInt(s string) int {
+	n, _ := strconv.Atoi(strings.TrimSpace(s))
+	return n
+}
+
+// deadLetterHeader reports whether a header is one a dead-lettering added,
+// which a redrive removes.
+func deadLetterHeader(k string) bool {
+	switch k {
+	case HeaderReason, HeaderOutcome, HeaderConsumer, HeaderAttempts, HeaderOrigin, HeaderRedriven,
+		"x-death", "x-first-death-reason", "x-first-death-queue", "x-first-death-exchange",
+		"x-last-death-reason", "x-last-death-queue", "x-last-death-exchange", "x-delivery-count":
+		return true
+	}
+	return false
+}

@@ -1,0 +1,310 @@
+package dlq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/pgxinbox"
+)
+
+// DB is what an [Inbox] needs of a pool: *pgxpool.Pool has it.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// RetiredTable is the audit table of retired markers, in the inbox
+// table's schema.
+const RetiredTable = "idem_inbox_retired"
+
+// InboxConfig configures an [Inbox].
+type InboxConfig struct {
+	// Table is the inbox table, optionally schema-qualified. Defaults to
+	// "idem_inbox".
+	Table string
+	// Key is the consumers' key function. Defaults to idem.ByMessageID.
+	Key idem.KeyFunc
+	// Consumer judges letters that name no consumer (those the broker
+	// dead-lettered itself at its delivery limit). Optional.
+	Consumer string
+	// Now is the clock of the horizon. Defaults to time.Now.
+	Now func() time.Time
+}
+
+// Inbox judges redrives against an inbox table on PostgreSQL and retires
+// markers for replays.
+type Inbox struct {
+	db    DB
+	store *pgxinbox.Store
+	table pgx.Identifier
+	audit string // quoted audit table
+	cfg   InboxConfig
+
+	mu       sync.Mutex
+	settings *idem.Settings
+	created  bool
+}
+
+// NewInbox returns the inbox of cfg.Table on db.
+func NewInbox(db DB, cfg *InboxConfig) (*Inbox, error) {
+	var c InboxConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Table == "" {
+		c.Table = "idem_inbox"
+	}
+	if c.Key == nil {
+		c.Key = idem.ByMessageID
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	st, err := pgxinbox.New(db, &pgxinbox.Config{Table: c.Table})
+	if err != nil {
+		return nil, err
+	}
+	id := pgx.Identifier(strings.Split(c.Table, "."))
+	audit := pgx.Identifier{RetiredTable}
+	if len(id) == 2 {
+		audit = pgx.Identifier{id[0], RetiredTable}
+	}
+	return &Inbox{db: db, store: st, table: id, audit: audit.Sanitize(), cfg: c}, nil
+}
+
+// Table is the inbox table.
+func (in *Inbox) Table() string { return in.cfg.Table }
+
+// AuditTable is the audit table of retired markers.
+func (in *Inbox) AuditTable() string { return in.audit }
+
+// Settings reads, once, the layout and window stored with the table.
+func (in *Inbox) Settings(ctx context.Context) (idem.Settings, error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.settings != nil {
+		return *in.settings, nil
+	}
+	s, err := in.store.Settings(ctx)
+	if err != nil {
+		return s, fmt.Errorf("reading the settings of inbox %s: %w", in.cfg.Table, err)
+	}
+	in.settings = &s
+	return s, nil
+}
+
+// Judge says what a redrive of l would do at its consumer. A nil inbox
+// judges Unknown.
+func (in *Inbox) Judge(ctx context.Context, l *Letter) (Judgement, error) {
+	if in == nil {
+		return Judgement{Verdict: Unknown, Why: "no inbox given to judge with"}, nil
+	}
+	consumer := l.Consumer
+	if consumer == "" {
+		consumer = in.cfg.Consumer
+	}
+	if consumer == "" {
+		return Judgement{Verdict: Unknown, Why: "the letter names no consumer (give one)"}, nil
+	}
+	if l.ID == "" {
+		return Judgement{Verdict: Invalid, Why: "the message has no ID"}, nil
+	}
+	key, err := in.cfg.Key(l.message())
+	if err != nil {
+		return Judgement{Verdict: Invalid, Why: "no inbox key: " + err.Error()}, nil
+	}
+	if key == "" || len(key) > idem.MaxKeyLen {
+		return Judgement{Verdict: Invalid, Why: fmt.Sprintf("inbox key %q is empty or longer than %d bytes", key, idem.MaxKeyLen)}, nil
+	}
+	j := Judgement{InboxKey: key}
+	m, err := in.lookup(ctx, consumer, key)
+	if err != nil {
+		return j, err
+	}
+	if m != nil {
+		j.Verdict, j.Marker = Duplicate, m
+		j.Why = fmt.Sprintf("consumer %s has a marker for key %q, written %s by message %q", consumer, key, m.ProcessedAt.UTC().Format(time.RFC3339), m.MessageID)
+		return j, nil
+	}
+	set, err := in.Settings(ctx)
+	if err != nil {
+		return j, err
+	}
+	limit := in.cfg.Now().Add(-set.Window + min(5*time.Minute, set.Window/10))
+	t, what := l.Time, "event time"
+	if set.Layout == idem.LayoutPartitioned {
+		if pt, ok := idem.TimeFromUUIDv7(key); ok {
+			t, what = pt, "partition time"
+		}
+	}
+	if !t.IsZero() && t.Before(limit) {
+		j.Verdict = Expire
+		j.Why = fmt.Sprintf("%s %s (from %s) is before %s, the horizon of the inbox's %v window: its marker may have been pruned", what, t.UTC().Format(time.RFC3339), l.TimeSource, limit.UTC().Format(time.RFC3339), set.Window)
+		return j, nil
+	}
+	j.Verdict = Apply
+	j.Why = fmt.Sprintf("consumer %s has no marker for key %q", consumer, key)
+	if t.IsZero() {
+		j.Why += "; the message has no event time, so the horizon cannot judge it"
+	}
+	return j, nil
+}
+
+func (in *Inbox) lookup(ctx context.Context, consumer, key string) (*idem.Marker, error) {
+	tx, err := in.db.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	ms, err := in.store.Lookup(ctx, tx, consumer, []string{key})
+	if err != nil {
+		return nil, fmt.Errorf("looking up the marker of %q in %s: %w", key, in.cfg.Table, err)
+	}
+	if m, ok := ms[key]; ok {
+		return &m, nil
+	}
+	return nil, nil
+}
+
+// Retired is one row of the audit table: a marker retired for a replay.
+type Retired struct {
+	ID          int64     `json:"id"`
+	RetiredAt   time.Time `json:"retired_at"`
+	RetiredBy   string    `json:"retired_by"`
+	Why         string    `json:"why"`
+	InboxTable  string    `json:"inbox_table"`
+	Consumer    string    `json:"consumer"`
+	Key         string    `json:"key"`
+	MessageID   string    `json:"message_id"`
+	ReplayOf    string    `json:"replay_of"`
+	BodySHA256  []byte    `json:"body_sha256"`
+	EventTime   time.Time `json:"event_time,omitzero"`
+	ProcessedAt time.Time `json:"processed_at"`
+	KeepUntil   time.Time `json:"keep_until"`
+}
+
+// ensureAudit creates the audit table when it does not exist.
+func (in *Inbox) ensureAudit(ctx context.Context) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.created {
+		return nil
+	}
+	// The marker's columns, plus who, when and why; marker keeps the whole
+	// row as it was (the partitioned layout's partition_time with it).
+	_, err := in.db.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+in.audit+` (
+    id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    retired_at   timestamptz NOT NULL DEFAULT now(),
+    retired_by   text NOT NULL CHECK (retired_by <> ''),
+    why          text NOT NULL CHECK (why <> ''),
+    inbox_table  text NOT NULL,
+    consumer     text NOT NULL,
+    key          text NOT NULL,
+    message_id   text NOT NULL,
+    replay_of    text NOT NULL,
+    body_sha256  bytea NOT NULL,
+    event_time   timestamptz,
+    processed_at timestamptz NOT NULL,
+    keep_until   timestamptz NOT NULL,
+    marker       jsonb NOT NULL
+)`)
+	if err != nil {
+		var pe *pgconn.PgError
+		// Two first replays at once: one of the creations loses the race
+		// on the catalog; the table is there.
+		if !errors.As(err, &pe) || (pe.Code != "23505" && pe.Code != "42P07") {
+			return fmt.Errorf("creating the audit table %s: %w", in.audit, err)
+		}
+	}
+	in.created = true
+	return nil
+}
+
+// ErrNoMarker is returned by [Inbox.Retire] when the key has no marker.
+var ErrNoMarker = errors.New("no marker to retire")
+
+// Retire moves the marker of (consumer, key) to the audit table with who
+// and why, in one transaction: the marker is gone from the inbox exactly
+// when its audit row exists. replayOf is the message ID being replayed.
+func (in *Inbox) Retire(ctx context.Context, key, consumer, replayOf string, r Retirement) (Retired, error) {
+	if consumer == "" {
+		consumer = in.cfg.Consumer
+	}
+	if strings.TrimSpace(r.By) == "" || strings.TrimSpace(r.Why) == "" {
+		return Retired{}, errors.New("retiring a marker needs who and why")
+	}
+	if err := in.ensureAudit(ctx); err != nil {
+		return Retired{}, err
+	}
+	tx, err := in.db.Begin(ctx)
+	if err != nil {
+		return Retired{}, err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var out Retired
+	var et *time.Time
+	err = tx.QueryRow(ctx, `WITH gone AS (
+    DELETE FROM `+in.table.Sanitize()+` WHERE consumer = $1 AND key = $2 RETURNING *
+)
+INSERT INTO `+in.audit+` (retired_by, why, inbox_table, consumer, key, message_id, replay_of, body_sha256, event_time, processed_at, keep_until, marker)
+SELECT $3, $4, $5, g.consumer, g.key, g.message_id, $6, g.body_sha256, g.event_time, g.processed_at, g.keep_until, to_jsonb(g) FROM gone AS g
+RETURNING id, retired_at, retired_by, why, inbox_table, consumer, key, message_id, replay_of, body_sha256, event_time, processed_at, keep_until`,
+		consumer, key, r.By, r.Why, in.cfg.Table, replayOf).Scan(&out.ID, &out.RetiredAt, &out.RetiredBy, &out.Why, &out.InboxTable,
+		&out.Consumer, &out.Key, &out.MessageID, &out.ReplayOf, &out.BodySHA256, &et, &out.ProcessedAt, &out.KeepUntil)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Retired{}, fmt.Errorf("%w: consumer %s, key %q in %s", ErrNoMarker, consumer, key, in.cfg.Table)
+	}
+	if err != nil {
+		return Retired{}, fmt.Errorf("retiring the marker of %q: %w", key, err)
+	}
+	if et != nil {
+		out.EventTime = *et
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return Retired{}, fmt.Errorf("retiring the marker of %q: %w", key, err)
+	}
+	return out, nil
+}
+
+// RetiredMarkers lists the audit rows of consumer (all consumers when
+// empty), newest first, at most limit (0: 100).
+func (in *Inbox) RetiredMarkers(ctx context.Context, consumer string, limit int) ([]Retired, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	if err := in.ensureAudit(ctx); err != nil {
+		return nil, err
+	}
+	tx, err := in.db.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	rows, err := tx.Query(ctx, `SELECT id, retired_at, retired_by, why, inbox_table, consumer, key, message_id, replay_of, body_sha256, event_time, processed_at, keep_until
+FROM `+in.audit+` WHERE inbox_table = $1 AND ($2 = '' OR consumer = $2) ORDER BY id DESC LIMIT $3`, in.cfg.Table, consumer, limit)
+	if err != nil {
+		return nil, err
+	}
+	var out []Retired
+	var r Retired
+	var et *time.Time
+	_, err = pgx.ForEachRow(rows, []any{&r.ID, &r.RetiredAt, &r.RetiredBy, &r.Why, &r.InboxTable, &r.Consumer, &r.Key, &r.MessageID, &r.ReplayOf, &r.BodySHA256, &et, &r.ProcessedAt, &r.KeepUntil}, func() error {
+		if et != nil {
+			r.EventTime = *et
+		} else {
+			r.EventTime = time.Time{}
+		}
+		out = append(out, r)
+		r.BodySHA256 = nil
+		return nil
+	})
+	return out, err
+}

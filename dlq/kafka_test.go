@@ -1,0 +1,238 @@
+package dlq
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemkafka"
+	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/pgxinbox"
+)
+
+type outcomes struct {
+	mu sync.Mutex
+	m  map[string][]idem.Outcome
+	n  int
+}
+
+func (o *outcomes) OnOutcome(_ string, r idem.Result, _ time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.m == nil {
+		o.m = map[string][]idem.Outcome{}
+	}
+	o.m[r.MessageID] = append(o.m[r.MessageID], r.Outcome)
+	o.n++
+}
+
+func (o *outcomes) count() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.n
+}
+
+// The Kafka round: a consumer whose handler fails permanently fills the
+// dead-letter topic; list groups the letters, show judges one, a dry run
+// changes nothing, a redrive of a letter behind a kept one sends it but
+// cannot settle it (the topic settles a prefix), a full redrive settles
+// all, and the fixed consumer applies each message exactly once.
+func TestKafkaListShowRedrive(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	brokers := c.ListenAddrs()
+	b := make([]byte, 4)
+	_, _ = crand.Read(b)
+	topic := "orders-" + hex.EncodeToString(b)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(0), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for _, tn := range []string{topic, topic + ".dlq"} {
+		if _, err := kadm.NewClient(cl).CreateTopic(ctx, 1, 1, nil, tn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids := []string{"ord-1", "ord-2", "ord-3"}
+	for _, id := range ids {
+		if err := cl.ProduceSync(ctx, idemkafka.NewRecord(topic, id, []byte(id), []byte(`{"order":"`+id+`"}`))).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	pool := pgtest.Pool(t)
+	store, err := pgxinbox.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE effects (message_id text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	// consume runs a consumer until until() holds.
+	consume := func(broken bool, until func(*outcomes) bool) *outcomes {
+		t.Helper()
+		o := &outcomes{}
+		proc, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{
+			Consumer: "orders-ship", Key: idem.ByMessageID, Hooks: []idem.Hook{o},
+			Handler: func(ctx context.Context, tx pgx.Tx, m idem.Message) error {
+				if broken {
+					return idem.Permanent(errors.New("carrier unknown for order " + m.ID))
+				}
+				_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1)`, m.ID)
+				return err
+			},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cons, err := idemkafka.New(idemkafka.ClientConfig{Brokers: brokers, Group: "orders-ship", Topics: []string{topic},
+			Options: []kgo.Opt{kgo.FetchMaxWait(100 * time.Millisecond)}}, proc, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, stop := context.WithCancel(ctx)
+		errc := make(chan error, 1)
+		go func() { errc <- cons.Run(rctx) }()
+		for !until(o) {
+			select {
+			case err := <-errc:
+				stop()
+				t.Fatalf("consumer stopped: %v", err)
+			case <-ctx.Done():
+				stop()
+				t.Fatalf("consumer: %d outcomes when the test timed out", o.count())
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		stop()
+		if err := <-errc; err != nil && !errors.Is(err, context.Canceled) {
+			t.Fatalf("consumer: %v", err)
+		}
+		return o
+	}
+
+	src, err := NewKafka(ctx, KafkaConfig{Brokers: brokers, Topic: topic + ".dlq"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	peekN := func() int {
+		ls, err := src.Peek(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ls)
+	}
+	consume(true, func(*outcomes) bool { return peekN() == 3 })
+
+	ls, err := List(ctx, src, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ls.Total != 3 || len(ls.Groups) != 1 || ls.Groups[0].Consumer != "orders-ship" || !strings.Contains(ls.Groups[0].Reason, "carrier unknown for order <id>") {
+		t.Fatalf("listing %+v", ls)
+	}
+	sh, err := Show(ctx, src, nil, "ord-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sh.Judgement.Verdict != Unknown || sh.Letter.Target != topic || sh.Letter.Position != "0/1" || string(sh.Letter.Body) != `{"order":"ord-2"}` {
+		t.Fatalf("show without inbox %+v", sh)
+	}
+	in, err := NewInbox(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sh, err = Show(ctx, src, in, "ord-2"); err != nil || sh.Judgement.Verdict != Apply {
+		t.Fatalf("show %+v %v", sh.Judgement, err)
+	}
+
+	res, err := Redrive(ctx, src, in, Selection{})
+	if err != nil || res.Matched != 3 || res.Done != 0 || peekN() != 3 {
+		t.Fatalf("dry run %+v %v", res, err)
+	}
+	// ord-2 is behind ord-1, which stays: sent, not settled.
+	res, err = Redrive(ctx, src, in, Selection{Filter: Filter{IDs: []string{"ord-2"}}, Apply: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Matched != 1 || res.Done != 0 || !res.Items[0].Sent || res.Items[0].Done {
+		t.Fatalf("redrive behind a kept letter %+v", res)
+	}
+	if n := peekN(); n != 3 {
+		t.Fatalf("%d letters left, want 3", n)
+	}
+	res, err = Redrive(ctx, src, in, Selection{Apply: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Done != 3 {
+		t.Fatalf("redrive %+v", res)
+	}
+	if n := peekN(); n != 0 {
+		t.Fatalf("%d letters left after the redrive", n)
+	}
+	// 4 records back in the topic (ord-2 twice); each applied once.
+	o := consume(false, func(o *outcomes) bool { return o.count() >= 4 })
+	for _, id := range ids {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE message_id = $1`, id).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n != 1 {
+			t.Fatalf("%s applied %d times (outcomes %v)", id, n, o.m[id])
+		}
+	}
+	if got := o.m["ord-2"]; len(got) != 2 || got[1] != idem.Duplicate {
+		t.Fatalf("ord-2 outcomes %v, want applied then duplicate", got)
+	}
+	// The redriven records carry the ID and the redrive count, not the
+	// dead-letter headers.
+	rec := lastRecord(ctx, t, brokers, topic)
+	h := map[string]string{}
+	for _, x := range rec.Headers {
+		h[x.Key] = string(x.Value)
+	}
+	if h[idemkafka.DefaultIDHeader] == "" || h[HeaderRedriven] != "1" || h[HeaderReason] != "" || h[HeaderOrigin] != "" {
+		t.Fatalf("redriven record headers %v", h)
+	}
+}
+
+func lastRecord(ctx context.Context, t *testing.T, brokers []string, topic string) *kgo.Record {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var last *kgo.Record
+	for last == nil || last.Offset < 5 {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("reading %s: %v", topic, ctx.Err())
+		}
+		fs.EachRecord(func(r *kgo.Record) { last = r })
+	}
+	return last
+}

@@ -1,0 +1,268 @@
+package dlq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemkit/idem/idemrabbitmq"
+)
+
+// RabbitMQConfig names a RabbitMQ dead-letter queue.
+type RabbitMQConfig struct {
+	// URL is the broker's AMQP URI. Required.
+	URL string
+	// Queue is the dead-letter queue ("billing.dlq"). Required.
+	Queue string
+	// IDHeader is the header carrying the message ID when the consumer
+	// reads it from one (idemrabbitmq.Config.IDHeader); empty: message_id.
+	IDHeader string
+	// Target is where letters that name no origin are redriven to. Empty:
+	// such letters are refused.
+	Target string
+	// ConfirmTimeout bounds the wait for the broker's confirm of one
+	// republish. Defaults to 30s.
+	ConfirmTimeout time.Duration
+}
+
+// RabbitMQ is a dead-letter queue on RabbitMQ. Reading it takes messages
+// without acknowledging them and returns them when done (closing the
+// channel), so a read leaves the queue as it was; a redriven letter is
+// acknowledged only after the broker confirmed its republish.
+//
+// Each read counts as a delivery on a quorum queue: one with a delivery
+// limit (RabbitMQ 4 gives quorum queues a default of 20) drops or
+// dead-letters a message read that many times. Give dead-letter queues no
+// delivery limit (a policy with delivery-limit -1 on RabbitMQ 4).
+type RabbitMQ struct {
+	cfg  RabbitMQConfig
+	conn *amqp.Connection
+
+	// afterConfirm runs between the republish's confirm and the ack of the
+	// dead-letter copy (fault injection in tests).
+	afterConfirm func(*Letter)
+}
+
+// NewRabbitMQ connects to the broker and checks that the queue exists.
+func NewRabbitMQ(cfg RabbitMQConfig) (*RabbitMQ, error) {
+	if cfg.URL == "" || cfg.Queue == "" {
+		return nil, errors.New("dlq: RabbitMQ needs a URL and a queue")
+	}
+	if cfg.ConfirmTimeout <= 0 {
+		cfg.ConfirmTimeout = 30 * time.Second
+	}
+	conn, err := amqp.DialConfig(cfg.URL, amqp.Config{Dial: amqp.DefaultDial(10 * time.Second), Properties: amqp.Table{"connection_name": "idem-dlq"}})
+	if err != nil {
+		return nil, fmt.Errorf("connecting to RabbitMQ: %w", err)
+	}
+	r := &RabbitMQ{cfg: cfg, conn: conn}
+	if _, err := r.depth(); err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// Name says which queue.
+func (r *RabbitMQ) Name() string { return "rabbitmq queue " + r.cfg.Queue }
+
+// Close closes the connection; letters held are returned to the queue.
+func (r *RabbitMQ) Close() error { return r.conn.Close() }
+
+// depth is the count of messages ready in the queue.
+func (r *RabbitMQ) depth() (int, error) {
+	ch, err := r.conn.Channel()
+	if err != nil {
+		return 0, fmt.Errorf("opening a channel: %w", err)
+	}
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(r.cfg.Queue, true, false, false, false, nil)
+	if err != nil {
+		return 0, fmt.Errorf("dead-letter queue %s: %w", r.cfg.Queue, err)
+	}
+	return q.Messages, nil
+}
+
+// letter turns the n-th delivery into a letter.
+func (r *RabbitMQ) letter(d *amqp.Delivery, n int) Letter {
+	m := idemrabbitmq.Message(d, r.cfg.Queue, r.cfg.IDHeader)
+	l := Letter{
+		ID: m.ID, DLQ: r.cfg.Queue, Position: "#" + strconv.Itoa(n),
+		Reason: m.Headers[HeaderReason], Outcome: m.Headers[HeaderOutcome], Consumer: m.Headers[HeaderConsumer],
+		Attempts: headerInt(m.Headers[HeaderAttempts]), Origin: m.Headers[HeaderOrigin], Redriven: headerInt(m.Headers[HeaderRedriven]),
+		Time: m.Time, TimeSource: m.TimeSource, Key: d.RoutingKey, Headers: m.Headers, Body: d.Body, ref: d,
+	}
+	if l.Origin == "" {
+		// Dead-lettered by the broker (delivery limit, rejection).
+		l.Origin = m.Headers["x-first-death-queue"]
+	}
+	if l.Reason == "" {
+		if why := m.Headers["x-first-death-reason"]; why != "" {
+			l.Reason = "broker: " + why
+		} else {
+			l.Reason = "unknown"
+		}
+	}
+	l.Target = l.Origin
+	if l.Target == "" {
+		l.Target = r.cfg.Target
+	}
+	return l
+}
+
+// Peek reads up to limit letters and returns them all to the queue.
+func (r *RabbitMQ) Peek(ctx context.Context, limit int) ([]Letter, error) {
+	var out []Letter
+	err := r.Walk(ctx, limit, func(l *Letter) (Action, error) {
+		out = append(out, *l)
+		return Keep, nil
+	}, nil)
+	return out, err
+}
+
+// Walk gets the messages there are now, without acknowledging them, and
+// hands each to decide. A Send is republished (mandatory, persistent,
+// with a publisher confirm) to the default exchange with the target queue
+// as routing key, and acknowledged in the DLQ once confirmed; a Drop is
+// acknowledged; a Keep is held until the walk ends, then returned to the
+// queue with the others.
+func (r *RabbitMQ) Walk(ctx context.Context, limit int, decide func(*Letter) (Action, error), done func(*Letter, Action, bool)) error {
+	before, err := r.depth()
+	if err != nil {
+		return err
+	}
+	n := before
+	if limit > 0 {
+		n = min(n, limit)
+	}
+	ch, err := r.conn.Channel()
+	if err != nil {
+		return fmt.Errorf("opening a channel: %w", err)
+	}
+	removed := 0
+	defer func() {
+		// Closing the channel returns every message not acknowledged. A
+		// quorum queue takes them back a moment later: wait for them, so
+		// that the next read finds the queue as this one left it.
+		_ = ch.Close()
+		r.settle(ctx, before-removed)
+	}()
+	var pub *amqp.Channel
+	var returns chan amqp.Return
+	for i := 1; i <= n; i++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		d, ok, err := ch.Get(r.cfg.Queue, false)
+		if err != nil {
+			return fmt.Errorf("reading %s: %w", r.cfg.Queue, err)
+		}
+		if !ok {
+			break
+		}
+		l := r.letter(&d, i)
+		act, err := decide(&l)
+		if err != nil {
+			return err
+		}
+		switch act {
+		case Keep:
+			continue
+		case Drop:
+			if err := d.Ack(false); err != nil {
+				report(done, &l, act, false)
+				return fmt.Errorf("acknowledging %q in %s: %w", l.ID, r.cfg.Queue, err)
+			}
+			removed++
+			report(done, &l, act, true)
+			continue
+		}
+		if l.Target == "" {
+			return fmt.Errorf("letter %q names no origin queue to redrive to", l.ID)
+		}
+		if pub == nil {
+			if pub, err = r.conn.Channel(); err != nil {
+				return fmt.Errorf("opening the publishing channel: %w", err)
+			}
+			defer pub.Close()
+			if err := pub.Confirm(false); err != nil {
+				return fmt.Errorf("enabling publisher confirms: %w", err)
+			}
+			returns = pub.NotifyReturn(make(chan amqp.Return, 1))
+		}
+		if err := r.republish(ctx, pub, returns, &d, &l); err != nil {
+			report(done, &l, act, false)
+			return err
+		}
+		if r.afterConfirm != nil {
+			r.afterConfirm(&l)
+		}
+		if err := d.Ack(false); err != nil {
+			// Republished and still in the DLQ: a later redrive sends it
+			// again, and the inbox absorbs the second copy.
+			report(done, &l, act, false)
+			return fmt.Errorf("acknowledging %q in %s after its republish was confirmed (it stays in the DLQ; the consumer's inbox absorbs a second redrive): %w", l.ID, r.cfg.Queue, err)
+		}
+		removed++
+		report(done, &l, act, true)
+	}
+	return nil
+}
+
+// settle waits, a few seconds at most, until the queue holds at least n
+// ready messages again.
+func (r *RabbitMQ) settle(ctx context.Context, n int) {
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if d, err := r.depth(); err != nil || d >= n {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func report(done func(*Letter, Action, bool), l *Letter, a Action, removed bool) {
+	if done != nil {
+		done(l, a, removed)
+	}
+}
+
+// republish publishes the redrive of d and waits for the broker's confirm.
+func (r *RabbitMQ) republish(ctx context.Context, pub *amqp.Channel, returns chan amqp.Return, d *amqp.Delivery, l *Letter) error {
+	h := amqp.Table{}
+	for k, v := range d.Headers {
+		if !deadLetterHeader(k) {
+			h[k] = v
+		}
+	}
+	h[HeaderRedriven] = int64(l.Redriven + 1)
+	msg := amqp.Publishing{
+		Headers: h, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding, DeliveryMode: amqp.Persistent,
+		Priority: d.Priority, CorrelationId: d.CorrelationId, ReplyTo: d.ReplyTo, MessageId: d.MessageId,
+		Timestamp: d.Timestamp, Type: d.Type, AppId: d.AppId, Body: d.Body,
+	}
+	cctx, cancel := context.WithTimeout(ctx, r.cfg.ConfirmTimeout)
+	defer cancel()
+	c, err := pub.PublishWithDeferredConfirmWithContext(cctx, "", l.Target, true, false, msg)
+	if err != nil {
+		return fmt.Errorf("republishing %q to %s: %w", l.ID, l.Target, err)
+	}
+	ok, err := c.WaitContext(cctx)
+	if err != nil {
+		return fmt.Errorf("waiting for the confirm of %q: %w", l.ID, err)
+	}
+	// A return comes before the confirm of the same message.
+	select {
+	case ret := <-returns:
+		return fmt.Errorf("republishing %q: the broker could not route it to queue %s (%d %s); it stays in the DLQ", l.ID, l.Target, ret.ReplyCode, ret.ReplyText)
+	default:
+	}
+	if !ok {
+		return fmt.Errorf("republishing %q: the broker nacked it; it stays in the DLQ", l.ID)
+	}
+	return nil
+}
