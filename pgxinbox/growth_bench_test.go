@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/inboxdb"
 	"github.com/idemkit/idem/pgxinbox"
 )
 
@@ -42,6 +44,8 @@ type growthInbox struct {
 	n              int
 	elapsed        time.Duration
 	rates          []float64 // per round
+	// autovacuum and autoanalyze runs on the inbox, before the claims
+	vacuums, analyzes int
 }
 
 // BenchmarkGrowth measures batched claim throughput (ProcessBatch, batches
@@ -73,7 +77,7 @@ func BenchmarkGrowth(b *testing.B) {
 	ctx := context.Background()
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "\nbatched claims (ProcessBatch, %d per batch, %d messages per inbox in %d rounds) as the inbox grows:\n", batch, perRound*rounds, rounds)
-	sb.WriteString("| layout / keys | markers | msgs/s | ratio to 0 | round ratios | table | indexes | claimed indexes | index blocks read per msg (hit) | indexes touched |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	sb.WriteString("| layout / keys | markers | msgs/s | ratio to 0 | round ratios | table | indexes | claimed indexes | index blocks read per msg (hit) | indexes touched | autovacuums, analyzes | after a checkpoint: FPI, WAL, blocks read per msg |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, c := range growthCases {
 		b.Run(fmt.Sprintf("%s/keys=%s", c.layout, c.keys), func(b *testing.B) {
 			newID := idem.NewUUIDv7
@@ -82,8 +86,8 @@ func BenchmarkGrowth(b *testing.B) {
 			}
 			next := func(n int) []idem.Message {
 				msgs := make([]idem.Message, n)
-				now := time.Now()
 				for i := range msgs {
+					now := time.Now()
 					msgs[i] = idem.Message{ID: newID(now), Time: now, Body: []byte(`{"merchant_id":1,"amount":12500}`)}
 				}
 				return msgs
@@ -118,6 +122,7 @@ func BenchmarkGrowth(b *testing.B) {
 			}
 			for _, in := range inboxes {
 				in.before = indexBlocks(b, in.admin)
+				in.vacuums, in.analyzes = autovacuums(b, in.admin)
 				var store *pgxinbox.Store
 				in.pool, store = growthPool(b, in.admin, c.layout)
 				in.p = growthProcessor(b, store)
@@ -157,6 +162,8 @@ func BenchmarkGrowth(b *testing.B) {
 						hot += a.size
 					}
 				}
+				vacuums, analyzes := autovacuums(b, in.admin)
+				probe := walProbe(b, in.admin, c.layout, newID)
 				if got := scalar[int](b, in.admin, `SELECT count(*) FROM effects`); got != in.n+warmup {
 					b.Fatalf("%d effects, want %d", got, in.n+warmup)
 				}
@@ -174,13 +181,78 @@ func BenchmarkGrowth(b *testing.B) {
 					}
 					rounds = strings.Join(rs, " ")
 				}
-				fmt.Fprintf(&sb, "| %s/keys=%s | %d | %.0f | %s | %s | %s | %s | %s | %.2f (%.1f) | %d of %d |\n",
+				b.ReportMetric(probe.fpi, "fpi/msg@"+label)
+				fmt.Fprintf(&sb, "| %s/keys=%s | %d | %.0f | %s | %s | %s | %s | %s | %.2f (%.1f) | %d of %d | %d, %d | %.2f, %.0f B, %.2f |\n",
 					c.layout, c.keys, in.rows, rate, ratio, rounds, mib(in.table), mib(in.indexes), mib(hot),
-					float64(read)/float64(in.n), float64(hit)/float64(in.n), touched, len(after))
+					float64(read)/float64(in.n), float64(hit)/float64(in.n), touched, len(after),
+					vacuums-in.vacuums, analyzes-in.analyzes, probe.fpi, probe.wal, probe.read)
 			}
 		})
 	}
 	b.Log(sb.String())
+}
+
+// autovacuums counts the autovacuum and autoanalyze runs on the inbox and
+// its partitions so far.
+func autovacuums(b *testing.B, pool *pgxpool.Pool) (vacuums, analyzes int) {
+	b.Helper()
+	if err := pool.QueryRow(context.Background(), `SELECT coalesce(sum(autovacuum_count), 0)::int, coalesce(sum(autoanalyze_count), 0)::int
+FROM pg_stat_user_tables s JOIN `+inboxRelations+` ON t.relid = s.relid`).Scan(&vacuums, &analyzes); err != nil {
+		b.Fatal(err)
+	}
+	return vacuums, analyzes
+}
+
+// probeResult is the cost of one claim statement, per key.
+type probeResult struct{ fpi, wal, read float64 }
+
+// walProbe runs the store's claim statement for 1,000 fresh keys right
+// after a CHECKPOINT, under EXPLAIN (ANALYZE, BUFFERS, WAL), and rolls it
+// back: the full-page images, WAL bytes and blocks read per key of a claim
+// that meets every page for the first time since the checkpoint, counted
+// for this statement alone (the server's other work does not enter).
+func walProbe(b *testing.B, pool *pgxpool.Pool, layout pgxinbox.Layout, newID func(time.Time) string) probeResult {
+	b.Helper()
+	ctx := context.Background()
+	const n = 1000
+	keys := make([]string, n)
+	hashes := make([][]byte, n)
+	times := make([]time.Time, n)
+	parts := make([]time.Time, n)
+	for i := range keys {
+		now := time.Now()
+		keys[i], times[i], hashes[i] = newID(now), now, make([]byte, 32)
+		parts[i], _ = idem.TimeFromUUIDv7(keys[i])
+		_, _ = rand.Read(hashes[i])
+	}
+	slices.Sort(keys) // as the processor sends them
+	args := []any{"ledger", keys, keys, hashes, times}
+	if layout == pgxinbox.Partitioned {
+		args = append(args, parts)
+	}
+	claim := inboxdb.Postgres(inboxdb.Table{Name: "idem_inbox"}, layout).Claim.SQL
+	if _, err := pool.Exec(ctx, `CHECKPOINT`); err != nil {
+		b.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var plan []struct {
+		Plan struct {
+			FPI  float64 `json:"WAL FPI"`
+			WAL  float64 `json:"WAL Bytes"`
+			Read float64 `json:"Shared Read Blocks"`
+		}
+	}
+	if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, WAL, FORMAT JSON) `+claim, args...).Scan(&plan); err != nil {
+		b.Fatal(err)
+	}
+	if len(plan) != 1 {
+		b.Fatalf("EXPLAIN gave %d plans", len(plan))
+	}
+	return probeResult{plan[0].Plan.FPI / n, plan[0].Plan.WAL / n, plan[0].Plan.Read / n}
 }
 
 // growthEnv reads a count from the environment, def when unset.
