@@ -1,0 +1,480 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	"github.com/idemkit/idem/dlq"
+)
+
+func init() {
+	register(command{name: "dlq", summary: "dead letters: list, show, redrive, purge and replay (RabbitMQ queues, Kafka topics)", run: runDLQ})
+}
+
+const dlqUsage = `usage: idem dlq <list|show|redrive|purge|replay> (--queue Q | --topic T) [flags]
+
+Dead letters of a RabbitMQ dead-letter queue (--queue, as idemrabbitmq fills
+it) or a Kafka dead-letter topic (--topic):
+  list     group the letters by reason and consumer: counts, oldest and newest, attempts
+  show     one letter: headers, body, reason, and what a redrive would do (apply,
+           skip as a duplicate, expire), judged from the inbox and its window
+  redrive  send letters back to their origin queue or topic (dry run unless --apply)
+  purge    remove letters for good (dry run unless --apply)
+  replay   apply again a message whose key has a marker: retire the marker to the
+           audit table idem_inbox_retired (who, when, why), then redrive (dry run
+           unless --apply)
+
+A letter leaves its DLQ only after the broker confirmed its republish: a
+failure in between leaves a copy in both places, and the inbox absorbs the
+second. Reading a RabbitMQ DLQ takes its messages and returns them; on a
+quorum queue each read counts as a delivery, so give dead-letter queues no
+delivery limit.
+
+Run 'idem dlq <subcommand> -h' for its flags.
+`
+
+func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, dlqUsage)
+		return &usageError{cmd: "dlq", msg: "missing subcommand"}
+	}
+	sub, rest := args[0], args[1:]
+	switch sub {
+	case "list":
+		return dlqList(ctx, rest, stdout)
+	case "show":
+		return dlqShow(ctx, rest, stdout)
+	case "redrive", "purge", "replay":
+		return dlqAct(ctx, sub, rest, stdout, stderr)
+	case "-h", "--help", "-help", "help":
+		fmt.Fprint(stdout, dlqUsage)
+		return nil
+	default:
+		return &usageError{cmd: "dlq", msg: fmt.Sprintf("unknown subcommand %q (want list, show, redrive, purge or replay)", sub)}
+	}
+}
+
+// defaultAMQPURL is the broker when neither --amqp nor IDEM_AMQP_URL names one.
+const defaultAMQPURL = "amqp://guest:guest@127.0.0.1:5672/"
+
+// dlqFlags are the flags every dlq subcommand shares.
+type dlqFlags struct {
+	fs       *cmdFlags
+	db       dbFlags
+	amqpURL  string
+	queue    string
+	brokers  string
+	topic    string
+	group    string
+	idHeader string
+	table    string
+	consumer string // for letters that name none
+	jsonOut  bool
+	inbox    bool // the subcommand judges letters against the inbox
+}
+
+func newDLQFlags(name, synopsis, doc string, stdout io.Writer, inbox bool) *dlqFlags {
+	f := &dlqFlags{fs: newCmdFlags("dlq "+name, synopsis, doc, stdout), inbox: inbox}
+	f.fs.StringVar(&f.queue, "queue", "", "RabbitMQ dead-letter queue (\"billing.dlq\")")
+	f.fs.StringVar(&f.amqpURL, "amqp", "", "RabbitMQ URL (default $IDEM_AMQP_URL, else "+defaultAMQPURL+")")
+	f.fs.StringVar(&f.topic, "topic", "", "Kafka dead-letter topic (\"billing.dlq\"), instead of --queue")
+	f.fs.StringVar(&f.brokers, "brokers", "", "Kafka seed brokers, comma-separated (default $IDEM_KAFKA_BROKERS)")
+	f.fs.StringVar(&f.group, "group", dlq.DefaultGroup, "Kafka consumer group whose committed offsets mark the letters settled")
+	f.fs.StringVar(&f.idHeader, "id-header", "", "header carrying the message ID (RabbitMQ default: the message_id property; Kafka: idem-message-id)")
+	if inbox {
+		f.db.add(f.fs.FlagSet)
+		f.fs.StringVar(&f.table, "table", "idem_inbox", "inbox table, optionally schema-qualified, that judges the redrive")
+		f.fs.StringVar(&f.consumer, "default-consumer", "", "consumer to judge letters that name none (dead-lettered by the broker itself)")
+	}
+	f.fs.BoolVar(&f.jsonOut, "json", false, "print JSON")
+	return f
+}
+
+func (f *dlqFlags) parse(args []string) error {
+	if err := f.fs.parse(args, false); err != nil {
+		return err
+	}
+	switch {
+	case f.queue == "" && f.topic == "":
+		return f.fs.usagef("name the dead letters: --queue (RabbitMQ) or --topic (Kafka)")
+	case f.queue != "" && f.topic != "":
+		return f.fs.usagef("--queue and --topic name two DLQs: give one")
+	case f.topic != "" && f.brokerList() == nil:
+		return f.fs.usagef("--topic needs --brokers (or IDEM_KAFKA_BROKERS)")
+	case f.inbox && !tableName.MatchString(f.table):
+		return f.fs.usagef("--table %q: want a table name, optionally schema.table, of letters, digits and _ (starting with a letter or _)", f.table)
+	}
+	if f.inbox {
+		return f.db.validate()
+	}
+	return nil
+}
+
+func (f *dlqFlags) brokerList() []string {
+	s := f.brokers
+	if s == "" {
+		s = os.Getenv("IDEM_KAFKA_BROKERS")
+	}
+	var out []string
+	for _, b := range strings.Split(s, ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// source opens the DLQ the flags name.
+func (f *dlqFlags) source(ctx context.Context) (dlq.Source, error) {
+	if f.topic != "" {
+		return dlq.NewKafka(ctx, dlq.KafkaConfig{Brokers: f.brokerList(), Topic: f.topic, Group: f.group, IDHeader: f.idHeader})
+	}
+	u := f.amqpURL
+	if u == "" {
+		u = os.Getenv("IDEM_AMQP_URL")
+	}
+	if u == "" {
+		u = defaultAMQPURL
+	}
+	return dlq.NewRabbitMQ(dlq.RabbitMQConfig{URL: u, Queue: f.queue, IDHeader: f.idHeader})
+}
+
+// openInbox opens the inbox that judges redrives; close closes its pool.
+func (f *dlqFlags) openInbox(ctx context.Context) (*dlq.Inbox, func(), error) {
+	pool, err := f.db.pool(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	in, err := dlq.NewInbox(pool, &dlq.InboxConfig{Table: f.table, Consumer: f.consumer})
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return in, pool.Close, nil
+}
+
+func dlqList(ctx context.Context, args []string, stdout io.Writer) error {
+	f := newDLQFlags("list", "(--queue Q | --topic T) [flags]", "Reads the dead letters, leaving them where they are, and groups them by reason (message\nIDs in it written <id>) and consumer: how many, the oldest and newest event time, the\nattempts. Show one with: idem dlq show --id ID.", stdout, false)
+	limit := f.fs.Int("limit", 0, "read at most this many letters (0: all)")
+	if err := f.parse(args); err != nil {
+		return err
+	}
+	if *limit < 0 {
+		return f.fs.usagef("--limit must not be negative (0: all)")
+	}
+	src, err := f.source(ctx)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	ls, err := dlq.List(ctx, src, *limit)
+	if err != nil {
+		return err
+	}
+	if f.jsonOut {
+		return printJSON(stdout, ls)
+	}
+	fmt.Fprintf(stdout, "%s: %d dead letters\n", ls.DLQ, ls.Total)
+	if ls.Total == 0 {
+		return nil
+	}
+	fmt.Fprintln(stdout)
+	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "COUNT\tCONSUMER\tATTEMPTS\tOLDEST\tNEWEST\tREASON\tIDS")
+	for _, g := range ls.Groups {
+		att := strconv.Itoa(g.MinAttempts)
+		if g.MaxAttempts != g.MinAttempts {
+			att += "-" + strconv.Itoa(g.MaxAttempts)
+		}
+		ids := strings.Join(g.IDs, ",")
+		if g.Count > len(g.IDs) {
+			ids += ",…"
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", g.Count, orDash(g.Consumer), att, shortTime(g.Oldest), shortTime(g.Newest), clip(g.Reason, 80), ids)
+	}
+	return w.Flush()
+}
+
+func dlqShow(ctx context.Context, args []string, stdout io.Writer) error {
+	f := newDLQFlags("show", "--id ID (--queue Q | --topic T) [flags]", "Shows one dead letter (the first with the message ID): its reason, consumer, attempts,\norigin, headers and body, and what a redrive would do, judged from the inbox: apply\n(no marker for its key), duplicate (its key has a marker: the consumer acks it without\nan effect; idem dlq replay applies it once more), expire (older than the inbox's\nwindow) or invalid (no ID). Exit 1 when no letter has the ID.", stdout, true)
+	id := f.fs.String("id", "", "message ID of the letter")
+	if err := f.parse(args); err != nil {
+		return err
+	}
+	if *id == "" {
+		return f.fs.usagef("--id is required")
+	}
+	src, err := f.source(ctx)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	in, closeDB, err := f.openInbox(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	sh, err := dlq.Show(ctx, src, in, *id)
+	if errors.Is(err, dlq.ErrNotFound) {
+		if f.jsonOut {
+			_ = printJSON(stdout, map[string]any{"found": false, "id": *id, "dlq": src.Name()})
+		}
+		return &exitError{code: exitFindings, msg: err.Error()}
+	}
+	if err != nil {
+		return err
+	}
+	if f.jsonOut {
+		return printJSON(stdout, sh)
+	}
+	l, j := sh.Letter, sh.Judgement
+	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	t := "none (the horizon cannot judge it)"
+	if !l.Time.IsZero() {
+		t = fmt.Sprintf("%s (from %s)", l.Time.UTC().Format(time.RFC3339), l.TimeSource)
+	}
+	for _, row := range [][2]string{
+		{"message", l.ID}, {"dlq", l.DLQ + " at " + l.Position}, {"consumer", orDash(l.Consumer)}, {"reason", l.Reason},
+		{"outcome", orDash(l.Outcome)}, {"attempts", strconv.Itoa(l.Attempts)}, {"origin", orDash(l.Origin)},
+		{"redrive to", orDash(l.Target)}, {"redriven", strconv.Itoa(l.Redriven)}, {"event time", t},
+		{"inbox key", orDash(j.InboxKey)}, {"verdict", string(j.Verdict) + ": " + j.Why},
+	} {
+		fmt.Fprintf(w, "%s\t%s\n", row[0], row[1])
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	keys := make([]string, 0, len(l.Headers))
+	for k := range l.Headers {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	fmt.Fprintln(stdout, "headers")
+	for _, k := range keys {
+		fmt.Fprintf(stdout, "  %s: %s\n", k, clip(l.Headers[k], 200))
+	}
+	fmt.Fprintf(stdout, "body (%d bytes)\n", len(l.Body))
+	if utf8.Valid(l.Body) {
+		fmt.Fprintf(stdout, "  %s\n", strings.ReplaceAll(string(l.Body), "\n", "\n  "))
+	} else {
+		fmt.Fprintf(stdout, "  (binary) %x\n", l.Body[:min(len(l.Body), 64)])
+	}
+	return nil
+}
+
+// timeFlag reads --since/--until: an RFC 3339 time, or a duration back
+// from now.
+func timeFlag(f *cmdFlags, name, v string, now time.Time) (time.Time, error) {
+	if v == "" {
+		return time.Time{}, nil
+	}
+	if d, err := time.ParseDuration(v); err == nil && d > 0 {
+		return now.Add(-d), nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+		return t, nil
+	}
+	return time.Time{}, f.usagef("--%s %s: want an RFC 3339 time (2026-09-01T00:00:00Z) or a duration back from now (24h)", name, v)
+}
+
+func dlqAct(ctx context.Context, op string, args []string, stdout, stderr io.Writer) error {
+	docs := map[string]string{
+		"redrive": "Sends the selected letters back to their origin queue or topic, with their message ID,\nproperties and headers, minus the dead-letter headers, plus x-idem-redriven. Each is\njudged first: apply and duplicate letters are sent (a duplicate is acked by the\nconsumer without an effect); expired ones only with --expired, invalid ones only with\n--invalid, with a warning; otherwise they are refused and stay (exit 1). A letter\nleaves the DLQ only after the broker confirmed the republish. A dry run unless --apply.",
+		"purge":   "Removes the selected letters for good. A dry run unless --apply.",
+		"replay":  "Applies again messages whose keys have markers (a handler bug made a wrong effect that\nwas compensated by hand): for each --id, moves its marker to the audit table\nidem_inbox_retired with --by and --why, in one transaction, then redrives it, and the\nconsumer applies it once more. A letter without a marker is redriven as by redrive.\nA dry run unless --apply.",
+	}
+	synopsis := "(--queue Q | --topic T) [filters] [--apply] [flags]"
+	if op == "replay" {
+		synopsis = "--id ID[,ID] --why WHY (--queue Q | --topic T) [--apply] [flags]"
+	}
+	f := newDLQFlags(op, synopsis, docs[op], stdout, op != "purge")
+	reason := f.fs.String("reason", "", "select letters whose reason contains this")
+	consumer := f.fs.String("consumer", "", "select letters of this consumer")
+	since := f.fs.String("since", "", "select letters with an event time at or after this (RFC 3339, or a duration back from now)")
+	until := f.fs.String("until", "", "select letters with an event time before this (RFC 3339, or a duration back from now)")
+	ids := f.fs.String("id", "", "select these message IDs, comma-separated")
+	apply := f.fs.Bool("apply", false, "carry it out (default: a dry run that changes nothing)")
+	limit := f.fs.Int("limit", 0, "read at most this many letters (0: all)")
+	var rate float64
+	var expired, invalid bool
+	var by, why string
+	if op != "purge" {
+		f.fs.Float64Var(&rate, "rate", 100, "republishes per second at most (0: no limit)")
+		f.fs.BoolVar(&expired, "expired", false, "redrive expired letters too (older than the inbox window: the consumer cannot prove them new and expires them again unless its horizon applies expired messages)")
+		f.fs.BoolVar(&invalid, "invalid", false, "redrive letters without a valid ID or key too (the consumer dead-letters them again unless its key function changed)")
+	}
+	if op == "replay" {
+		f.fs.StringVar(&by, "by", "", "who replays, kept in the audit table (default: the user running idem)")
+		f.fs.StringVar(&why, "why", "", "why, kept in the audit table (an incident, a ticket); required")
+	}
+	if err := f.parse(args); err != nil {
+		return err
+	}
+	if *limit < 0 {
+		return f.fs.usagef("--limit must not be negative (0: all)")
+	}
+	if rate < 0 {
+		return f.fs.usagef("--rate must not be negative (0: no limit)")
+	}
+	now := time.Now()
+	sel := dlq.Selection{Filter: dlq.Filter{Reason: *reason, Consumer: *consumer}, Apply: *apply, Rate: rate, Expired: expired, Invalid: invalid, Limit: *limit}
+	var err error
+	if sel.Since, err = timeFlag(f.fs, "since", *since, now); err != nil {
+		return err
+	}
+	if sel.Until, err = timeFlag(f.fs, "until", *until, now); err != nil {
+		return err
+	}
+	for _, id := range strings.Split(*ids, ",") {
+		if id = strings.TrimSpace(id); id != "" {
+			sel.IDs = append(sel.IDs, id)
+		}
+	}
+	var ret dlq.Retirement
+	if op == "replay" {
+		if len(sel.IDs) == 0 {
+			return f.fs.usagef("--id is required: a replay names the messages it applies again")
+		}
+		if strings.TrimSpace(why) == "" {
+			return f.fs.usagef("--why is required: it is kept in the audit table with the retired marker")
+		}
+		if by == "" {
+			by = os.Getenv("USER")
+			if u, err := user.Current(); err == nil && u.Username != "" {
+				by = u.Username
+			}
+		}
+		if by == "" {
+			return f.fs.usagef("--by is required (no user name found)")
+		}
+		ret = dlq.Retirement{By: by, Why: why}
+	}
+	src, err := f.source(ctx)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	var in *dlq.Inbox
+	if op != "purge" {
+		var closeDB func()
+		if in, closeDB, err = f.openInbox(ctx); err != nil {
+			return err
+		}
+		defer closeDB()
+	}
+	if *apply && !f.jsonOut {
+		sel.Progress = func(done, matched int) {
+			if done%100 == 0 {
+				fmt.Fprintf(stderr, "%s: %d letters…\n", op, done)
+			}
+		}
+	}
+	var res dlq.Result
+	switch op {
+	case "redrive":
+		res, err = dlq.Redrive(ctx, src, in, sel)
+	case "purge":
+		res, err = dlq.Purge(ctx, src, in, sel)
+	case "replay":
+		res, err = dlq.Replay(ctx, src, in, sel, ret)
+	}
+	if err != nil {
+		// What was done before the failure is printed: the operator must
+		// know which letters were sent.
+		if res.DLQ != "" {
+			printResult(stdout, op, res, f.jsonOut)
+		}
+		return err
+	}
+	for _, w := range res.Warnings {
+		fmt.Fprintf(stderr, "idem dlq %s: warning: %s\n", op, w)
+	}
+	if err := printResult(stdout, op, res, f.jsonOut); err != nil {
+		return err
+	}
+	if res.Refused > 0 {
+		return &exitError{code: exitFindings, msg: fmt.Sprintf("%d letters refused, left in the DLQ (see why)", res.Refused)}
+	}
+	return nil
+}
+
+func printResult(w io.Writer, op string, res dlq.Result, jsonOut bool) error {
+	if jsonOut {
+		return printJSON(w, res)
+	}
+	verdicts := res.ByVerdict()
+	var vs []string
+	for _, v := range []dlq.Verdict{dlq.Apply, dlq.Duplicate, dlq.Expire, dlq.Invalid, dlq.Unknown} {
+		if verdicts[v] > 0 {
+			vs = append(vs, fmt.Sprintf("%d %s", verdicts[v], v))
+		}
+	}
+	judged := ""
+	if len(vs) > 0 && op != "purge" {
+		judged = " (" + strings.Join(vs, ", ") + ")"
+	}
+	if res.DryRun {
+		fmt.Fprintf(w, "dry run: %d letters match in %s%s; %d would be refused; nothing changed (run again with --apply)\n", res.Matched, res.DLQ, judged, res.Refused)
+	} else {
+		past := map[string]string{"redrive": "redriven", "purge": "purged", "replay": "replayed"}[op]
+		fmt.Fprintf(w, "%s %d of %d matching letters in %s%s; %d refused\n", past, res.Done, res.Matched, res.DLQ, judged, res.Refused)
+	}
+	if len(res.Items) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tPOSITION\tVERDICT\tACTION\tDONE\tWHY")
+	for _, it := range res.Items {
+		done := "no"
+		switch {
+		case it.Done:
+			done = "yes"
+		case it.Sent:
+			done = "sent"
+		}
+		why := it.Why
+		if why == "" {
+			why = it.Judgement.Why
+		}
+		if it.Retired != nil {
+			why = fmt.Sprintf("marker retired (audit row %d, by %s); ", it.Retired.ID, it.Retired.RetiredBy) + why
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", it.ID, it.Position, it.Judgement.Verdict, it.Action, done, clip(why, 160))
+	}
+	return tw.Flush()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func shortTime(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// clip is s on one line, cut to n runes.
+func clip(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if utf8.RuneCountInString(s) > n {
+		r := []rune(s)
+		s = string(r[:n-1]) + "…"
+	}
+	return s
+}

@@ -1,0 +1,363 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/idemkit/idem/idemkafka"
+	"github.com/idemkit/idem/idemrabbitmq"
+	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/pgxinbox"
+)
+
+// dlqRun runs `idem dlq args...` and fails the test unless it exits with
+// want.
+func dlqRun(t *testing.T, want int, args ...string) (stdout, stderr string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out, errb bytes.Buffer
+	if code := run(ctx, append([]string{"dlq"}, args...), &out, &errb); code != want {
+		t.Fatalf("idem dlq %s: exit %d, want %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), code, want, out.String(), errb.String())
+	}
+	return out.String(), errb.String()
+}
+
+func testAMQPURL() string {
+	if u := os.Getenv("IDEM_AMQP_URL"); u != "" {
+		return u
+	}
+	return defaultAMQPURL
+}
+
+func suffix() string {
+	b := make([]byte, 4)
+	_, _ = crand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// dlqEnv is a work queue and its DLQ holding letters as idemrabbitmq
+// writes them, and an inbox in a fresh schema.
+type dlqEnv struct {
+	conn *amqp.Connection
+	topo idemrabbitmq.Topology
+	db   string
+	pool *pgxpool.Pool
+}
+
+func newDLQEnv(t *testing.T) *dlqEnv {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := amqp.Dial(testAMQPURL())
+	if err != nil {
+		t.Fatalf("RabbitMQ at %s is not reachable (%v); start it with: rabbitmq-server -detached && rabbitmqctl await_startup (or run make test), or set IDEM_AMQP_URL", testAMQPURL(), err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	topo, err := idemrabbitmq.DeclareQuorumWithDLQ(ch, "idem-cli-dlq-"+suffix(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if ch, err := conn.Channel(); err == nil {
+			_ = idemrabbitmq.DeleteTopology(ch, topo)
+		}
+	})
+	db := pgtest.Schema(t)
+	pool, err := pgxpool.New(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := pgxinbox.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return &dlqEnv{conn: conn, topo: topo, db: db, pool: pool}
+}
+
+// letter puts a dead letter of message id into the DLQ, as the consumer
+// billing-invoice would have.
+func (e *dlqEnv) letter(t *testing.T, id, reason string, at time.Time) {
+	t.Helper()
+	ch, err := e.conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	c, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), "", e.topo.DeadLetterQueue, true, false, amqp.Publishing{
+		MessageId: id, Timestamp: at, DeliveryMode: amqp.Persistent, ContentType: "application/json",
+		Body: []byte(`{"invoice":"` + id + `"}`),
+		Headers: amqp.Table{"tenant": "acme", "x-idem-reason": reason, "x-idem-outcome": "dead_lettered",
+			"x-idem-consumer": "billing-invoice", "x-idem-attempts": int64(3), "x-idem-origin": e.topo.Queue},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := c.WaitContext(context.Background()); !ok || err != nil {
+		t.Fatalf("confirm %v %v", ok, err)
+	}
+}
+
+func (e *dlqEnv) depth(t *testing.T, q string) int {
+	t.Helper()
+	ch, err := e.conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	info, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.Messages
+}
+
+// The operator's session on RabbitMQ: list, show, a dry run, a redrive by
+// ID, a replay with its audit row, a refused expired letter, a purge.
+func TestDLQCommandsRabbitMQ(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newDLQEnv(t)
+	now := time.Now()
+	e.letter(t, "inv-1", "handling message inv-1: permanent: tax rate missing for region", now.Add(-time.Hour))
+	e.letter(t, "inv-2", "handling message inv-2: permanent: tax rate missing for region", now.Add(-time.Minute))
+	e.letter(t, "inv-3", "handling message inv-3: permanent: customer unknown", now)
+	e.letter(t, "inv-old", "message older than the inbox retention window", now.Add(-30*24*time.Hour))
+	q := []string{"--queue", e.topo.DeadLetterQueue}
+	withDB := append([]string{"--database", e.db}, q...)
+
+	out, _ := dlqRun(t, 0, append([]string{"list", "--json"}, q...)...)
+	var ls struct {
+		Total  int
+		Groups []struct {
+			Reason, Consumer string
+			Count            int
+			IDs              []string
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &ls); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if ls.Total != 4 || len(ls.Groups) != 3 || ls.Groups[0].Count != 2 || ls.Groups[0].Reason != "handling message <id>: permanent: tax rate missing for region" || ls.Groups[0].Consumer != "billing-invoice" {
+		t.Fatalf("list: %+v", ls)
+	}
+	out, _ = dlqRun(t, 0, append([]string{"list"}, q...)...)
+	if !strings.Contains(out, "4 dead letters") || !strings.Contains(out, "inv-1,inv-2") {
+		t.Fatalf("list: %s", out)
+	}
+
+	out, _ = dlqRun(t, 0, append([]string{"show", "--id", "inv-1"}, withDB...)...)
+	for _, want := range []string{"verdict", "apply: consumer billing-invoice has no marker", "tenant: acme", `{"invoice":"inv-1"}`, "redrive to  " + e.topo.Queue} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("show lacks %q:\n%s", want, out)
+		}
+	}
+	dlqRun(t, 1, append([]string{"show", "--id", "inv-404"}, withDB...)...)
+
+	// The dry run changes nothing, and says the expired one would be refused.
+	out, _ = dlqRun(t, 1, append([]string{"redrive"}, withDB...)...)
+	if !strings.Contains(out, "dry run: 4 letters match") || !strings.Contains(out, "1 would be refused") {
+		t.Fatalf("dry run: %s", out)
+	}
+	if d, n := e.depth(t, e.topo.DeadLetterQueue), e.depth(t, e.topo.Queue); d != 4 || n != 0 {
+		t.Fatalf("after the dry run: DLQ %d, queue %d", d, n)
+	}
+
+	out, _ = dlqRun(t, 0, append([]string{"redrive", "--apply", "--id", "inv-1,inv-2", "--json"}, withDB...)...)
+	var res struct {
+		DryRun        bool `json:"dry_run"`
+		Matched, Done int
+		Items         []struct {
+			ID      string
+			Done    bool
+			Retired *struct {
+				ID        int64
+				RetiredBy string `json:"retired_by"`
+			}
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if res.DryRun || res.Matched != 2 || res.Done != 2 {
+		t.Fatalf("redrive: %s", out)
+	}
+	if d, n := e.depth(t, e.topo.DeadLetterQueue), e.depth(t, e.topo.Queue); d != 2 || n != 2 {
+		t.Fatalf("after the redrive: DLQ %d, queue %d", d, n)
+	}
+
+	// inv-3 was applied meanwhile (a marker exists): show says duplicate;
+	// a replay needs --why, then retires the marker and redrives.
+	if _, err := e.pool.Exec(ctx, `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256) VALUES ('billing-invoice', 'inv-3', 'inv-3', '\x00')`); err != nil {
+		t.Fatal(err)
+	}
+	out, _ = dlqRun(t, 0, append([]string{"show", "--id", "inv-3"}, withDB...)...)
+	if !strings.Contains(out, "duplicate: consumer billing-invoice has a marker") {
+		t.Fatalf("show: %s", out)
+	}
+	dlqRun(t, 2, append([]string{"replay", "--id", "inv-3", "--apply"}, withDB...)...)
+	dlqRun(t, 2, append([]string{"replay", "--why", "INC-7", "--apply"}, withDB...)...)
+	out, _ = dlqRun(t, 0, append([]string{"replay", "--id", "inv-3", "--why", "INC-7: invoice voided by hand", "--by", "alice"}, withDB...)...)
+	if !strings.Contains(out, "dry run: 1 letters match") {
+		t.Fatalf("dry replay: %s", out)
+	}
+	out, _ = dlqRun(t, 0, append([]string{"replay", "--id", "inv-3", "--why", "INC-7: invoice voided by hand", "--by", "alice", "--apply", "--json"}, withDB...)...)
+	res.Items = nil
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if res.Done != 1 || res.Items[0].Retired == nil || res.Items[0].Retired.RetiredBy != "alice" {
+		t.Fatalf("replay: %s", out)
+	}
+	var markers, audit int
+	var why string
+	if err := e.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM idem_inbox), (SELECT count(*) FROM idem_inbox_retired), (SELECT why FROM idem_inbox_retired)`).Scan(&markers, &audit, &why); err != nil {
+		t.Fatal(err)
+	}
+	if markers != 0 || audit != 1 || why != "INC-7: invoice voided by hand" {
+		t.Fatalf("markers %d, audit rows %d (%q)", markers, audit, why)
+	}
+
+	// Only the expired one is left: refused without --expired (exit 1).
+	out, errOut := dlqRun(t, 1, append([]string{"redrive", "--apply"}, withDB...)...)
+	if !strings.Contains(out, "expire") || !strings.Contains(errOut, "1 letters refused") {
+		t.Fatalf("expired: %s\n%s", out, errOut)
+	}
+	if d := e.depth(t, e.topo.DeadLetterQueue); d != 1 {
+		t.Fatalf("DLQ %d after a refusal", d)
+	}
+
+	// Purge: a dry run, then for good.
+	out, _ = dlqRun(t, 0, append([]string{"purge"}, q...)...)
+	if !strings.Contains(out, "dry run: 1 letters match") || e.depth(t, e.topo.DeadLetterQueue) != 1 {
+		t.Fatalf("dry purge: %s", out)
+	}
+	out, _ = dlqRun(t, 0, append([]string{"purge", "--apply", "--reason", "retention window"}, q...)...)
+	if !strings.Contains(out, "purged 1 of 1") || e.depth(t, e.topo.DeadLetterQueue) != 0 {
+		t.Fatalf("purge: %s", out)
+	}
+	if n := e.depth(t, e.topo.Queue); n != 3 {
+		t.Fatalf("queue holds %d, want the 3 redriven", n)
+	}
+}
+
+func TestDLQUsage(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"list"},
+		{"list", "--queue", "a", "--topic", "b"},
+		{"list", "--topic", "b", "--brokers", ""},
+		{"redrive", "--queue", "a", "--since", "yesterday"},
+		{"redrive", "--queue", "a", "--rate", "-1"},
+		{"show", "--queue", "a"},
+		{"replay", "--queue", "a", "--why", "x"},
+		{"frobnicate"},
+	} {
+		if args[0] == "list" && len(args) == 4 && os.Getenv("IDEM_KAFKA_BROKERS") != "" {
+			continue
+		}
+		dlqRun(t, 2, args...)
+	}
+	out, _ := dlqRun(t, 2, "list", "--json")
+	var e struct {
+		Error string
+		Exit  int
+	}
+	if err := json.Unmarshal([]byte(out), &e); err != nil || e.Exit != 2 {
+		t.Fatalf("--json usage error: %q %v", out, err)
+	}
+	out, _ = dlqRun(t, 0, "-h")
+	if !strings.Contains(out, "replay") {
+		t.Fatalf("help: %s", out)
+	}
+}
+
+// Kafka: list and a redrive of a dead-letter topic on kfake.
+func TestDLQCommandsKafka(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	brokers := strings.Join(c.ListenAddrs(), ",")
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ProducerLinger(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for _, tn := range []string{"orders", "orders.dlq"} {
+		if _, err := kadm.NewClient(cl).CreateTopic(ctx, 1, 1, nil, tn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range []string{"ord-1", "ord-2"} {
+		r := idemkafka.NewRecord("orders.dlq", id, []byte(id), []byte(`{}`))
+		r.Headers = append(r.Headers,
+			kgo.RecordHeader{Key: "x-idem-reason", Value: []byte("carrier unknown")},
+			kgo.RecordHeader{Key: "x-idem-consumer", Value: []byte("orders-ship")},
+			kgo.RecordHeader{Key: "x-idem-attempts", Value: []byte("1")},
+			kgo.RecordHeader{Key: "x-idem-origin", Value: []byte("orders/0/7")})
+		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db := pgtest.Schema(t)
+	pool, err := pgxpool.New(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	store, err := pgxinbox.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	k := []string{"--topic", "orders.dlq", "--brokers", brokers}
+	out, _ := dlqRun(t, 0, append([]string{"list"}, k...)...)
+	if !strings.Contains(out, "kafka topic orders.dlq: 2 dead letters") || !strings.Contains(out, "carrier unknown") {
+		t.Fatalf("list: %s", out)
+	}
+	out, _ = dlqRun(t, 0, append([]string{"redrive", "--apply", "--database", db}, k...)...)
+	if !strings.Contains(out, "redriven 2 of 2") {
+		t.Fatalf("redrive: %s", out)
+	}
+	out, _ = dlqRun(t, 0, append([]string{"list"}, k...)...)
+	if !strings.Contains(out, "0 dead letters") {
+		t.Fatalf("list after redrive: %s", out)
+	}
+	end, err := kadm.NewClient(cl).ListEndOffsets(ctx, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, _ := end.Lookup("orders", 0); o.Offset != 2 {
+		t.Fatalf("orders holds %d records, want the 2 redriven", o.Offset)
+	}
+}
