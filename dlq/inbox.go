@@ -51,6 +51,26 @@ type Inbox struct {
 	mu       sync.Mutex
 	settings *idem.Settings
 	created  bool
+	summary  map[string][]idem.PrunedSummary // by consumer
+}
+
+// pruned reads, once per consumer, the summaries of the keys prunes
+// deleted.
+func (in *Inbox) pruned(ctx context.Context, consumer string) ([]idem.PrunedSummary, error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if s, ok := in.summary[consumer]; ok {
+		return s, nil
+	}
+	s, err := in.store.PrunedSummaries(ctx, consumer)
+	if err != nil {
+		return nil, err
+	}
+	if in.summary == nil {
+		in.summary = map[string][]idem.PrunedSummary{}
+	}
+	in.summary[consumer] = s
+	return s, nil
 }
 
 // NewInbox returns the inbox of cfg.Table on db.
@@ -133,6 +153,17 @@ func (in *Inbox) Judge(ctx context.Context, l *Letter) (Judgement, error) {
 		j.Verdict, j.Marker = Duplicate, m
 		j.Why = fmt.Sprintf("consumer %s has a marker for key %q, written %s by message %q", consumer, key, m.ProcessedAt.UTC().Format(time.RFC3339), m.MessageID)
 		return j, nil
+	}
+	pruned, err := in.pruned(ctx, consumer)
+	if err != nil {
+		return j, err
+	}
+	for _, p := range pruned {
+		if p.Has(key) {
+			j.Verdict = Expire
+			j.Why = fmt.Sprintf("key %q is probably among the markers a prune deleted on %s (a pruned-key summary holds it): a late duplicate, which a consumer with RefuseLate expires and one without applies again", key, p.Day.UTC().Format(time.DateOnly))
+			return j, nil
+		}
 	}
 	set, err := in.Settings(ctx)
 	if err != nil {

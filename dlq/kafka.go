@@ -133,6 +133,9 @@ func (k *Kafka) bounds(ctx context.Context) (from, end map[int32]int64, err erro
 	return from, end, nil
 }
 
+// quietPoll is how long a read waits for records it knows are there.
+const quietPoll = 10 * time.Second
+
 // read returns the records between from and end, by partition then offset.
 func (k *Kafka) read(ctx context.Context, from, end map[int32]int64, limit int) ([]*kgo.Record, error) {
 	want := map[int32]kgo.Offset{}
@@ -157,12 +160,25 @@ func (k *Kafka) read(ctx context.Context, from, end map[int32]int64, limit int) 
 	var out []*kgo.Record
 	reached := map[int32]bool{}
 	for len(reached) < len(want) {
-		fs := cl.PollFetches(ctx)
+		// A partition whose last offsets hold no record (transaction
+		// markers) never shows its end: a quiet poll ends the read. What
+		// was not read is neither listed nor settled.
+		pctx, cancel := context.WithTimeout(ctx, quietPoll)
+		fs := cl.PollFetches(pctx)
+		quiet := pctx.Err() != nil
+		cancel()
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
+		if quiet && fs.NumRecords() == 0 {
+			break
+		}
 		var ferr error
-		fs.EachError(func(_ string, _ int32, err error) { ferr = err })
+		fs.EachError(func(_ string, _ int32, err error) {
+			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+				ferr = err
+			}
+		})
 		if ferr != nil {
 			return nil, fmt.Errorf("reading %s: %w", k.cfg.Topic, ferr)
 		}
