@@ -285,7 +285,10 @@ func handDrain(b *testing.B, cl *kgo.Client, d *db, proc *idem.Processor[pgx.Tx]
 		if proc != nil {
 			msgs = msgs[:0]
 			for _, r := range recs {
-				msgs = append(msgs, idem.Message{ID: string(r.Headers[0].Value), Source: r.Topic + "/" + strconv.Itoa(int(r.Partition)), Key: string(r.Key), Body: r.Value, Attempt: 1})
+				m := idem.Message{ID: string(r.Headers[0].Value), Source: r.Topic + "/" + strconv.Itoa(int(r.Partition)), Key: string(r.Key), Body: r.Value, Attempt: 1}
+				// The time idemkafka gives a record without a time header.
+				m.Time, m.TimeSource = idem.EventTime(m.ID, time.Time{}, r.Timestamp)
+				msgs = append(msgs, m)
 			}
 			for _, res := range proc.ProcessBatchInOrder(ctx, msgs) {
 				if res.Outcome != idem.Applied {
