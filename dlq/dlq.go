@@ -74,8 +74,6 @@ type Letter struct {
 	Key     string            `json:"key,omitempty"`
 	Headers map[string]string `json:"headers,omitempty"`
 	Body    []byte            `json:"body,omitempty"`
-
-	ref any // the source's handle: a delivery, a record
 }
 
 // message is the letter as the consumer will see it when redriven.

@@ -51,6 +51,10 @@ type Kafka struct {
 	cfg KafkaConfig
 	cl  *kgo.Client
 	adm *kadm.Client
+
+	// afterProduce runs between the redrive's acks and the offset commit
+	// (fault injection in tests).
+	afterProduce func(*Letter)
 }
 
 // NewKafka connects to the cluster and checks that the topic exists.
@@ -222,7 +226,7 @@ func (k *Kafka) letter(r *kgo.Record) Letter {
 		ID: id, DLQ: r.Topic, Position: strconv.Itoa(int(r.Partition)) + "/" + strconv.FormatInt(r.Offset, 10),
 		Reason: h[HeaderReason], Outcome: h[HeaderOutcome], Consumer: h[HeaderConsumer], Attempts: headerInt(h[HeaderAttempts]),
 		Origin: h[HeaderOrigin], Redriven: headerInt(h[HeaderRedriven]), Time: t, TimeSource: src,
-		Key: string(r.Key), Headers: h, Body: r.Value, ref: r,
+		Key: string(r.Key), Headers: h, Body: r.Value,
 	}
 	if l.Reason == "" {
 		l.Reason = "unknown"
@@ -296,6 +300,9 @@ func (k *Kafka) Walk(ctx context.Context, limit int, decide func(*Letter) (Actio
 			if err := k.cl.ProduceSync(ctx, k.redrive(r, &l)).FirstErr(); err != nil {
 				werr = fmt.Errorf("producing %q to %s: %w", l.ID, l.Target, err)
 				break
+			}
+			if k.afterProduce != nil {
+				k.afterProduce(&l)
 			}
 		}
 		upto[r.Partition] = r.Offset + 1

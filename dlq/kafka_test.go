@@ -236,3 +236,71 @@ func lastRecord(ctx context.Context, t *testing.T, brokers []string, topic strin
 	}
 	return last
 }
+
+// The client dies after the redrive was acknowledged by all replicas and
+// before the dead-letter group's offset was committed: the letter stays in
+// the topic, the redrive is in the origin topic; the next redrive sends it
+// again (the inbox absorbs it, see TestKafkaListShowRedrive) and settles it.
+func TestKafkaCrashBetweenProduceAndCommit(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	brokers := c.ListenAddrs()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	for _, tn := range []string{"pay", "pay.dlq"} {
+		if _, err := adm.CreateTopic(ctx, 1, 1, nil, tn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := idemkafka.NewRecord("pay.dlq", "pay-1", []byte("pay-1"), []byte(`{}`))
+	r.Headers = append(r.Headers, kgo.RecordHeader{Key: HeaderReason, Value: []byte("boom")}, kgo.RecordHeader{Key: HeaderOrigin, Value: []byte("pay/0/0")})
+	if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	open := func() *Kafka {
+		k, err := NewKafka(ctx, KafkaConfig{Brokers: brokers, Topic: "pay.dlq"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = k.Close() })
+		return k
+	}
+	ends := func() (origin, left int) {
+		end, err := adm.ListEndOffsets(ctx, "pay")
+		if err != nil {
+			t.Fatal(err)
+		}
+		o, _ := end.Lookup("pay", 0)
+		ls, err := open().Peek(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return int(o.Offset), len(ls)
+	}
+	k := open()
+	k.afterProduce = func(*Letter) { k.cl.Close() }
+	res, err := Redrive(ctx, k, nil, Selection{Apply: true})
+	if err == nil || res.Done != 0 || len(res.Items) != 1 || !res.Items[0].Sent {
+		t.Fatalf("redrive over a dead client: %v %+v", err, res)
+	}
+	if o, l := ends(); o != 1 || l != 1 {
+		t.Fatalf("after the crash: origin %d records, %d letters; want 1, 1", o, l)
+	}
+	res, err = Redrive(ctx, open(), nil, Selection{Apply: true})
+	if err != nil || res.Done != 1 {
+		t.Fatalf("second redrive: %v %+v", err, res)
+	}
+	if o, l := ends(); o != 2 || l != 0 {
+		t.Fatalf("after the second redrive: origin %d records, %d letters; want 2, 0", o, l)
+	}
+}
