@@ -267,7 +267,9 @@ func (t *tracker) acks() []op {
 			settled[i] = t.entries[i].d
 		}
 		ops = append(ops, op{verb: Ack, tag: t.entries[n-1].tag, multiple: n > 1, settled: settled})
-		t.entries = t.entries[n:]
+		// The rest moves to the front: dropping the prefix instead would
+		// make every add grow a new array.
+		t.entries = t.entries[:copy(t.entries, t.entries[n:])]
 	}
 	if len(t.entries) == 0 || t.entries[0].state == processing {
 		return ops

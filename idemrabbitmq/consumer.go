@@ -341,9 +341,12 @@ func (c *Consumer[TTx]) session(ctx context.Context, log *slog.Logger) (consumed
 
 	l := &loop[TTx]{
 		c: c, ch: ch, dl: dl, log: log, wg: &wg, bctx: bctx, s: newSession(&c.cfg),
+		batches:      make(chan pending, c.cfg.Workers),
 		completions:  make(chan completion, c.cfg.Workers),
 		publications: make(chan publication, 1),
 	}
+	l.startWorkers(c.cfg.Workers)
+	defer close(l.batches)
 	return true, l.run(ctx, tag, deliveries, connClosed, chClosed)
 }
 
@@ -359,31 +362,29 @@ type loop[TTx any] struct {
 	wg           *sync.WaitGroup
 	bctx         context.Context
 	s            *session
+	batches      chan pending // to the workers; at most Workers are out at once
 	completions  chan completion
 	publications chan publication
 }
 
 func (l *loop[TTx]) run(ctx context.Context, tag string, deliveries <-chan amqp.Delivery, connClosed, chClosed <-chan *amqp.Error) error {
-	cfg := &l.c.cfg
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	armed := time.Time{} // when timer fires; zero when stopped
 	done := ctx.Done()
 	for {
-		w, wake := l.s.next(time.Now())
-		l.c.inFlight.Store(int64(l.s.tr.len()))
-		for _, b := range w.batches {
-			l.process(b)
-		}
-		if len(w.letters) > 0 {
-			l.publish(w.letters)
-		}
+		wake := l.dispatch()
 		if l.s.done() {
 			return nil
 		}
-		if wake.IsZero() {
+		if !wake.Equal(armed) {
+			// The timer is reset only when the wake-up moved: gathering a
+			// batch sets it once, not once per delivery.
 			timer.Stop()
-		} else {
-			timer.Reset(time.Until(wake))
+			if !wake.IsZero() {
+				timer.Reset(time.Until(wake))
+			}
+			armed = wake
 		}
 		in := deliveries
 		if !l.s.intake() {
@@ -393,22 +394,24 @@ func (l *loop[TTx]) run(ctx context.Context, tag string, deliveries <-chan amqp.
 		select {
 		case d, ok := <-in:
 			if !ok {
-				return errors.New("delivery channel closed (consumer cancelled by the broker?)")
+				return errClosedDeliveries
 			}
-			l.c.stats.delivered.Add(1)
-			if d.Redelivered {
-				l.c.stats.redelivered.Add(1)
-				idem.Each(l.c.hooks, func(h RedeliveredQueueHook) { h.Redelivered(cfg.Queue) })
-				idem.Each(l.c.hooks, func(h idem.RedeliveredHook) { h.OnRedelivered(l.c.proc.Consumer(), cfg.Queue) })
+			l.take(&d)
+			if err := l.gather(in); err != nil {
+				return err
 			}
-			l.s.deliver(d, Message(&d, cfg.Queue, cfg.IDHeader), time.Now())
 		case <-timer.C:
+			armed = time.Time{}
 			ops = l.s.tick(time.Now())
 		case r := <-l.completions:
 			if r.err != nil {
 				return r.err
 			}
 			ops = l.s.finished(r.batch, r.decisions, time.Now())
+			// The worker gets its next batch before the acks go out: the
+			// acks are of a batch that committed, and the next batch's
+			// transaction need not wait for their frames and hooks.
+			l.dispatch()
 			l.logHeld(r.decisions)
 		case p := <-l.publications:
 			if p.err != nil {
@@ -438,6 +441,54 @@ func (l *loop[TTx]) run(ctx context.Context, tag string, deliveries <-chan amqp.
 	}
 }
 
+var errClosedDeliveries = errors.New("delivery channel closed (consumer cancelled by the broker?)")
+
+// dispatch starts the work the session has for now: batches to the
+// workers, dead letters to the publisher. It returns when the loop must
+// look again if no event comes first (zero: only an event can change
+// anything).
+func (l *loop[TTx]) dispatch() time.Time {
+	w, wake := l.s.next(time.Now())
+	l.c.inFlight.Store(int64(l.s.tr.len()))
+	for _, b := range w.batches {
+		l.batches <- b
+	}
+	if len(w.letters) > 0 {
+		l.publish(w.letters)
+	}
+	return wake
+}
+
+// gather takes what the client has already received, up to a full batch,
+// before the loop looks at anything else: one select per delivery over
+// every event costs more than the delivery.
+func (l *loop[TTx]) gather(in <-chan amqp.Delivery) error {
+	for l.s.intake() {
+		select {
+		case d, ok := <-in:
+			if !ok {
+				return errClosedDeliveries
+			}
+			l.take(&d)
+		default:
+			return nil
+		}
+	}
+	return nil
+}
+
+// take adds a delivery to the batch being gathered.
+func (l *loop[TTx]) take(d *amqp.Delivery) {
+	cfg := &l.c.cfg
+	l.c.stats.delivered.Add(1)
+	if d.Redelivered {
+		l.c.stats.redelivered.Add(1)
+		idem.Each(l.c.hooks, func(h RedeliveredQueueHook) { h.Redelivered(cfg.Queue) })
+		idem.Each(l.c.hooks, func(h idem.RedeliveredHook) { h.OnRedelivered(l.c.proc.Consumer(), cfg.Queue) })
+	}
+	l.s.deliver(*d, Message(d, cfg.Queue, cfg.IDHeader), time.Now())
+}
+
 func closedError(what string, e *amqp.Error, ok bool) error {
 	if !ok || e == nil {
 		return fmt.Errorf("%s closed", what)
@@ -445,13 +496,20 @@ func closedError(what string, e *amqp.Error, ok bool) error {
 	return fmt.Errorf("%s closed: %w", what, e)
 }
 
-// process hands a batch to a worker goroutine.
-func (l *loop[TTx]) process(b pending) {
-	l.wg.Add(1)
-	go func() {
-		defer l.wg.Done()
-		l.completions <- l.work(b)
-	}()
+// startWorkers starts the session's n workers. Each processes the
+// batches it is handed, one at a time, until batches is closed; a worker
+// that lives as long as the session keeps its grown stack and costs no
+// goroutine per batch.
+func (l *loop[TTx]) startWorkers(n int) {
+	l.wg.Add(n)
+	for range n {
+		go func() {
+			defer l.wg.Done()
+			for b := range l.batches {
+				l.completions <- l.work(b)
+			}
+		}()
+	}
 }
 
 // work processes a batch and decides each message's fate through the
@@ -521,6 +579,10 @@ func (l *loop[TTx]) logHeld(ds []decision) {
 func (l *loop[TTx]) send(ops []op) error {
 	cfg := &l.c.cfg
 	st := &l.c.stats
+	var now time.Time
+	if len(ops) > 0 {
+		now = time.Now()
+	}
 	for _, o := range ops {
 		var err error
 		switch o.verb {
@@ -543,7 +605,7 @@ func (l *loop[TTx]) send(ops []op) error {
 			default:
 				st.applied.Add(1)
 			}
-			l.c.health.Settle(d.disp, d.res, time.Now())
+			l.c.health.Settle(d.disp, d.res, now)
 			idem.Each(l.c.hooks, func(h SettledHook) { h.Settled(cfg.Queue, d.verb, d.res) })
 			idem.Each(l.c.hooks, func(h idem.SettleHook) { h.OnSettle(l.c.proc.Consumer(), cfg.Queue, d.disp, d.res) })
 		}

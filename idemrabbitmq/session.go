@@ -94,6 +94,12 @@ func (s *session) deliver(d amqp.Delivery, m idem.Message, now time.Time) {
 	s.tr.add(d.DeliveryTag)
 	if len(s.gathering.msgs) == 0 {
 		s.gatherDue = now.Add(s.batchWait)
+		if cap(s.gathering.msgs) == 0 {
+			// A batch's slices go to its worker whole; the next batch
+			// gets its own, sized once.
+			s.gathering.deliveries = make([]amqp.Delivery, 0, s.batchSize)
+			s.gathering.msgs = make([]idem.Message, 0, s.batchSize)
+		}
 	}
 	s.gathering.add(d, m)
 }
