@@ -354,3 +354,17 @@ func TestRedriveUnroutableKeepsLetter(t *testing.T) {
 		t.Fatalf("DLQ holds %d, want the letter kept", n)
 	}
 }
+
+// Every read of a quorum queue counts as a delivery: a listing warns
+// before a delivery limit could bite.
+func TestListWarnsOfManyReads(t *testing.T) {
+	t.Parallel()
+	ls := Summarize("q", []Letter{{ID: "a", Reason: "r", Headers: map[string]string{"x-delivery-count": "3"}}})
+	if len(ls.Warnings) != 0 {
+		t.Fatalf("warnings %v", ls.Warnings)
+	}
+	ls = Summarize("q", []Letter{{ID: "a", Reason: "r", Headers: map[string]string{"x-delivery-count": "12"}}})
+	if len(ls.Warnings) != 1 || !strings.Contains(ls.Warnings[0], "delivery limit") {
+		t.Fatalf("warnings %v", ls.Warnings)
+	}
+}

@@ -51,7 +51,7 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	sub, rest := args[0], args[1:]
 	switch sub {
 	case "list":
-		return dlqList(ctx, rest, stdout)
+		return dlqList(ctx, rest, stdout, stderr)
 	case "show":
 		return dlqShow(ctx, rest, stdout)
 	case "redrive", "purge", "replay":
@@ -163,7 +163,7 @@ func (f *dlqFlags) openInbox(ctx context.Context) (*dlq.Inbox, func(), error) {
 	return in, pool.Close, nil
 }
 
-func dlqList(ctx context.Context, args []string, stdout io.Writer) error {
+func dlqList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	f := newDLQFlags("list", "(--queue Q | --topic T) [flags]", "Reads the dead letters, leaving them where they are, and groups them by reason (message\nIDs in it written <id>) and consumer: how many, the oldest and newest event time, the\nattempts. Show one with: idem dlq show --id ID.", stdout, false)
 	limit := f.fs.Int("limit", 0, "read at most this many letters (0: all)")
 	if err := f.parse(args); err != nil {
@@ -183,6 +183,9 @@ func dlqList(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	if f.jsonOut {
 		return printJSON(stdout, ls)
+	}
+	for _, w := range ls.Warnings {
+		fmt.Fprintf(stderr, "idem dlq list: warning: %s\n", w)
 	}
 	fmt.Fprintf(stdout, "%s: %d dead letters\n", ls.DLQ, ls.Total)
 	if ls.Total == 0 {
