@@ -469,13 +469,6 @@ func walk(ctx context.Context, src Source, in *Inbox, sel Selection, op string, 
 				res.Warnings = append(res.Warnings, "redriving messages without a valid ID or key: the consumer dead-letters them again unless its key function changed")
 			}
 		case j.Verdict == Duplicate && op == "replay":
-			if sel.Apply {
-				r, err := in.Retire(ctx, j.InboxKey, l.Consumer, l.ID, *ret)
-				if err != nil {
-					return Keep, fmt.Errorf("retiring the marker of %q: %w", l.ID, err)
-				}
-				it.Retired = &r
-			}
 			it.Why = "marker retired to the audit table, then redriven: the consumer applies it once more"
 		case j.Verdict == Duplicate:
 			it.Why = "its key has a marker: the consumer acks it as a duplicate without an effect (replay it to apply it once more)"
@@ -493,6 +486,13 @@ func walk(ctx context.Context, src Source, in *Inbox, sel Selection, op string, 
 		if act == Send {
 			if err := pace.wait(ctx); err != nil {
 				return Keep, err
+			}
+			if op == "replay" && j.Verdict == Duplicate {
+				r, err := in.Retire(ctx, j.InboxKey, l.Consumer, l.ID, *ret)
+				if err != nil {
+					return Keep, fmt.Errorf("retiring the marker of %q: %w", l.ID, err)
+				}
+				it.Retired = &r
 			}
 		}
 		byLetter[l] = len(res.Items)
