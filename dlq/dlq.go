@@ -70,6 +70,8 @@ type Letter struct {
 	// ([idem.EventTime]); zero when it has none.
 	Time       time.Time       `json:"time,omitzero"`
 	TimeSource idem.TimeSource `json:"-"`
+	// TimeFrom names TimeSource: id, header, broker or none.
+	TimeFrom string `json:"time_from"`
 	// Key is the routing or record key (not the inbox key).
 	Key     string            `json:"key,omitempty"`
 	Headers map[string]string `json:"headers,omitempty"`

@@ -225,7 +225,7 @@ func (k *Kafka) letter(r *kgo.Record) Letter {
 	l := Letter{
 		ID: id, DLQ: r.Topic, Position: strconv.Itoa(int(r.Partition)) + "/" + strconv.FormatInt(r.Offset, 10),
 		Reason: h[HeaderReason], Outcome: h[HeaderOutcome], Consumer: h[HeaderConsumer], Attempts: headerInt(h[HeaderAttempts]),
-		Origin: h[HeaderOrigin], Redriven: headerInt(h[HeaderRedriven]), Time: t, TimeSource: src,
+		Origin: h[HeaderOrigin], Redriven: headerInt(h[HeaderRedriven]), Time: t, TimeSource: src, TimeFrom: src.String(),
 		Key: string(r.Key), Headers: h, Body: r.Value,
 	}
 	if l.Reason == "" {

@@ -94,7 +94,7 @@ func (r *RabbitMQ) letter(d *amqp.Delivery, n int) Letter {
 		ID: m.ID, DLQ: r.cfg.Queue, Position: "#" + strconv.Itoa(n),
 		Reason: m.Headers[HeaderReason], Outcome: m.Headers[HeaderOutcome], Consumer: m.Headers[HeaderConsumer],
 		Attempts: headerInt(m.Headers[HeaderAttempts]), Origin: m.Headers[HeaderOrigin], Redriven: headerInt(m.Headers[HeaderRedriven]),
-		Time: m.Time, TimeSource: m.TimeSource, Key: d.RoutingKey, Headers: m.Headers, Body: d.Body,
+		Time: m.Time, TimeSource: m.TimeSource, TimeFrom: m.TimeSource.String(), Key: d.RoutingKey, Headers: m.Headers, Body: d.Body,
 	}
 	if l.Origin == "" {
 		// Dead-lettered by the broker (delivery limit, rejection).

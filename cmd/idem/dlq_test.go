@@ -177,6 +177,24 @@ func TestDLQCommandsRabbitMQ(t *testing.T) {
 		}
 	}
 	dlqRun(t, 1, append([]string{"show", "--id", "inv-404"}, withDB...)...)
+	out, _ = dlqRun(t, 0, append([]string{"show", "--id", "inv-2", "--json"}, withDB...)...)
+	var sh struct {
+		Letter struct {
+			ID, Consumer, Target string
+			TimeFrom             string `json:"time_from"`
+			Attempts             int
+		}
+		Judgement struct {
+			Verdict  string
+			InboxKey string `json:"inbox_key"`
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &sh); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if sh.Letter.ID != "inv-2" || sh.Letter.TimeFrom != "broker" || sh.Letter.Attempts != 3 || sh.Letter.Target != e.topo.Queue || sh.Judgement.Verdict != "apply" || sh.Judgement.InboxKey != "inv-2" {
+		t.Fatalf("show --json: %s", out)
+	}
 
 	// The dry run changes nothing, and says the expired one would be refused.
 	out, _ = dlqRun(t, 1, append([]string{"redrive"}, withDB...)...)
