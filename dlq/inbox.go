@@ -229,9 +229,49 @@ func (in *Inbox) ensureAudit(ctx context.Context) error {
 	if in.created {
 		return nil
 	}
-	// The marker's columns, plus who, when and why; marker keeps the whole
-	// row as it was (the partitioned layout's partition_time with it).
-	_, err := in.db.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+in.audit+` (
+	_, err := in.db.Exec(ctx, auditDDL(in.audit))
+	if err != nil {
+		var pe *pgconn.PgError
+		// Two first replays at once: one of the creations loses the race
+		// on the catalog; the table is there.
+		if !errors.As(err, &pe) || (pe.Code != "23505" && pe.Code != "42P07") {
+			return fmt.Errorf("creating the audit table %s: %w", in.audit, err)
+		}
+	}
+	in.created = true
+	return nil
+}
+
+// AuditDDL is the statement that creates the audit table of retired
+// markers beside the inbox table (in its schema), for a team that applies
+// its schema with a migration tool. The first replay creates it otherwise.
+func AuditDDL(inboxTable string) (string, error) {
+	if inboxTable == "" {
+		inboxTable = "idem_inbox"
+	}
+	if _, err := pgxinbox.New(noDB{}, &pgxinbox.Config{Table: inboxTable}); err != nil {
+		return "", err
+	}
+	audit := pgx.Identifier{RetiredTable}
+	if schema, _, ok := strings.Cut(inboxTable, "."); ok {
+		audit = pgx.Identifier{schema, RetiredTable}
+	}
+	return auditDDL(audit.Sanitize()) + ";\n", nil
+}
+
+// noDB lets AuditDDL validate a table name the way the store does.
+type noDB struct{}
+
+func (noDB) Begin(context.Context) (pgx.Tx, error) { return nil, errors.New("no database") }
+func (noDB) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) {
+	return pgconn.CommandTag{}, errors.New("no database")
+}
+
+// auditDDL creates the audit table: the marker's columns, plus who, when
+// and why; marker keeps the whole row as it was (the partitioned layout's
+// partition_time with it). Rows are only ever inserted.
+func auditDDL(audit string) string {
+	return `CREATE TABLE IF NOT EXISTS ` + audit + ` (
     id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     retired_at   timestamptz NOT NULL DEFAULT now(),
     retired_by   text NOT NULL CHECK (retired_by <> ''),
@@ -246,17 +286,7 @@ func (in *Inbox) ensureAudit(ctx context.Context) error {
     processed_at timestamptz NOT NULL,
     keep_until   timestamptz NOT NULL,
     marker       jsonb NOT NULL
-)`)
-	if err != nil {
-		var pe *pgconn.PgError
-		// Two first replays at once: one of the creations loses the race
-		// on the catalog; the table is there.
-		if !errors.As(err, &pe) || (pe.Code != "23505" && pe.Code != "42P07") {
-			return fmt.Errorf("creating the audit table %s: %w", in.audit, err)
-		}
-	}
-	in.created = true
-	return nil
+)`
 }
 
 // ErrNoMarker is returned by [Inbox.Retire] when the key has no marker.

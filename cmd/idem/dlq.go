@@ -21,7 +21,7 @@ func init() {
 	register(command{name: "dlq", summary: "dead letters: list, show, redrive, purge and replay (RabbitMQ queues, Kafka topics)", run: runDLQ})
 }
 
-const dlqUsage = `usage: idem dlq <list|show|redrive|purge|replay> (--queue Q | --topic T) [flags]
+const dlqUsage = `usage: idem dlq <list|show|redrive|purge|replay|ddl> (--queue Q | --topic T) [flags]
 
 Dead letters of a RabbitMQ dead-letter queue (--queue, as idemrabbitmq fills
 it) or a Kafka dead-letter topic (--topic):
@@ -33,6 +33,8 @@ it) or a Kafka dead-letter topic (--topic):
   replay   apply again a message whose key has a marker: retire the marker to the
            audit table idem_inbox_retired (who, when, why), then redrive (dry run
            unless --apply)
+  ddl      print the CREATE TABLE of idem_inbox_retired, for a migration tool (the
+           first replay creates it otherwise)
 
 A letter leaves its DLQ only after the broker confirmed its republish: a
 failure in between leaves a copy in both places, and the inbox absorbs the
@@ -56,11 +58,13 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return dlqShow(ctx, rest, stdout)
 	case "redrive", "purge", "replay":
 		return dlqAct(ctx, sub, rest, stdout, stderr)
+	case "ddl":
+		return dlqDDL(rest, stdout)
 	case "-h", "--help", "-help", "help":
 		fmt.Fprint(stdout, dlqUsage)
 		return nil
 	default:
-		return &usageError{cmd: "dlq", msg: fmt.Sprintf("unknown subcommand %q (want list, show, redrive, purge or replay)", sub)}
+		return &usageError{cmd: "dlq", msg: fmt.Sprintf("unknown subcommand %q (want list, show, redrive, purge, replay or ddl)", sub)}
 	}
 }
 
@@ -273,6 +277,23 @@ func dlqShow(ctx context.Context, args []string, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "  (binary) %x\n", l.Body[:min(len(l.Body), 64)])
 	}
 	return nil
+}
+
+func dlqDDL(args []string, stdout io.Writer) error {
+	fs := newCmdFlags("dlq ddl", "[--table T]", "Prints the statement that creates the audit table of retired markers, idem_inbox_retired,\nin the schema of the inbox table, for a team that applies its schema with a migration\ntool. Without it, the first replay creates the table (CREATE TABLE IF NOT EXISTS).", stdout)
+	table := fs.String("table", "idem_inbox", "inbox table, optionally schema-qualified")
+	if err := fs.parse(args, false); err != nil {
+		return err
+	}
+	if !tableName.MatchString(*table) {
+		return fs.usagef("--table %q: want a table name, optionally schema.table, of letters, digits and _ (starting with a letter or _)", *table)
+	}
+	ddl, err := dlq.AuditDDL(*table)
+	if err != nil {
+		return err
+	}
+	_, err = io.WriteString(stdout, ddl)
+	return err
 }
 
 // timeFlag reads --since/--until: an RFC 3339 time, or a duration back

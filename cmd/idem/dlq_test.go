@@ -308,6 +308,11 @@ func TestDLQUsage(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &e); err != nil || e.Exit != 2 {
 		t.Fatalf("--json usage error: %q %v", out, err)
 	}
+	out, _ = dlqRun(t, 0, "ddl", "--table", "billing.inbox")
+	if !strings.Contains(out, `CREATE TABLE IF NOT EXISTS "billing"."idem_inbox_retired"`) || !strings.Contains(out, "retired_by") {
+		t.Fatalf("ddl: %s", out)
+	}
+	dlqRun(t, 2, "ddl", "--table", "a.b.c")
 	out, _ = dlqRun(t, 0, "-h")
 	if !strings.Contains(out, "replay") {
 		t.Fatalf("help: %s", out)
