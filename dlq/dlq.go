@@ -106,10 +106,12 @@ type Source interface {
 	// Walk hands the letters there are now (at most limit; 0: all), in
 	// order, to decide, and carries out its answers: a Send is removed
 	// only after the broker confirmed its republish; a Drop is removed.
-	// done reports, per letter decided on, whether it left the DLQ (Kafka
-	// removes only a prefix: a letter behind a kept one stays, and is
-	// redriven again next time, which the inbox absorbs). A decide error
-	// stops the walk; the letters not yet removed stay.
+	// done is called for each Send the broker confirmed and each Drop
+	// carried out, saying whether the letter left the DLQ: a letter can
+	// stay (Kafka removes only a prefix, so one behind a kept letter
+	// stays; an acknowledgement can fail), and a Send that stays is sent
+	// again by a later redrive, which the inbox absorbs. A decide or
+	// broker error stops the walk; the letters not yet removed stay.
 	Walk(ctx context.Context, limit int, decide func(*Letter) (Action, error), done func(l *Letter, a Action, removed bool)) error
 	// Close releases the source's connections.
 	Close() error
@@ -509,12 +511,13 @@ func walk(ctx context.Context, src Source, in *Inbox, sel Selection, op string, 
 		it := &res.Items[i]
 		it.Sent = a == Send
 		it.Done = removed
-		if removed {
+		switch {
+		case removed:
 			res.Done++
-		} else if a == Send {
-			it.Why = strings.TrimPrefix(it.Why+"; ", "; ") + "sent, but left in the dead-letter topic behind a letter that stays: a later redrive sends it again, which the inbox absorbs"
-		} else {
-			it.Why = strings.TrimPrefix(it.Why+"; ", "; ") + "left in the dead-letter topic behind a letter that stays"
+		case a == Send:
+			it.Why = strings.TrimPrefix(it.Why+"; ", "; ") + "sent, but still in the DLQ (behind a letter that stays, or its removal failed): a later redrive sends it again, which the inbox absorbs"
+		default:
+			it.Why = strings.TrimPrefix(it.Why+"; ", "; ") + "still in the DLQ (behind a letter that stays, or its removal failed)"
 		}
 		if sel.Progress != nil {
 			sel.Progress(i+1, res.Matched)

@@ -174,8 +174,7 @@ func (r *RabbitMQ) Walk(ctx context.Context, limit int, decide func(*Letter) (Ac
 			continue
 		case Drop:
 			if err := d.Ack(false); err != nil {
-				report(done, &l, act, false)
-				return fmt.Errorf("acknowledging %q in %s: %w", l.ID, r.cfg.Queue, err)
+				return fmt.Errorf("acknowledging %q in %s (it stays): %w", l.ID, r.cfg.Queue, err)
 			}
 			removed++
 			report(done, &l, act, true)
@@ -195,7 +194,6 @@ func (r *RabbitMQ) Walk(ctx context.Context, limit int, decide func(*Letter) (Ac
 			returns = pub.NotifyReturn(make(chan amqp.Return, 1))
 		}
 		if err := r.republish(ctx, pub, returns, &d, &l); err != nil {
-			report(done, &l, act, false)
 			return err
 		}
 		if r.afterConfirm != nil {

@@ -349,6 +349,9 @@ func TestRedriveUnroutableKeepsLetter(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "could not route") {
 		t.Fatalf("redrive to a missing queue: %v %+v", err, res)
 	}
+	if len(res.Items) != 1 || res.Items[0].Sent || res.Items[0].Done || res.Done != 0 {
+		t.Fatalf("a returned redrive is reported sent: %+v", res.Items)
+	}
 	_ = src.Close()
 	if n := e.depth(e.topo.DeadLetterQueue); n != 1 {
 		t.Fatalf("DLQ holds %d, want the letter kept", n)
