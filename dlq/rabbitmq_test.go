@@ -3,6 +3,9 @@ package dlq
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -369,5 +372,84 @@ func TestListWarnsOfManyReads(t *testing.T) {
 	ls = Summarize("q", []Letter{{ID: "a", Reason: "r", Headers: map[string]string{"x-delivery-count": "12"}}})
 	if len(ls.Warnings) != 1 || !strings.Contains(ls.Warnings[0], "delivery limit") {
 		t.Fatalf("warnings %v", ls.Warnings)
+	}
+}
+
+// A redrive process killed (SIGKILL) while it works, wherever it was:
+// between a republish and its confirm, or a confirm and the ack. Every
+// letter is afterwards in the DLQ or the queue (at most the one in flight
+// in both), and after a second redrive the consumer applies each exactly
+// once.
+func TestKillMidRedrive(t *testing.T) {
+	if q := os.Getenv("IDEM_DLQ_KILL_CHILD"); q != "" {
+		// The child: redrive slowly until killed.
+		src, err := NewRabbitMQ(RabbitMQConfig{URL: amqpURL(), Queue: q})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = Redrive(context.Background(), src, nil, Selection{Apply: true, Rate: 20})
+		t.Logf("child redrive ended: %v", err)
+		return
+	}
+	t.Parallel()
+	e := newRabbitEnv(t)
+	const n = 20
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("inv-k%02d", i)
+	}
+	e.poison(ids...)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestKillMidRedrive$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "IDEM_DLQ_KILL_CHILD="+e.topo.DeadLetterQueue)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	killed := false
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if e.depth(e.topo.Queue) >= 3 {
+			_ = cmd.Process.Kill()
+			killed = true
+			break
+		}
+	}
+	<-exited
+	if !killed {
+		t.Log("the child finished before it was killed; the invariants still hold")
+	}
+	// The dead connection's letters return to the DLQ a moment later.
+	var d, q int
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		d, q = e.depth(e.topo.DeadLetterQueue), e.depth(e.topo.Queue)
+		if d+q >= n || time.Now().After(deadline) {
+			break
+		}
+	}
+	if d+q < n || d+q > n+1 {
+		t.Fatalf("after the kill: DLQ %d + queue %d, want %d (or one more: the letter in flight)", d, q, n)
+	}
+	t.Logf("after the kill: DLQ %d, queue %d", d, q)
+	// A letter the dead connection held can take a moment to be gettable
+	// again: redrive until the DLQ is empty, as an operator would.
+	src, redriven := e.source(), 0
+	for deadline := time.Now().Add(10 * time.Second); redriven < d && time.Now().Before(deadline); {
+		res, err := Redrive(context.Background(), src, e.inbox, Selection{Apply: true})
+		if err != nil {
+			t.Fatalf("second redrive: %v %+v", err, res)
+		}
+		redriven += res.Done
+	}
+	if redriven != d {
+		t.Fatalf("redrove %d of the %d letters left", redriven, d)
+	}
+	out := e.consume(d+q, false)
+	for _, id := range ids {
+		if got := e.effects(id); got != 1 {
+			t.Fatalf("%s applied %d times (outcomes %v), want once", id, got, out[id])
+		}
+	}
+	if d, q := e.depth(e.topo.DeadLetterQueue), e.depth(e.topo.Queue); d != 0 || q != 0 {
+		t.Fatalf("left: DLQ %d, queue %d", d, q)
 	}
 }
