@@ -61,6 +61,10 @@ type work struct {
 type session struct {
 	batchSize, workers int
 	batchWait          time.Duration
+	// prefetch is the channel's window: with as many deliveries unsettled,
+	// the broker sends no more until something is acked, so a partial batch
+	// has nothing to wait for. Zero: unknown.
+	prefetch int
 	// letterBackoff spaces publishes of dead letters that could not be
 	// published.
 	letterBackoff idem.RetryPolicy
@@ -81,7 +85,7 @@ type session struct {
 
 func newSession(cfg *Config) *session {
 	return &session{
-		batchSize: cfg.BatchSize, workers: cfg.Workers, batchWait: cfg.BatchWait,
+		batchSize: cfg.BatchSize, workers: cfg.Workers, batchWait: cfg.BatchWait, prefetch: cfg.Prefetch,
 		letterBackoff: idem.RetryPolicy{InitialBackoff: cfg.ReconnectBackoff, MaxBackoff: cfg.MaxReconnectBackoff},
 	}
 }
@@ -203,7 +207,10 @@ func (s *session) next(now time.Time) (w work, wake time.Time) {
 		w.batches = append(w.batches, b)
 	}
 	paused := s.tr.nWaiting > 0 || len(s.held.msgs) > 0 || s.reruns > 0
-	for n := len(s.gathering.msgs); n > 0 && (n >= s.batchSize || !now.Before(s.gatherDue)) && s.inflight < s.workers && !paused; n = len(s.gathering.msgs) {
+	// A partial batch starts before its wait is over when the window is
+	// full: no delivery can join it before a batch is acked.
+	windowFull := s.prefetch > 0 && s.tr.len() >= s.prefetch
+	for n := len(s.gathering.msgs); n > 0 && (n >= s.batchSize || windowFull || !now.Before(s.gatherDue)) && s.inflight < s.workers && !paused; n = len(s.gathering.msgs) {
 		k := min(n, s.batchSize)
 		g := s.gathering
 		w.batches = append(w.batches, pending{deliveries: g.deliveries[:k:k], msgs: g.msgs[:k:k]})

@@ -225,3 +225,37 @@ func TestSessionStop(t *testing.T) {
 		t.Fatalf("%d tags left, want the 2 held", s.tr.len())
 	}
 }
+
+// With the prefetch window full, a partial batch starts as soon as a
+// worker is free: no delivery can come before an ack, so its wait would
+// only idle the worker.
+func TestSessionStartsAPartialBatchWhenTheWindowIsFull(t *testing.T) {
+	t.Parallel()
+	s := newSession(&Config{BatchSize: 3, Prefetch: 4, Workers: 2, BatchWait: 20 * time.Millisecond,
+		ReconnectBackoff: 100 * time.Millisecond, MaxReconnectBackoff: time.Second})
+	now := time.Now()
+	deliverN(s, 1, 3, now)
+	if w, _ := s.next(now); batchTags(w) != "[1 2 3]" {
+		t.Fatalf("started %s, want the full batch [1 2 3]", batchTags(w))
+	}
+	// One more fills the window of 4; a second one could not come.
+	deliverN(s, 4, 4, now)
+	w, wake := s.next(now.Add(time.Millisecond))
+	if got := batchTags(w); got != "[4]" {
+		t.Fatalf("with the window full and a worker free, started %q, want [4] at once", got)
+	}
+	if !wake.IsZero() {
+		t.Fatalf("wake %v after the window's batch started, want none", wake.Sub(now))
+	}
+
+	// Below the window, a partial batch still waits for its batch wait.
+	s = newSession(&Config{BatchSize: 3, Prefetch: 5, Workers: 2, BatchWait: 20 * time.Millisecond,
+		ReconnectBackoff: 100 * time.Millisecond, MaxReconnectBackoff: time.Second})
+	deliverN(s, 1, 4, now)
+	if w, _ := s.next(now); batchTags(w) != "[1 2 3]" {
+		t.Fatalf("started %s, want the full batch [1 2 3]", batchTags(w))
+	}
+	if w, _ := s.next(now.Add(time.Millisecond)); len(w.batches) != 0 {
+		t.Fatalf("a partial batch below the window started before its wait: %s", batchTags(w))
+	}
+}
