@@ -187,7 +187,11 @@ func List(ctx context.Context, src Source, limit int) (Listing, error) {
 	if err != nil {
 		return Listing{}, err
 	}
-	return Summarize(src.Name(), ls), nil
+	out := Summarize(src.Name(), ls)
+	if w, ok := src.(interface{ Warnings() []string }); ok {
+		out.Warnings = append(out.Warnings, w.Warnings()...)
+	}
+	return out, nil
 }
 
 // Summarize groups letters by reason and consumer.

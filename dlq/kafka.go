@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -55,6 +56,17 @@ type Kafka struct {
 	// afterProduce runs between the redrive's acks and the offset commit
 	// (fault injection in tests).
 	afterProduce func(*Letter)
+
+	mu       sync.Mutex
+	warnings []string
+}
+
+// Warnings says what the last read found that an operator must know:
+// letters the topic's retention deleted before anyone settled them.
+func (k *Kafka) Warnings() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return slices.Clone(k.warnings)
 }
 
 // NewKafka connects to the cluster and checks that the topic exists.
@@ -117,20 +129,31 @@ func (k *Kafka) bounds(ctx context.Context) (from, end map[int32]int64, err erro
 	}
 	from, end = map[int32]int64{}, map[int32]int64{}
 	var lerr error
+	var lost int64
 	ends.Each(func(o kadm.ListedOffset) {
 		if o.Err != nil {
 			lerr = o.Err
 			return
 		}
 		end[o.Partition] = o.Offset
-		from[o.Partition] = 0
-		if s, ok := starts.Lookup(k.cfg.Topic, o.Partition); ok && s.Err == nil {
-			from[o.Partition] = s.Offset
+		var settled int64
+		if c, ok := committed.Lookup(k.cfg.Topic, o.Partition); ok && c.Err == nil && c.At > 0 {
+			settled = c.At
 		}
-		if c, ok := committed.Lookup(k.cfg.Topic, o.Partition); ok && c.Err == nil && c.At > from[o.Partition] {
-			from[o.Partition] = c.At
+		from[o.Partition] = settled
+		if s, ok := starts.Lookup(k.cfg.Topic, o.Partition); ok && s.Err == nil && s.Offset > settled {
+			// The retention deleted letters nobody settled.
+			from[o.Partition] = s.Offset
+			lost += s.Offset - settled
 		}
 	})
+	k.mu.Lock()
+	k.warnings = nil
+	if lost > 0 {
+		k.warnings = append(k.warnings, fmt.Sprintf("%d letters of %s were deleted by the topic's retention before they were redriven or purged (the group %s had not settled them): give dead-letter topics a retention longer than the time to act on them", lost, k.cfg.Topic, k.cfg.Group))
+	}
+	k.mu.Unlock()
+
 	if lerr != nil {
 		return nil, nil, fmt.Errorf("listing the offsets of %s: %w", k.cfg.Topic, lerr)
 	}

@@ -304,3 +304,54 @@ func TestKafkaCrashBetweenProduceAndCommit(t *testing.T) {
 		t.Fatalf("after the second redrive: origin %d records, %d letters; want 2, 0", o, l)
 	}
 }
+
+// Letters the topic's retention deleted before anyone settled them are
+// gone: a listing says how many.
+func TestKafkaListWarnsOfDeletedLetters(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ProducerLinger(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	if _, err := adm.CreateTopic(ctx, 1, 1, nil, "tax.dlq"); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"t-1", "t-2", "t-3"} {
+		r := idemkafka.NewRecord("tax.dlq", id, nil, []byte(`{}`))
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: HeaderReason, Value: []byte("boom")}, kgo.RecordHeader{Key: HeaderOrigin, Value: []byte("tax/0/0")})
+		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k, err := NewKafka(ctx, KafkaConfig{Brokers: c.ListenAddrs(), Topic: "tax.dlq"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	ls, err := List(ctx, k, 0)
+	if err != nil || ls.Total != 3 || len(ls.Warnings) != 0 {
+		t.Fatalf("list %+v %v", ls, err)
+	}
+	var o kadm.Offsets
+	o.Add(kadm.Offset{Topic: "tax.dlq", Partition: 0, At: 2, LeaderEpoch: -1})
+	resp, err := adm.DeleteRecords(ctx, o)
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err = List(ctx, k, 0)
+	if err != nil || ls.Total != 1 || len(ls.Warnings) != 1 || !strings.Contains(ls.Warnings[0], "2 letters of tax.dlq were deleted") {
+		t.Fatalf("list after retention %+v %v", ls, err)
+	}
+}
