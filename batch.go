@@ -52,10 +52,12 @@ func (p *Processor[TTx]) runCall(ctx context.Context, msgs []Message, inOrder bo
 		}
 		return results
 	}
+	slab := make([]item, len(msgs))
 	items := make([]*item, len(msgs))
 	valid := make([]*item, 0, len(msgs))
 	for i, m := range msgs {
-		items[i] = p.prepare(m)
+		items[i] = &slab[i]
+		p.prepareInto(items[i], m)
 		if spans != nil {
 			items[i].ctx = spans[i]
 		}

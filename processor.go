@@ -3,6 +3,7 @@ package idem
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"slices"
@@ -97,6 +98,9 @@ type item struct {
 	msg   Message
 	claim Claim
 	res   Result
+	// hash is the body's SHA-256, which claim.BodySHA256 points into: one
+	// allocation fewer per message.
+	hash  [sha256.Size]byte
 	fresh bool // claimed by this transaction: the handler must run
 	// skipped: not attempted, because a message before it in the batch
 	// ended the walk; it is not reported and comes again.
@@ -223,10 +227,18 @@ func (p *Processor[TTx]) processTx(ctx context.Context, tx TTx, msg Message) (Re
 // outcome DeadLettered, and a message too old to be proven new with Expired,
 // before anything touches the database.
 func (p *Processor[TTx]) prepare(msg Message) *item {
-	it := &item{msg: msg, res: Result{MessageID: msg.ID}}
+	it := new(item)
+	p.prepareInto(it, msg)
+	return it
+}
+
+// prepareInto is prepare into it, which a batch allocates with its
+// neighbours in one slice.
+func (p *Processor[TTx]) prepareInto(it *item, msg Message) {
+	*it = item{msg: msg, res: Result{MessageID: msg.ID}}
 	if err := validID(msg.ID); err != nil {
 		it.res.Outcome, it.res.Err = DeadLettered, err
-		return it
+		return
 	}
 	h := p.horizon()
 	if h.ahead(it.msg.Time) {
@@ -240,17 +252,17 @@ func (p *Processor[TTx]) prepare(msg Message) *item {
 		it.res.Untimed = true
 		if p.cfg.RefuseUntimed {
 			it.res.Outcome, it.res.Err = DeadLettered, fmt.Errorf("%w (Config.RefuseUntimed)", ErrUntimed)
-			return it
+			return
 		}
 		p.notes.untimed(p.cfg.Logger, p.cfg.Consumer, msg.ID)
 	}
 	if p.partitionTime == nil {
 		if p.expired(it, h.check(it.msg)) {
-			return it
+			return
 		}
 	}
 	if p.cfg.Natural {
-		return it
+		return
 	}
 	key, err := p.key(it.msg)
 	if err == nil {
@@ -258,27 +270,27 @@ func (p *Processor[TTx]) prepare(msg Message) *item {
 	}
 	if err != nil {
 		it.res.Outcome, it.res.Err = DeadLettered, err
-		return it
+		return
 	}
 	it.res.Key = key
-	it.claim = Claim{Key: key, MessageID: msg.ID, BodySHA256: BodyHash(msg.Body), EventTime: it.msg.Time}
+	it.hash = sha256.Sum256(msg.Body)
+	it.claim = Claim{Key: key, MessageID: msg.ID, BodySHA256: it.hash[:], EventTime: it.msg.Time}
 	if p.partitionTime != nil {
 		pt, err := p.placeKey(key)
 		if err != nil {
 			it.res.Outcome, it.res.Err = DeadLettered, err
-			return it
+			return
 		}
 		if pt.After(h.Now().Add(maxPartitionAhead)) {
 			it.res.Outcome, it.res.Err = DeadLettered, fmt.Errorf("%w: key %q: partition time %s is more than %v ahead", ErrNoPartitionTime, key, pt.UTC().Format(time.RFC3339), maxPartitionAhead)
-			return it
+			return
 		}
 		it.claim.PartitionTime = pt
 		if p.expired(it, h.checkPartition(pt)) {
-			return it
+			return
 		}
 	}
 	p.lateRefused(it)
-	return it
 }
 
 // maxPartitionAhead is how far ahead a partition time may be: partitioned
@@ -519,31 +531,36 @@ func (p *Processor[TTx]) runTx(ctx context.Context, items []*item) error {
 // claimed. A plain redelivery carries the marker's own time and writes
 // nothing.
 func (p *Processor[TTx]) claimAndExtend(ctx context.Context, tx TTx, items []*item) (fresh []*item, extended bool, err error) {
-	owners := make(map[string]*item, len(items))
-	claims := make([]Claim, 0, len(items))
-	for _, it := range items {
-		if owner, ok := owners[it.claim.Key]; ok {
-			// The same key twice in one batch: the first message owns it,
-			// and the marker is kept for the later of their times.
-			it.res.Outcome = Duplicate
-			it.res.First = &Marker{Key: it.claim.Key, MessageID: owner.msg.ID, BodySHA256: owner.claim.BodySHA256}
-			it.res.Conflict = !bytes.Equal(owner.claim.BodySHA256, it.claim.BodySHA256)
-			if it.claim.EventTime.After(owner.claim.EventTime) {
-				owner.claim.EventTime = it.claim.EventTime
+	// owned holds the item that owns each distinct key, the first message
+	// with it.
+	owned := items
+	if len(items) > 1 {
+		owners := make(map[string]*item, len(items))
+		owned = make([]*item, 0, len(items))
+		for _, it := range items {
+			if owner, ok := owners[it.claim.Key]; ok {
+				// The same key twice in one batch: the first message owns
+				// it, and the marker is kept for the later of their times.
+				it.res.Outcome = Duplicate
+				it.res.First = &Marker{Key: it.claim.Key, MessageID: owner.msg.ID, BodySHA256: owner.claim.BodySHA256}
+				it.res.Conflict = !bytes.Equal(owner.claim.BodySHA256, it.claim.BodySHA256)
+				if it.claim.EventTime.After(owner.claim.EventTime) {
+					owner.claim.EventTime = it.claim.EventTime
+				}
+				continue
 			}
-			continue
+			owners[it.claim.Key] = it
+			owned = append(owned, it)
 		}
-		owners[it.claim.Key] = it
+		// Sorted keys make every transaction lock markers in the same
+		// order, so two batches with overlapping keys wait for each other
+		// instead of deadlocking.
+		slices.SortFunc(owned, func(a, b *item) int { return strings.Compare(a.claim.Key, b.claim.Key) })
 	}
-	for _, it := range items {
-		if owners[it.claim.Key] == it {
-			claims = append(claims, it.claim)
-		}
+	claims := make([]Claim, len(owned))
+	for i, o := range owned {
+		claims[i] = o.claim
 	}
-	// Sorted keys make every transaction lock markers in the same order, so
-	// two batches with overlapping keys wait for each other instead of
-	// deadlocking.
-	slices.SortFunc(claims, func(a, b Claim) int { return strings.Compare(a.Key, b.Key) })
 	inserted, err := p.store.Claim(ctx, tx, p.cfg.Consumer, claims, p.lockTimeout())
 	if err != nil {
 		return nil, false, wrapStep(stepClaim, err)
@@ -552,12 +569,14 @@ func (p *Processor[TTx]) claimAndExtend(ctx context.Context, tx TTx, items []*it
 		return nil, false, fmt.Errorf("claiming inbox keys: store answered %d results for %d claims", len(inserted), len(claims))
 	}
 	var dups []string
-	for i, c := range claims {
+	var dupOwners []*item
+	for i, o := range owned {
 		if inserted[i] {
-			owners[c.Key].fresh = true
+			o.fresh = true
 		} else {
-			owners[c.Key].res.Outcome = Duplicate
-			dups = append(dups, c.Key)
+			o.res.Outcome = Duplicate
+			dups = append(dups, o.claim.Key)
+			dupOwners = append(dupOwners, o)
 		}
 	}
 	if len(dups) > 0 {
@@ -566,12 +585,12 @@ func (p *Processor[TTx]) claimAndExtend(ctx context.Context, tx TTx, items []*it
 			return nil, false, wrapStep(stepLookup, err)
 		}
 		var ext []Extension
-		for _, k := range dups {
+		for i, k := range dups {
 			m, ok := markers[k]
 			if !ok {
 				continue
 			}
-			it := owners[k]
+			it := dupOwners[i]
 			it.res.First = &m
 			it.res.Conflict = !bytes.Equal(m.BodySHA256, it.claim.BodySHA256)
 			if !m.KeepUntil.IsZero() && it.claim.EventTime.After(m.KeepUntil) {
@@ -588,10 +607,14 @@ func (p *Processor[TTx]) claimAndExtend(ctx context.Context, tx TTx, items []*it
 			extended = true
 		}
 	}
-	fresh = items[:0:0]
-	for _, it := range items {
-		if it.fresh {
-			fresh = append(fresh, it)
+	if len(dups) == 0 && len(owned) == len(items) {
+		fresh = items // every message claimed its own key
+	} else {
+		fresh = make([]*item, 0, len(owned)-len(dups))
+		for _, it := range items {
+			if it.fresh {
+				fresh = append(fresh, it)
+			}
 		}
 	}
 	p.markLate(fresh)
