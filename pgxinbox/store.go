@@ -101,6 +101,8 @@ type Store struct {
 	// stored one (nanoseconds).
 	window atomic.Int64
 	hooks  retention.Hooks
+	// lockSetting is the last lock timeout's setting.
+	lockSetting atomic.Pointer[lockSetting]
 }
 
 var identPart = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
@@ -233,59 +235,40 @@ func (s *Store) Rollback(ctx context.Context, tx pgx.Tx) error { return tx.Rollb
 
 // lockTimeoutSetting is the lock_timeout for a claim's wait: whole
 // milliseconds, at least 1, because "0ms" means no limit to PostgreSQL.
-func lockTimeoutSetting(d time.Duration) string {
-	return fmt.Sprintf("%dms", max(d.Milliseconds(), 1))
+// The last one made is kept: a processor asks for the same every time.
+func (s *Store) lockTimeoutSetting(d time.Duration) string {
+	if l := s.lockSetting.Load(); l != nil && l.d == d {
+		return l.s
+	}
+	l := &lockSetting{d: d, s: fmt.Sprintf("%dms", max(d.Milliseconds(), 1))}
+	s.lockSetting.Store(l)
+	return l.s
+}
+
+// lockSetting is a lock timeout and its setting.
+type lockSetting struct {
+	d time.Duration
+	s string
 }
 
 func timestamptz(t time.Time) pgtype.Timestamptz {
 	return pgtype.Timestamptz{Time: t, Valid: !t.IsZero()}
 }
 
-// Claim inserts the markers in one round trip: the lock timeout and the
-// INSERT travel in one batch. On the partitioned layout a claim without a
-// partition time is refused with a permanent error wrapping
-// idem.ErrNoPartitionTime.
+// Claim inserts the markers with one statement, which also sets the lock
+// timeout. On the partitioned layout a claim without a partition time is
+// refused with a permanent error wrapping idem.ErrNoPartitionTime.
 func (s *Store) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims []idem.Claim, lockTimeout time.Duration) ([]bool, error) {
-	keys := make([]string, len(claims))
-	ids := make([]string, len(claims))
-	hashes := make([][]byte, len(claims))
-	times := make([]pgtype.Timestamptz, len(claims))
-	var parts []pgtype.Timestamptz
 	if s.layout == Partitioned {
-		parts = make([]pgtype.Timestamptz, len(claims))
-	}
-	for i, c := range claims {
-		if parts != nil {
+		for _, c := range claims {
 			if c.PartitionTime.IsZero() {
 				return nil, idem.Permanent(fmt.Errorf("claiming key %q of message %s: %w: the partitioned inbox places a marker by a partition time that is a function of the key alone",
 					c.Key, c.MessageID, idem.ErrNoPartitionTime))
 			}
-			parts[i] = timestamptz(c.PartitionTime)
 		}
-		keys[i], ids[i], hashes[i] = c.Key, c.MessageID, c.BodySHA256
-		if hashes[i] == nil {
-			hashes[i] = []byte{} // the column is NOT NULL; an absent hash is empty
-		}
-		times[i] = timestamptz(c.EventTime)
 	}
-	b := &pgx.Batch{}
-	if lockTimeout > 0 {
-		b.Queue(`SELECT set_config('lock_timeout', $1, true)`, lockTimeoutSetting(lockTimeout))
-	}
-	args := []any{consumer, keys, ids, hashes, times}
-	if parts != nil {
-		args = append(args, parts)
-	}
-	won := make(map[string]struct{}, len(claims))
-	b.Queue(s.sql.Claim.SQL, args...).Query(func(rows pgx.Rows) error {
-		var k string
-		_, err := pgx.ForEachRow(rows, []any{&k}, func() error {
-			won[k] = struct{}{}
-			return nil
-		})
-		return err
-	})
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+	inserted, err := s.claim(ctx, tx, consumer, claims, lockTimeout)
+	if err != nil {
 		if s.layout == Partitioned && missingPartition(err) {
 			// A day older than the window was dropped on purpose: its
 			// markers are gone, so such a message cannot be proven new
@@ -303,11 +286,81 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims []
 		}
 		return nil, err
 	}
+	return inserted, nil
+}
+
+// claim sends the claim statement and reads which claims it inserted.
+func (s *Store) claim(ctx context.Context, tx pgx.Tx, consumer string, claims []idem.Claim, lockTimeout time.Duration) ([]bool, error) {
 	inserted := make([]bool, len(claims))
+	if len(claims) == 1 {
+		// A message on its own: one row, no arrays to encode or unnest.
+		c := claims[0]
+		sql := s.sql.ClaimOne
+		args := make([]any, 0, 7)
+		args = append(args, consumer, c.Key, c.MessageID, bodyHash(c.BodySHA256), timestamptz(c.EventTime))
+		if s.layout == Partitioned {
+			args = append(args, timestamptz(c.PartitionTime))
+		}
+		if lockTimeout > 0 {
+			sql = s.sql.ClaimOneLocked
+			args = append(args, s.lockTimeoutSetting(lockTimeout))
+		}
+		tag, err := tx.Exec(ctx, sql, args...)
+		if err != nil {
+			return nil, err
+		}
+		inserted[0] = tag.RowsAffected() == 1
+		return inserted, nil
+	}
+	keys := make([]string, len(claims))
+	ids := make([]string, len(claims))
+	hashes := make([][]byte, len(claims))
+	times := make([]pgtype.Timestamptz, len(claims))
+	for i, c := range claims {
+		keys[i], hashes[i], times[i] = c.Key, bodyHash(c.BodySHA256), timestamptz(c.EventTime)
+		if c.MessageID != c.Key {
+			ids[i] = c.MessageID // '' stands for the key (see inboxdb.Postgres)
+		}
+	}
+	sql := s.sql.Claim.SQL
+	args := make([]any, 0, 7)
+	args = append(args, consumer, keys, ids, hashes, times)
+	if s.layout == Partitioned {
+		parts := make([]pgtype.Timestamptz, len(claims))
+		for i, c := range claims {
+			parts[i] = timestamptz(c.PartitionTime)
+		}
+		args = append(args, parts)
+	}
+	if lockTimeout > 0 {
+		sql = s.sql.ClaimLocked
+		args = append(args, s.lockTimeoutSetting(lockTimeout))
+	}
+	rows, err := tx.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	won := make(map[string]struct{}, len(claims))
+	var k string
+	if _, err := pgx.ForEachRow(rows, []any{&k}, func() error {
+		won[k] = struct{}{}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
 	for i, c := range claims {
 		_, inserted[i] = won[c.Key]
 	}
 	return inserted, nil
+}
+
+// bodyHash is a claim's body hash as the NOT NULL column takes it: an absent
+// hash is empty.
+func bodyHash(h []byte) []byte {
+	if h == nil {
+		return []byte{}
+	}
+	return h
 }
 
 // Lookup returns the markers of keys, with their keep-until times.

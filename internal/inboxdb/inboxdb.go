@@ -136,9 +136,20 @@ type Dialect struct {
 	migrations string
 
 	// The hot path, run by the stores in the handler's transaction.
-	Claim  List
-	Lookup List
-	Extend List
+	Claim List
+	// ClaimOne claims one key, the claim of a message processed on its
+	// own, without the arrays of Claim (PostgreSQL; "" elsewhere): $1
+	// consumer, $2 key, $3 message ID, $4 body hash, $5 event time (NULL
+	// when unknown), and on the partitioned layout $6 partition time. Its
+	// command tag says whether the row was inserted.
+	ClaimOne string
+	// ClaimLocked and ClaimOneLocked are Claim.SQL and ClaimOne that also
+	// set the transaction's lock_timeout, before they insert, from one
+	// more parameter after the others (PostgreSQL; "" elsewhere).
+	ClaimLocked    string
+	ClaimOneLocked string
+	Lookup         List
+	Extend         List
 
 	// Retention.
 	Now        string // the database's clock

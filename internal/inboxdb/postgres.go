@@ -30,6 +30,9 @@ func Postgres(t Table, layout idem.Layout) *Dialect {
 	// the event time (see pgKeepUntil): the prune counts the window from it.
 	// $1 consumer, $2 keys, $3 message IDs, $4 body hashes, $5 event times
 	// (NULL when unknown), and on the partitioned layout $6 partition times.
+	// A message ID given as '' is the key's: most consumers key by message
+	// ID, and the claim then carries each ID once (a message ID is never
+	// empty).
 	conflict := "(consumer, key)"
 	partCol, partVal, partArr, partAs := "", "", "", ""
 	if layout == idem.LayoutPartitioned {
@@ -40,13 +43,44 @@ func Postgres(t Table, layout idem.Layout) *Dialect {
 		conflict = "(consumer, key, partition_time)"
 		partCol, partVal, partArr, partAs = ", partition_time", ", c.partition_time", ", $6::timestamptz[]", ", partition_time"
 	}
-	d.Claim = List{SQL: `INSERT INTO ` + q + ` AS i (consumer, key, message_id, body_sha256, event_time, keep_until` + partCol + `)
-SELECT $1, c.key, c.message_id, c.body_sha256, c.event_time, ` + pgKeepUntil("c.event_time") + partVal + `
-FROM unnest($2::text[], $3::text[], $4::bytea[], $5::timestamptz[]` + partArr + `) WITH ORDINALITY
+	claim := func(with, from string) string {
+		return with + `INSERT INTO ` + q + ` AS i (consumer, key, message_id, body_sha256, event_time, keep_until` + partCol + `)
+SELECT $1, c.key, CASE c.message_id WHEN '' THEN c.key ELSE c.message_id END, c.body_sha256, c.event_time, ` + pgKeepUntil("c.event_time") + partVal + `
+FROM ` + from + `unnest($2::text[], $3::text[], $4::bytea[], $5::timestamptz[]` + partArr + `) WITH ORDINALITY
      AS c(key, message_id, body_sha256, event_time` + partAs + `, n)
 ORDER BY c.n
 ON CONFLICT ` + conflict + ` DO NOTHING
-RETURNING i.key`}
+RETURNING i.key`
+	}
+	d.Claim = List{SQL: claim("", "")}
+
+	// One claim, as a statement that needs no arrays: a message processed
+	// on its own sends this.
+	partOne := ""
+	if layout == idem.LayoutPartitioned {
+		partOne = ", $6::timestamptz"
+	}
+	claimOne := func(with, from string) string {
+		return with + `INSERT INTO ` + q + ` (consumer, key, message_id, body_sha256, event_time, keep_until` + partCol + `)
+SELECT $1::text, $2::text, $3::text, $4::bytea, $5::timestamptz, ` + pgKeepUntil("$5::timestamptz") + partOne + from + `
+ON CONFLICT ` + conflict + ` DO NOTHING`
+	}
+	d.ClaimOne = claimOne("", "")
+
+	// The same claims under a lock timeout that the statement itself sets,
+	// for the rest of the transaction, from its last parameter: one
+	// statement instead of a set_config and the claim. The row to insert
+	// is read from the CTE's, so the setting is made before any row is
+	// inserted, and with it before any wait on a concurrent claim of the
+	// same key (the server reads lock_timeout when it starts to wait).
+	lockArg := 6
+	if layout == idem.LayoutPartitioned {
+		lockArg = 7
+	}
+	withLock := `WITH lt AS (SELECT set_config('lock_timeout', $` + fmt.Sprint(lockArg) + `::text, true))
+`
+	d.ClaimLocked = claim(withLock, "lt, ")
+	d.ClaimOneLocked = claimOne(withLock, "\nFROM lt")
 
 	// $1 consumer, $2 keys.
 	d.Lookup = List{SQL: `SELECT key, message_id, body_sha256, processed_at, keep_until FROM ` + q + `
