@@ -9,8 +9,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Accounts is how many ledger accounts the workload credits.
-const Accounts = 1000
+// Accounts is how many ledger accounts the workload credits: enough that
+// two concurrent batches seldom wait for each other's account rows.
+const Accounts = 10000
 
 // Credit is a message's body: credit Amount to Account.
 type Credit struct {
@@ -36,10 +37,10 @@ func Decode(id string, body []byte) (Effect, error) {
 // schema is the business tables every consumer writes and the inbox the
 // hand-rolled consumers claim in. peer_effects has no unique index on
 // purpose: a double effect must be visible, not absorbed.
-const schema = `
+var schema = `
 DROP TABLE IF EXISTS peer_accounts, peer_effects, processed_events;
 CREATE TABLE peer_accounts (id int PRIMARY KEY, balance bigint NOT NULL DEFAULT 0);
-INSERT INTO peer_accounts (id) SELECT generate_series(1, ` + "1000" + `);
+INSERT INTO peer_accounts (id) SELECT generate_series(1, ` + fmt.Sprint(Accounts) + `);
 CREATE TABLE peer_effects (consumer text NOT NULL, message_id text NOT NULL, account int NOT NULL, amount bigint NOT NULL);
 -- The hand-rolled inbox: what a team writes in an afternoon.
 CREATE TABLE processed_events (
