@@ -114,14 +114,63 @@ func (r *RabbitMQ) letter(d *amqp.Delivery, n int) Letter {
 	return l
 }
 
-// Peek reads up to limit letters and returns them all to the queue.
+// quietRead is how long a read waits for a message the queue counted.
+const quietRead = 2 * time.Second
+
+// Peek reads up to limit letters and returns them all to the queue. It
+// consumes (the broker pushes the messages, far faster than one get per
+// message), holds every delivery unacknowledged, and closes the channel.
 func (r *RabbitMQ) Peek(ctx context.Context, limit int) ([]Letter, error) {
-	var out []Letter
-	err := r.Walk(ctx, limit, func(l *Letter) (Action, error) {
-		out = append(out, *l)
-		return Keep, nil
-	}, nil)
-	return out, err
+	before, err := r.depth()
+	if err != nil {
+		return nil, err
+	}
+	n := before
+	if limit > 0 {
+		n = min(n, limit)
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	ch, err := r.conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("opening a channel: %w", err)
+	}
+	defer func() {
+		_ = ch.Close()
+		r.settle(ctx, before)
+	}()
+	prefetch := n // every delivery is held until the end
+	if prefetch > 65535 {
+		prefetch = 0 // unlimited
+	}
+	if err := ch.Qos(prefetch, 0, false); err != nil {
+		return nil, fmt.Errorf("setting the prefetch: %w", err)
+	}
+	ds, err := ch.ConsumeWithContext(ctx, r.cfg.Queue, "", false, false, false, false, nil)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", r.cfg.Queue, err)
+	}
+	out := make([]Letter, 0, n)
+	quiet := time.NewTimer(quietRead)
+	defer quiet.Stop()
+	for len(out) < n {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-quiet.C:
+			// Fewer than counted: some are still on their way back from
+			// another reader.
+			return out, nil
+		case d, ok := <-ds:
+			if !ok {
+				return nil, fmt.Errorf("reading %s: the channel closed", r.cfg.Queue)
+			}
+			out = append(out, r.letter(&d, len(out)+1))
+			quiet.Reset(quietRead)
+		}
+	}
+	return out, nil
 }
 
 // Walk gets the messages there are now, without acknowledging them, and
