@@ -34,6 +34,11 @@ type RabbitMQConfig struct {
 // channel), so a read leaves the queue as it was; a redriven letter is
 // acknowledged only after the broker confirmed its republish.
 //
+// While a read or a walk holds the letters, another one sees only those it
+// does not hold (a concurrent list may find the queue empty): a program
+// that reads often, such as a web page, reads through one [RabbitMQ] at a
+// time and keeps what it read for a moment.
+//
 // Each read counts as a delivery on a quorum queue: one with a delivery
 // limit (RabbitMQ 4 gives quorum queues a default of 20) drops or
 // dead-letters a message read that many times. Give dead-letter queues no
