@@ -7,6 +7,9 @@ import "github.com/jackc/pgx/v5"
 // outage, which spends none of the message's attempts) rather than the
 // handler failing on a live transaction.
 func (s *Store) Broken(tx pgx.Tx) bool {
+	if pt, ok := tx.(*pendingTx); ok {
+		return pt.conn.IsClosed() // Conn would begin one not begun
+	}
 	c := tx.Conn()
 	return c == nil || c.IsClosed()
 }

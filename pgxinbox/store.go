@@ -216,8 +216,19 @@ func (s *Store) Horizons(ctx context.Context) ([]retention.RecordedHorizon, erro
 	return s.inbox.Horizons(ctx)
 }
 
-// Begin starts a transaction.
-func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) { return s.db.Begin(ctx) }
+// Begin starts a transaction. On a pool or a connection its BEGIN travels
+// with its first statement (the claim's, in a processor's transaction)
+// instead of waiting for an answer of its own; the connection is taken now.
+func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) {
+	t, err := beginTx(ctx, s.db)
+	switch {
+	case err != nil:
+		return nil, err
+	case t != nil:
+		return t, nil
+	}
+	return s.db.Begin(ctx)
+}
 
 // Commit commits tx. When the outcome is unknown — no answer from the
 // server, or the session ended around the COMMIT — the error wraps
@@ -305,6 +316,18 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, consumer string, claims []
 			sql = s.sql.ClaimOneLocked
 			args = append(args, s.lockTimeoutSetting(lockTimeout))
 		}
+		if pt, ok := tx.(*pendingTx); ok && pt.pending() {
+			err := pt.sendBegun(ctx, func(b *pgx.Batch) {
+				b.Queue(sql, args...).Exec(func(tag pgconn.CommandTag) error {
+					inserted[0] = tag.RowsAffected() == 1
+					return nil
+				})
+			})
+			if err != nil {
+				return nil, err
+			}
+			return inserted, nil
+		}
 		tag, err := tx.Exec(ctx, sql, args...)
 		if err != nil {
 			return nil, err
@@ -336,17 +359,27 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, consumer string, claims []
 		sql = s.sql.ClaimLocked
 		args = append(args, s.lockTimeoutSetting(lockTimeout))
 	}
-	rows, err := tx.Query(ctx, sql, args...)
-	if err != nil {
-		return nil, err
-	}
 	won := make(map[string]struct{}, len(claims))
-	var k string
-	if _, err := pgx.ForEachRow(rows, []any{&k}, func() error {
-		won[k] = struct{}{}
-		return nil
-	}); err != nil {
-		return nil, err
+	read := func(rows pgx.Rows) error {
+		var k string
+		_, err := pgx.ForEachRow(rows, []any{&k}, func() error {
+			won[k] = struct{}{}
+			return nil
+		})
+		return err
+	}
+	if pt, ok := tx.(*pendingTx); ok && pt.pending() {
+		if err := pt.sendBegun(ctx, func(b *pgx.Batch) { b.Queue(sql, args...).Query(read) }); err != nil {
+			return nil, err
+		}
+	} else {
+		rows, err := tx.Query(ctx, sql, args...)
+		if err != nil {
+			return nil, err
+		}
+		if err := read(rows); err != nil {
+			return nil, err
+		}
 	}
 	for i, c := range claims {
 		_, inserted[i] = won[c.Key]
