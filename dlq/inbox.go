@@ -51,6 +51,7 @@ type Inbox struct {
 	mu       sync.Mutex
 	settings *idem.Settings
 	created  bool
+	actions  bool                            // the actions table exists
 	summary  map[string][]idem.PrunedSummary // by consumer
 }
 
