@@ -38,3 +38,6 @@ if ! up 5672; then
 	rabbitmqctl await_startup >/dev/null 2>&1 || true
 	wait_port 5672
 fi
+
+# Chromium for the console's browser test (it skips without one).
+bash "$(dirname "$0")/chromium.sh"
