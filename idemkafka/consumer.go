@@ -268,28 +268,22 @@ func (c *Consumer[TTx]) start(ctx context.Context) error {
 	return nil
 }
 
-// mayCommit reports whether the offset after r, the last settled record
-// of its partition, may be committed: not when the consumer crashed,
-// before or at the fault point (which runs here, on the partition's
-// worker, and may block it).
-func (c *Consumer[TTx]) mayCommit(ctx context.Context, r *kgo.Record) bool {
+// commit commits the offset after r, the last settled record of its
+// partition, and reports whether the commit was sent: not when the
+// consumer crashed, before or at the fault point. A failed commit is
+// logged and left: the records will be redelivered to whoever owns the
+// partition next and found in the inbox.
+func (c *Consumer[TTx]) commit(ctx context.Context, r *kgo.Record) bool {
 	if c.crashing() {
 		return false
 	}
+	offset := r.Offset + 1
 	if c.cfg.Faults != nil {
-		if err := c.cfg.Faults(ctx, BeforeOffsetCommit, r.Topic, r.Partition, r.Offset+1); err != nil {
+		if err := c.cfg.Faults(ctx, BeforeOffsetCommit, r.Topic, r.Partition, offset); err != nil {
 			c.crash(fmt.Errorf("fault at %s: %w", BeforeOffsetCommit, err))
 			return false
 		}
 	}
-	return true
-}
-
-// sendCommit commits the offset after r and reports the outcome. A failed
-// commit is logged and left: the records will be redelivered to whoever
-// owns the partition next and found in the inbox.
-func (c *Consumer[TTx]) sendCommit(ctx context.Context, r *kgo.Record) {
-	offset := r.Offset + 1
 	// The commit outlives a cancelled ctx: at shutdown it is the commit that
 	// matters most.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.CommitTimeout)
@@ -322,6 +316,7 @@ func (c *Consumer[TTx]) sendCommit(ctx context.Context, r *kgo.Record) {
 		c.cfg.Logger.Warn("offset commit failed; the records will be redelivered and deduplicated",
 			"consumer", c.proc.Consumer(), "source", source(r.Topic, r.Partition), "offset", offset, "error", cerr)
 	}
+	return true
 }
 
 // sleep waits d or until ctx ends.

@@ -23,21 +23,7 @@ import (
 // handlers do not run for nothing. runs counts its runs, for
 // idem.Message.Attempt only: how often it may run is the processor's
 // decision.
-//
-// A batch's offset commit runs while the next batch is in the database:
-// it is sent only after its own batch committed there, the next one is
-// sent only after it returned, so the partition's offsets move forward in
-// order, and the worker returns only once it returned, so a rebalance
-// never waits on a commit still under way.
 func (c *Consumer[TTx]) runPartition(ctx context.Context, stop <-chan struct{}, k tp, recs []*kgo.Record) []*kgo.Record {
-	var committing chan struct{} // closed when the commit under way returned
-	settle := func() {
-		if committing != nil {
-			<-committing
-			committing = nil
-		}
-	}
-	defer settle()
 	runs := 0
 	for len(recs) > 0 {
 		if closed(stop) || c.crashing() {
@@ -51,20 +37,13 @@ func (c *Consumer[TTx]) runPartition(ctx context.Context, stop <-chan struct{}, 
 		results := c.process(ctx, batch, runs)
 		s := c.settler.settle(ctx, batch, results)
 		if s.n > 0 {
-			settle()
 			// The settlements are reported only once their commit was sent:
 			// a crash before it leaves the records to redelivery, where
 			// they are settled (and reported) again.
-			if last := batch[s.n-1]; c.mayCommit(ctx, last) {
-				done := make(chan struct{})
-				committing = done
-				go func() {
-					defer close(done)
-					c.sendCommit(ctx, last)
-					for i, d := range s.done {
-						c.onSettle(batch[i], d, results[i])
-					}
-				}()
+			if c.commit(ctx, batch[s.n-1]) {
+				for i, d := range s.done {
+					c.onSettle(batch[i], d, results[i])
+				}
 			}
 			runs = 0
 		}
@@ -73,8 +52,6 @@ func (c *Consumer[TTx]) runPartition(ctx context.Context, stop <-chan struct{}, 
 		case s.halt:
 			return recs
 		case s.retry:
-			// The batch before it is reported first.
-			settle()
 			c.onSettle(recs[0], s.d, s.res)
 			runs++
 			idem.Each(c.hooks, func(h RetryHook) { h.OnRetry(recs[0], runs+1, s.res) })
