@@ -5,7 +5,9 @@
 // guarded tables; and the actions taken from it.
 //
 // Pages are rendered on the server from embedded html/template templates;
-// there is no script. The console only reads unless it has a token: every
+// there is no script. It answers only to IP addresses, localhost and the
+// names it is given, so a site that rebinds its name to the console's
+// address cannot read it. The console only reads unless it has a token: every
 // action that changes something is a POST carrying the token, a form token
 // derived from it (valid for an hour, for that form only), and passes
 // net/http's cross-origin protection and a Referer check. Each action leaves
@@ -30,8 +32,10 @@ import (
 	"fmt"
 	"html/template"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -69,6 +73,11 @@ type Config struct {
 	Token string
 	// ReadOnly refuses every action even with a token.
 	ReadOnly bool
+	// Hosts are the names the console answers to besides IP addresses and
+	// localhost (a name a proxy in front of it uses). A request for any
+	// other Host is refused: a site that rebinds its own name to 127.0.0.1
+	// must not read the console.
+	Hosts []string
 	// CacheFor is how long a read of a DLQ is shown before it is read
 	// again (a RabbitMQ read takes the messages and returns them). Defaults
 	// to 5s; an action reads again at once.
@@ -137,7 +146,7 @@ func New(cfg Config) (*Server, error) {
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, http.StatusForbidden, "refused: a cross-origin request may not change anything")
 	}))
-	s.handler = headers(cop.Handler(refererCheck(mux, s)))
+	s.handler = headers(s.hostCheck(cop.Handler(refererCheck(mux, s))))
 	return s, nil
 }
 
@@ -167,6 +176,23 @@ func headers(h http.Handler) http.Handler {
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		w.Header().Set("Referrer-Policy", "same-origin")
 		w.Header().Set("Cache-Control", "no-store")
+		h.ServeHTTP(w, r)
+	})
+}
+
+// hostCheck refuses a request whose Host is a name the console does not
+// answer to.
+func (s *Server) hostCheck(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host := r.Host
+		if hp, _, err := net.SplitHostPort(host); err == nil {
+			host = hp
+		}
+		host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+		if net.ParseIP(host) == nil && !strings.EqualFold(host, "localhost") && !slices.ContainsFunc(s.cfg.Hosts, func(a string) bool { return strings.EqualFold(a, host) }) {
+			s.fail(w, http.StatusForbidden, fmt.Sprintf("refused: the console does not answer to the name %q (allow it with idem console --allow-host)", host))
+			return
+		}
 		h.ServeHTTP(w, r)
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"html"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"regexp"
 	"strings"
@@ -215,6 +216,36 @@ func TestWritesRefused(t *testing.T) {
 	}
 	if code, _ := get(t, ts, "/dlq/0/redrive?id=inv-9001&consumer="+consumer); code != http.StatusOK {
 		t.Errorf("a GET of the preview: %d", code)
+	}
+	// A name rebound to the console's address is not answered, not even a
+	// read.
+	for _, m := range []string{http.MethodGet, http.MethodPost} {
+		req, err := http.NewRequest(m, ts.URL+"/", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = "rebound.evil.example"
+		resp, err := ts.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden {
+			t.Errorf("%s with Host rebound.evil.example: %d, want 403", m, resp.StatusCode)
+		}
+	}
+	s2, err := New(Config{Inbox: e.inbox, DB: e.pool, Hosts: []string{"console.internal"}, Logger: s.cfg.Logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for host, want := range map[string]int{"console.internal:8080": http.StatusOK, "[::1]:8080": http.StatusOK, "localhost": http.StatusOK, "other.internal": http.StatusForbidden} {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.Host = host
+		s2.ServeHTTP(rec, req)
+		if rec.Code != want {
+			t.Errorf("GET with Host %s: %d, want %d", host, rec.Code, want)
+		}
 	}
 	// Read-only, and without a token: refused even with the right token.
 	for _, srv := range []struct {

@@ -97,6 +97,7 @@ func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	f.db.add(fs.FlagSet)
 	var queues, topics listFlag
 	var guards guardFlag
+	var hosts listFlag
 	fs.Var(&queues, "queue", "RabbitMQ dead-letter queue to show, comma-separated or repeated")
 	fs.Var(&topics, "topic", "Kafka dead-letter topic to show, comma-separated or repeated (needs --brokers)")
 	fs.StringVar(&f.amqpURL, "amqp", "", "RabbitMQ URL (default $IDEM_AMQP_URL, else "+defaultAMQPURL+")")
@@ -106,6 +107,7 @@ func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.StringVar(&f.table, "table", "idem_inbox", "inbox table, optionally schema-qualified")
 	fs.StringVar(&f.consumer, "default-consumer", "", "consumer to judge letters that name none (dead-lettered by the broker itself)")
 	fs.Var(&guards, "guard", "guarded table whose audit check is shown, table:key[,key] with audit check's column defaults (id, created_at, status), or table:key;status=-;id=-;time=C;void=V; repeatable")
+	fs.Var(&hosts, "allow-host", "host name the console answers to besides IP addresses and localhost (a proxy's), comma-separated or repeated; any other Host is refused")
 	listen := fs.String("listen", "127.0.0.1:8080", "address to serve on; anything but a loopback address exposes the console to the network")
 	token := fs.String("token", "", "token that allows actions (default $IDEM_CONSOLE_TOKEN; none: the console only reads)")
 	readOnly := fs.Bool("read-only", false, "refuse every action, even with a token")
@@ -178,7 +180,7 @@ func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
 	c, err := console.New(console.Config{Inbox: in, DB: pool, Sources: srcs, Guards: auditors, Token: *token, ReadOnly: *readOnly,
-		CacheFor: *cacheFor, Rate: *rate, Logger: logger})
+		Hosts: hosts, CacheFor: *cacheFor, Rate: *rate, Logger: logger})
 	if err != nil {
 		return err
 	}
