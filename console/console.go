@@ -347,7 +347,10 @@ type Overview struct {
 	ActErr   string
 }
 
-// Consumers reads the figures of every consumer in the inbox table.
+// Consumers reads the figures of every consumer in the inbox table, in
+// one scan of it: the markers are counted per consumer and per hour of the
+// last 14 days, the older ones in one group, and the totals, the hours and
+// the days are summed from those counts.
 func (s *Server) Consumers(ctx context.Context) (Inbox, error) {
 	in := Inbox{Table: s.cfg.Inbox.Table()}
 	set, err := s.cfg.Inbox.Settings(ctx)
@@ -357,71 +360,58 @@ func (s *Server) Consumers(ctx context.Context) (Inbox, error) {
 	in.Window = set.Window
 	table := pgx.Identifier(strings.Split(in.Table, ".")).Sanitize()
 	now := s.cfg.Now()
+	hour0 := now.UTC().Truncate(time.Hour).Add(-23 * time.Hour)
+	day0 := now.UTC().Truncate(24 * time.Hour).Add(-13 * 24 * time.Hour)
 	byName := map[string]*Consumer{}
-	rows, err := s.cfg.DB.Query(ctx, `SELECT consumer, count(*), count(*) FILTER (WHERE event_time IS NULL),
+	rows, err := s.cfg.DB.Query(ctx, `SELECT consumer,
+       CASE WHEN processed_at >= $1 THEN date_trunc('hour', processed_at AT TIME ZONE 'UTC') END,
+       count(*), count(*) FILTER (WHERE event_time IS NULL),
        min(greatest(event_time, processed_at)), max(processed_at)
-FROM `+table+` GROUP BY consumer ORDER BY consumer`)
+FROM `+table+` GROUP BY 1, 2`, day0)
 	if err != nil {
 		return in, fmt.Errorf("reading the markers of %s: %w", in.Table, err)
 	}
-	var c Consumer
-	var oldest, latest *time.Time
-	_, err = pgx.ForEachRow(rows, []any{&c.Name, &c.Markers, &c.Untimed, &oldest, &latest}, func() error {
-		cc := c
-		if oldest != nil {
-			cc.Oldest, cc.Age = *oldest, now.Sub(*oldest)
-			cc.Headroom = in.Window - cc.Age
-		} else {
-			cc.Headroom = in.Window
+	var name string
+	var hour, oldest, latest *time.Time
+	var n, untimed int64
+	_, err = pgx.ForEachRow(rows, []any{&name, &hour, &n, &untimed, &oldest, &latest}, func() error {
+		c := byName[name]
+		if c == nil {
+			c = &Consumer{Name: name, Hours: bars(hour0, time.Hour, 24), Days: bars(day0, 24*time.Hour, 14)}
+			byName[name] = c
+			in.Consumers = append(in.Consumers, c)
 		}
-		if latest != nil {
-			cc.Latest = *latest
+		c.Markers += n
+		c.Untimed += untimed
+		if oldest != nil && (c.Oldest.IsZero() || oldest.Before(c.Oldest)) {
+			c.Oldest = *oldest
 		}
-		in.Consumers = append(in.Consumers, &cc)
-		byName[cc.Name] = &cc
+		if latest != nil && latest.After(c.Latest) {
+			c.Latest = *latest
+		}
+		if hour != nil {
+			h := hour.UTC()
+			if i := int(h.Sub(hour0) / time.Hour); h.Compare(hour0) >= 0 && i < len(c.Hours) {
+				c.Hours[i].Count += n
+			}
+			if i := int(h.Truncate(24*time.Hour).Sub(day0) / (24 * time.Hour)); i >= 0 && i < len(c.Days) {
+				c.Days[i].Count += n
+			}
+		}
 		return nil
 	})
 	if err != nil {
 		return in, fmt.Errorf("reading the markers of %s: %w", in.Table, err)
 	}
-	hour0 := now.UTC().Truncate(time.Hour).Add(-23 * time.Hour)
-	day0 := now.UTC().Truncate(24 * time.Hour).Add(-13 * 24 * time.Hour)
-	for _, cc := range in.Consumers {
-		cc.Hours, cc.Days = bars(hour0, time.Hour, 24), bars(day0, 24*time.Hour, 14)
-	}
-	for _, chart := range []struct {
-		unit  string
-		start time.Time
-		step  time.Duration
-		pick  func(*Consumer) []Bar
-	}{
-		{"hour", hour0, time.Hour, func(c *Consumer) []Bar { return c.Hours }},
-		{"day", day0, 24 * time.Hour, func(c *Consumer) []Bar { return c.Days }},
-	} {
-		rows, err := s.cfg.DB.Query(ctx, `SELECT consumer, date_trunc('`+chart.unit+`', processed_at AT TIME ZONE 'UTC'), count(*)
-FROM `+table+` WHERE processed_at >= $1 GROUP BY 1, 2`, chart.start)
-		if err != nil {
-			return in, fmt.Errorf("reading the markers of %s: %w", in.Table, err)
+	sort.Slice(in.Consumers, func(i, j int) bool { return in.Consumers[i].Name < in.Consumers[j].Name })
+	for _, c := range in.Consumers {
+		c.Headroom = in.Window
+		if !c.Oldest.IsZero() {
+			c.Age = now.Sub(c.Oldest)
+			c.Headroom = in.Window - c.Age
 		}
-		var name string
-		var at time.Time
-		var n int64
-		_, err = pgx.ForEachRow(rows, []any{&name, &at, &n}, func() error {
-			if cc := byName[name]; cc != nil {
-				i := int(at.Sub(chart.start) / chart.step)
-				if b := chart.pick(cc); i >= 0 && i < len(b) {
-					b[i].Count += n
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			return in, fmt.Errorf("reading the markers of %s: %w", in.Table, err)
-		}
-	}
-	for _, cc := range in.Consumers {
-		scale(cc.Hours)
-		scale(cc.Days)
+		scale(c.Hours)
+		scale(c.Days)
 	}
 	return in, nil
 }

@@ -24,7 +24,30 @@ func markersCell(page, name string) string {
 func TestPagesRender(t *testing.T) {
 	e := newEnv(t)
 	e.seed(21, []string{"inv-9001", "inv-9002"})
-	_, ts := e.server("", false)
+	s, ts := e.server("", false)
+
+	// The charts' bars add up to the markers of their spans.
+	in, err := s.Consumers(context.Background())
+	if err != nil || len(in.Consumers) != 1 {
+		t.Fatalf("consumers %+v, %v", in, err)
+	}
+	c := in.Consumers[0]
+	var hours, days, n int64
+	for _, b := range c.Hours {
+		hours += b.Count
+	}
+	for _, b := range c.Days {
+		days += b.Count
+	}
+	if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM idem_inbox WHERE processed_at >= $1`, c.Hours[0].Start).Scan(&n); err != nil || n != hours {
+		t.Errorf("hour bars add up to %d, want %d (%v)", hours, n, err)
+	}
+	if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM idem_inbox WHERE processed_at >= $1`, c.Days[0].Start).Scan(&n); err != nil || n != days {
+		t.Errorf("day bars add up to %d, want %d (%v)", days, n, err)
+	}
+	if hours == 0 || hours == days {
+		t.Errorf("seeded markers: %d in the last 24 hours, %d in 14 days: want some in each and some only in the days", hours, days)
+	}
 
 	code, page := get(t, ts, "/")
 	if code != http.StatusOK {
