@@ -146,7 +146,7 @@ func New(cfg Config) (*Server, error) {
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, http.StatusForbidden, "refused: a cross-origin request may not change anything")
 	}))
-	s.handler = headers(s.hostCheck(cop.Handler(refererCheck(mux, s))))
+	s.handler = headers(s.hostCheck(s.fetchCheck(cop.Handler(refererCheck(mux, s)))))
 	return s, nil
 }
 
@@ -192,6 +192,30 @@ func (s *Server) hostCheck(h http.Handler) http.Handler {
 		if net.ParseIP(host) == nil && !strings.EqualFold(host, "localhost") && !slices.ContainsFunc(s.cfg.Hosts, func(a string) bool { return strings.EqualFold(a, host) }) {
 			s.fail(w, http.StatusForbidden, fmt.Sprintf("refused: the console does not answer to the name %q (allow it with idem console --allow-host)", host))
 			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// fetchCheck refuses what another site's page loads from the console
+// without the user navigating to it (an image, a script, a frame, a
+// fetch): every read of a RabbitMQ DLQ counts as a delivery of its letters,
+// and a page must not make a visitor's browser read it over and over.
+// Browsers say so in Sec-Fetch-Site, Sec-Fetch-Mode and Sec-Fetch-Dest. A
+// cross-origin POST is the cross-origin protection's to refuse.
+func (s *Server) fetchCheck(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			h.ServeHTTP(w, r)
+			return
+		}
+		switch r.Header.Get("Sec-Fetch-Site") {
+		case "cross-site", "same-site":
+			dest := r.Header.Get("Sec-Fetch-Dest")
+			if r.Header.Get("Sec-Fetch-Mode") != "navigate" || (dest != "document" && dest != "") {
+				s.fail(w, http.StatusForbidden, "refused: another site's page may not load the console")
+				return
+			}
 		}
 		h.ServeHTTP(w, r)
 	})
@@ -611,7 +635,7 @@ func (s *Server) preview(w http.ResponseWriter, r *http.Request) {
 	if q.Has("id") {
 		ids = []string{q.Get("id")}
 	} else {
-		ls, _, _, err := s.read(r.Context(), src, true)
+		ls, _, _, err := s.read(r.Context(), src, false)
 		if err != nil {
 			s.fail(w, http.StatusBadGateway, err.Error())
 			return

@@ -240,6 +240,27 @@ func TestWritesRefused(t *testing.T) {
 	if code, _ := get(t, ts, "/dlq/0/redrive?id=inv-9001&consumer="+consumer); code != http.StatusOK {
 		t.Errorf("a GET of the preview: %d", code)
 	}
+	// Another site's page may link to the console but not load it.
+	for _, c := range []struct {
+		mode, dest string
+		want       int
+	}{{"no-cors", "image", http.StatusForbidden}, {"cors", "empty", http.StatusForbidden}, {"navigate", "iframe", http.StatusForbidden}, {"navigate", "document", http.StatusOK}} {
+		req, err := http.NewRequest(http.MethodGet, ts.URL+"/", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Sec-Fetch-Site", "cross-site")
+		req.Header.Set("Sec-Fetch-Mode", c.mode)
+		req.Header.Set("Sec-Fetch-Dest", c.dest)
+		resp, err := ts.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Errorf("cross-site GET, mode %s, dest %s: %d, want %d", c.mode, c.dest, resp.StatusCode, c.want)
+		}
+	}
 	// A name rebound to the console's address is not answered, not even a
 	// read.
 	for _, m := range []string{http.MethodGet, http.MethodPost} {
