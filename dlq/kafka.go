@@ -353,12 +353,17 @@ func (k *Kafka) Walk(ctx context.Context, limit int, decide func(*Letter) (Actio
 	}
 	committed := len(offs) == 0
 	if !committed {
-		resp, err := k.adm.CommitOffsets(ctx, k.cfg.Group, offs)
+		// The letters before the commit were produced and acked: settle
+		// them even when the walk was interrupted, or the next redrive
+		// sends them all again.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
+		resp, err := k.adm.CommitOffsets(cctx, k.cfg.Group, offs)
+		cancel()
 		if err == nil {
 			err = resp.Error()
 		}
 		if err != nil {
-			werr = errors.Join(werr, fmt.Errorf("committing the offsets of group %s on %s (the letters stay; a redrive sent again is absorbed by the inbox): %w", k.cfg.Group, k.cfg.Topic, err))
+			werr = errors.Join(werr, fmt.Errorf("committing the offsets of group %s on %s (the letters stay; a redrive sent again is absorbed by the inbox, a replay of them is refused as already replayed): %w", k.cfg.Group, k.cfg.Topic, err))
 		} else {
 			committed = true
 		}
@@ -368,6 +373,10 @@ func (k *Kafka) Walk(ctx context.Context, limit int, decide func(*Letter) (Actio
 	}
 	return werr
 }
+
+// commitTimeout bounds the offset commit that ends a walk, which runs even
+// when the walk was interrupted.
+const commitTimeout = 30 * time.Second
 
 // redrive is the record a redrive of r produces.
 func (k *Kafka) redrive(r *kgo.Record, l *Letter) *kgo.Record {

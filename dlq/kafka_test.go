@@ -160,7 +160,7 @@ func TestKafkaListShowRedrive(t *testing.T) {
 	if sh.Judgement.Verdict != Unknown || sh.Letter.Target != topic || sh.Letter.Position != "0/1" || string(sh.Letter.Body) != `{"order":"ord-2"}` {
 		t.Fatalf("show without inbox %+v", sh)
 	}
-	in, err := NewInbox(pool, nil)
+	in, err := NewInbox(pool, &InboxConfig{Key: idem.ByMessageID})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,5 +353,63 @@ func TestKafkaListWarnsOfDeletedLetters(t *testing.T) {
 	ls, err = List(ctx, k, 0)
 	if err != nil || ls.Total != 1 || len(ls.Warnings) != 1 || !strings.Contains(ls.Warnings[0], "2 letters of tax.dlq were deleted") {
 		t.Fatalf("list after retention %+v %v", ls, err)
+	}
+}
+
+// An interrupted redrive (SIGINT cancels the command's context) still
+// settles the letters produced and acked before the interruption: the
+// commit that ends the walk does not use the cancelled context.
+func TestKafkaInterruptedRedriveSettles(t *testing.T) {
+	t.Parallel()
+	ctx, cancelAll := context.WithTimeout(context.Background(), time.Minute)
+	defer cancelAll()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	brokers := c.ListenAddrs()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for _, tn := range []string{"pay", "pay.dlq"} {
+		if _, err := kadm.NewClient(cl).CreateTopic(ctx, 1, 1, nil, tn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range []string{"pay-1", "pay-2", "pay-3"} {
+		r := idemkafka.NewRecord("pay.dlq", id, []byte(id), []byte(`{}`))
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: HeaderReason, Value: []byte("boom")}, kgo.RecordHeader{Key: HeaderOrigin, Value: []byte("pay/0/0")})
+		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k, err := NewKafka(ctx, KafkaConfig{Brokers: brokers, Topic: "pay.dlq"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	rctx, interrupt := context.WithCancel(ctx)
+	sent := 0
+	k.afterProduce = func(*Letter) {
+		if sent++; sent == 2 {
+			interrupt() // after the second letter was acked
+		}
+	}
+	res, err := Redrive(rctx, k, nil, Selection{Apply: true})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("interrupted redrive: %v, want context.Canceled", err)
+	}
+	if res.Done != 2 || len(res.Items) != 2 || !res.Items[0].Done || !res.Items[1].Done {
+		t.Fatalf("interrupted redrive: done %d, items %+v; want the 2 acked settled", res.Done, res.Items)
+	}
+	ls, err := k.Peek(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ls) != 1 || ls[0].ID != "pay-3" {
+		t.Errorf("after the interrupt %d letters are unsettled (%v); want pay-3 alone", len(ls), ls)
 	}
 }
