@@ -15,7 +15,11 @@
 // the broker confirmed its republish (RabbitMQ: publisher confirm, then the
 // dead-letter copy is acked; Kafka: acks=all, then the dead-letter group's
 // offset is committed): a failure in between leaves one copy in each place,
-// and the consumer's inbox absorbs the second. Nothing is ever lost.
+// and the consumer's inbox absorbs the second. A replay retires a marker
+// at most once per consumer and key in a run (later copies of the message
+// are redriven plainly), refuses a letter whose key's marker a replay of
+// the same message wrote, and puts a marker back when its republish
+// failed. Nothing is ever lost.
 package dlq
 
 import (
@@ -201,12 +205,7 @@ func Summarize(dlq string, ls []Letter) Listing {
 	out := Listing{DLQ: dlq, Total: len(ls), Groups: []Group{}}
 	for i := range ls {
 		l := &ls[i]
-		reason := l.Reason
-		if l.ID != "" {
-			// "handling message inv-1: ..." and "handling message inv-2:
-			// ..." are one reason.
-			reason = strings.ReplaceAll(reason, l.ID, "<id>")
-		}
+		reason := groupReason(l)
 		k := gk{reason, l.Consumer}
 		n, ok := idx[k]
 		if !ok {
@@ -269,7 +268,8 @@ func Show(ctx context.Context, src Source, in *Inbox, id string) (Shown, error) 
 
 // Filter selects letters. Empty fields select everything.
 type Filter struct {
-	// Reason selects letters whose reason contains it.
+	// Reason selects letters whose reason, as a listing groups it (the
+	// message ID written <id>), contains it.
 	Reason string
 	// Consumer selects letters of this consumer.
 	Consumer string
@@ -280,9 +280,41 @@ type Filter struct {
 	IDs []string
 }
 
-// Match reports whether f selects l.
+// groupReason is the reason of l as a listing groups it: its message ID,
+// where it stands as a word of its own, written <id> ("handling message
+// inv-1: ..." and "handling message inv-2: ..." are one reason).
+func groupReason(l *Letter) string {
+	if l.ID == "" {
+		return l.Reason
+	}
+	word := func(b byte) bool {
+		return b >= 'a' && b <= 'z' || b >= 'A' && b <= 'Z' || b >= '0' && b <= '9' || b == '-' || b == '_' || b >= 0x80
+	}
+	var b strings.Builder
+	s := l.Reason
+	for {
+		i := strings.Index(s, l.ID)
+		if i < 0 {
+			b.WriteString(s)
+			return b.String()
+		}
+		end := i + len(l.ID)
+		whole := (i == 0 || !word(s[i-1]) || !word(l.ID[0])) && (end == len(s) || !word(s[end]) || !word(l.ID[len(l.ID)-1]))
+		b.WriteString(s[:i])
+		if whole {
+			b.WriteString("<id>")
+		} else {
+			b.WriteString(l.ID)
+		}
+		s = s[end:]
+	}
+}
+
+// Match reports whether f selects l. Reason is looked for in the reason as
+// a listing shows it (message IDs written <id>), so it selects what the
+// listing's groups say, not letters whose IDs contain the word.
 func (f *Filter) Match(l *Letter) bool {
-	if f.Reason != "" && !strings.Contains(l.Reason, f.Reason) {
+	if f.Reason != "" && !strings.Contains(groupReason(l), f.Reason) {
 		return false
 	}
 	if f.Consumer != "" && l.Consumer != f.Consumer {
@@ -345,6 +377,9 @@ type Item struct {
 	Why  string `json:"why,omitempty"`
 	// Retired is the audit row of a replay's retired marker.
 	Retired *Retired `json:"retired,omitempty"`
+	// Restored is the audit row that put the marker back when the
+	// republish failed after all.
+	Restored *Retired `json:"restored,omitempty"`
 }
 
 // Result is the report of a redrive, purge or replay.
@@ -445,6 +480,11 @@ func walk(ctx context.Context, src Source, in *Inbox, sel Selection, op string, 
 	res := Result{DLQ: src.Name(), DryRun: !sel.Apply, Items: []Item{}}
 	pace := newPacer(sel.Rate)
 	byLetter := map[*Letter]int{}
+	// replayed: the (consumer, key) pairs whose marker this replay retired
+	// (or, in a dry run, would retire): a second copy of the message is
+	// redriven plainly, and the consumer acks it as a duplicate of the
+	// first.
+	replayed := map[[2]string]bool{}
 	var expiredWarned, invalidWarned bool
 	decide := func(l *Letter) (Action, error) {
 		if !sel.Match(l) {
@@ -456,12 +496,20 @@ func walk(ctx context.Context, src Source, in *Inbox, sel Selection, op string, 
 			return Keep, err
 		}
 		it := Item{ID: l.ID, Position: l.Position, Target: l.Target, Judgement: j, Action: op}
+		consumer := l.Consumer
+		if consumer == "" && in != nil {
+			consumer = in.cfg.Consumer
+		}
+		pair := [2]string{consumer, j.InboxKey}
+		retire := false
 		act := Send
 		switch {
 		case op == "purge":
 			act = Drop
 		case l.Target == "":
 			it.Action, it.Why, act = "refuse", "the letter names no origin to redrive to", Keep
+		case j.Verdict == Unknown && in != nil:
+			it.Action, it.Why, act = "refuse", "unknown: "+j.Why+"; without a verdict it is not sent (name the consumer of letters that name none)", Keep
 		case j.Verdict == Expire && !sel.Expired:
 			it.Action, it.Why, act = "refuse", "expired: "+j.Why+"; redrive it with the expired flag to send it anyway (the consumer expires it again unless its horizon applies expired messages)", Keep
 		case j.Verdict == Expire:
@@ -476,10 +524,29 @@ func walk(ctx context.Context, src Source, in *Inbox, sel Selection, op string, 
 				invalidWarned = true
 				res.Warnings = append(res.Warnings, "redriving messages without a valid ID or key: the consumer dead-letters them again unless its key function changed")
 			}
+		case op == "replay" && replayed[pair]:
+			it.Action = "redrive"
+			it.Why = "another copy of a message this replay replays: redriven without retiring anything, so the consumer applies the message once (the first copy) and acks this one as a duplicate"
 		case j.Verdict == Duplicate && op == "replay":
+			prior, err := in.replayedBefore(ctx, consumer, j.InboxKey, l.ID, j.Marker)
+			if err != nil {
+				return Keep, err
+			}
+			if prior != nil {
+				it.Action, act = "refuse", Keep
+				it.Why = fmt.Sprintf("already replayed: audit row %d retired the marker of key %q for a replay of %q on %s (by %s), and the marker there now was written after it, by that replay: this letter is a copy left in the DLQ; redrive or purge it (to apply the message yet again, retire the marker on purpose first)",
+					prior.ID, j.InboxKey, l.ID, prior.RetiredAt.UTC().Format(time.RFC3339), prior.RetiredBy)
+				break
+			}
+			retire = true
+			replayed[pair] = true
 			it.Why = "marker retired to the audit table, then redriven: the consumer applies it once more"
 		case j.Verdict == Duplicate:
 			it.Why = "its key has a marker: the consumer acks it as a duplicate without an effect (replay it to apply it once more)"
+		case op == "replay" && j.InboxKey != "":
+			// Applied by the first copy redriven; later copies are its
+			// duplicates.
+			replayed[pair] = true
 		}
 		if act == Keep {
 			res.Refused++
@@ -495,8 +562,8 @@ func walk(ctx context.Context, src Source, in *Inbox, sel Selection, op string, 
 			if err := pace.wait(ctx); err != nil {
 				return Keep, err
 			}
-			if op == "replay" && j.Verdict == Duplicate {
-				r, err := in.Retire(ctx, j.InboxKey, l.Consumer, l.ID, *ret)
+			if retire {
+				r, err := in.Retire(ctx, j.InboxKey, consumer, l.ID, *ret)
 				if err != nil {
 					return Keep, fmt.Errorf("retiring the marker of %q: %w", l.ID, err)
 				}
@@ -518,6 +585,8 @@ func walk(ctx context.Context, src Source, in *Inbox, sel Selection, op string, 
 		switch {
 		case removed:
 			res.Done++
+		case a == Send && it.Retired != nil:
+			it.Why = strings.TrimPrefix(it.Why+"; ", "; ") + "sent, but still in the DLQ (behind a letter that stays, or its removal failed): a later replay of it is refused, as its marker is this replay's; redrive or purge it"
 		case a == Send:
 			it.Why = strings.TrimPrefix(it.Why+"; ", "; ") + "sent, but still in the DLQ (behind a letter that stays, or its removal failed): a later redrive sends it again, which the inbox absorbs"
 		default:
@@ -528,8 +597,34 @@ func walk(ctx context.Context, src Source, in *Inbox, sel Selection, op string, 
 		}
 	}
 	err := src.Walk(ctx, sel.Limit, decide, done)
+	if err != nil {
+		// A marker retired for a republish that did not happen is put
+		// back: the key stays guarded, and the audit table says so.
+		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), restoreTimeout)
+		defer cancel()
+		for i := range res.Items {
+			it := &res.Items[i]
+			if it.Retired == nil || it.Sent {
+				continue
+			}
+			r, ok, rerr := in.restore(bctx, it.Retired.ID, *ret, "the replay's republish failed: "+err.Error())
+			switch {
+			case rerr != nil:
+				err = errors.Join(err, fmt.Errorf("the marker of %q stays retired (audit row %d): %w", it.ID, it.Retired.ID, rerr))
+			case ok:
+				it.Restored = &r
+				it.Why = strings.TrimPrefix(it.Why+"; ", "; ") + fmt.Sprintf("not sent: its marker was put back (audit row %d)", r.ID)
+			default:
+				it.Why = strings.TrimPrefix(it.Why+"; ", "; ") + "not confirmed, and the key has a marker again: the republish may have gone through and been applied"
+			}
+		}
+	}
 	return res, err
 }
+
+// restoreTimeout bounds putting markers back after a failed replay, which
+// runs even when the replay was interrupted.
+const restoreTimeout = 30 * time.Second
 
 // headerInt reads an integer header value.
 func headerInt(s string) int {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/dlq"
 )
 
@@ -20,7 +21,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	in, err := dlq.NewInbox(pool, &dlq.InboxConfig{Table: "idem_inbox"})
+	in, err := dlq.NewInbox(pool, &dlq.InboxConfig{Table: "idem_inbox", Key: idem.ByMessageID})
 	if err != nil {
 		log.Fatal(err)
 	}

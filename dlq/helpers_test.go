@@ -92,7 +92,7 @@ func newRabbitEnv(t *testing.T) *rabbitEnv {
 	if _, err := pool.Exec(ctx, `CREATE TABLE effects (message_id text NOT NULL, body text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	in, err := NewInbox(pool, nil)
+	in, err := NewInbox(pool, &InboxConfig{Key: idem.ByMessageID})
 	if err != nil {
 		t.Fatal(err)
 	}

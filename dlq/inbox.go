@@ -30,7 +30,10 @@ type InboxConfig struct {
 	// Table is the inbox table, optionally schema-qualified. Defaults to
 	// "idem_inbox".
 	Table string
-	// Key is the consumers' key function. Defaults to idem.ByMessageID.
+	// Key is the consumers' key function (idem.ByMessageID when they key
+	// by message ID; [ParseKey] names one in words). Required: a letter
+	// judged with another key than its consumer's gets a wrong verdict,
+	// and a replay retires the wrong marker or none.
 	Key idem.KeyFunc
 	// Consumer judges letters that name no consumer (those the broker
 	// dead-lettered itself at its delivery limit). Optional.
@@ -74,7 +77,10 @@ func (in *Inbox) pruned(ctx context.Context, consumer string) ([]idem.PrunedSumm
 	return s, nil
 }
 
-// NewInbox returns the inbox of cfg.Table on db.
+// ErrNoKey is returned by [NewInbox] without [InboxConfig.Key].
+var ErrNoKey = errors.New("dlq: InboxConfig.Key is required: the consumers' key function (idem.ByMessageID when they key by message ID)")
+
+// NewInbox returns the inbox of cfg.Table on db. cfg.Key is required.
 func NewInbox(db DB, cfg *InboxConfig) (*Inbox, error) {
 	var c InboxConfig
 	if cfg != nil {
@@ -122,11 +128,28 @@ func (in *Inbox) Settings(ctx context.Context) (idem.Settings, error) {
 	return s, nil
 }
 
-// Judge says what a redrive of l would do at its consumer. A nil inbox
-// judges Unknown.
+// Judge says what a redrive of l would do at its consumer, in the order
+// the consumer decides: no ID is invalid, a time past the horizon expires
+// (before any marker is looked at, as the processor checks the horizon
+// before it claims), then the key's marker, then the pruned-key
+// summaries. A nil inbox judges Unknown; so does one that cannot say
+// which consumer the letter is for.
 func (in *Inbox) Judge(ctx context.Context, l *Letter) (Judgement, error) {
 	if in == nil {
 		return Judgement{Verdict: Unknown, Why: "no inbox given to judge with"}, nil
+	}
+	if l.ID == "" {
+		return Judgement{Verdict: Invalid, Why: "the message has no ID"}, nil
+	}
+	set, err := in.Settings(ctx)
+	if err != nil {
+		return Judgement{}, err
+	}
+	partitioned := set.Layout == idem.LayoutPartitioned
+	if !partitioned {
+		if j, ok := in.expired(set, l.Time, "event time", l.TimeSource.String()); ok {
+			return j, nil
+		}
 	}
 	consumer := l.Consumer
 	if consumer == "" {
@@ -134,9 +157,6 @@ func (in *Inbox) Judge(ctx context.Context, l *Letter) (Judgement, error) {
 	}
 	if consumer == "" {
 		return Judgement{Verdict: Unknown, Why: "the letter names no consumer (give one)"}, nil
-	}
-	if l.ID == "" {
-		return Judgement{Verdict: Invalid, Why: "the message has no ID"}, nil
 	}
 	key, err := in.cfg.Key(l.message())
 	if err != nil {
@@ -146,6 +166,21 @@ func (in *Inbox) Judge(ctx context.Context, l *Letter) (Judgement, error) {
 		return Judgement{Verdict: Invalid, Why: fmt.Sprintf("inbox key %q is empty or longer than %d bytes", key, idem.MaxKeyLen)}, nil
 	}
 	j := Judgement{InboxKey: key}
+	// timed: the horizon accepted the message by a time every copy of it
+	// carries, so its marker, had a copy been seen, is not pruned yet.
+	timed := !l.Time.IsZero() && l.TimeSource == idem.TimeFromID
+	if partitioned {
+		if pt, ok := idem.TimeFromUUIDv7(key); ok {
+			if jj, ok := in.expired(set, pt, "partition time", "the key"); ok {
+				jj.InboxKey = key
+				return jj, nil
+			}
+			timed = true
+		} else if jj, ok := in.expired(set, l.Time, "event time", l.TimeSource.String()); ok {
+			jj.InboxKey = key
+			return jj, nil
+		}
+	}
 	m, err := in.lookup(ctx, consumer, key)
 	if err != nil {
 		return j, err
@@ -155,39 +190,37 @@ func (in *Inbox) Judge(ctx context.Context, l *Letter) (Judgement, error) {
 		j.Why = fmt.Sprintf("consumer %s has a marker for key %q, written %s by message %q", consumer, key, m.ProcessedAt.UTC().Format(time.RFC3339), m.MessageID)
 		return j, nil
 	}
-	pruned, err := in.pruned(ctx, consumer)
-	if err != nil {
-		return j, err
-	}
-	for _, p := range pruned {
-		if p.Has(key) {
-			j.Verdict = Expire
-			j.Why = fmt.Sprintf("key %q is probably among the markers a prune deleted on %s (a pruned-key summary holds it): a late duplicate, which a consumer with RefuseLate expires and one without applies again", key, p.Day.UTC().Format(time.DateOnly))
-			return j, nil
+	if !timed || set.Window <= 0 {
+		pruned, err := in.pruned(ctx, consumer)
+		if err != nil {
+			return j, err
 		}
-	}
-	set, err := in.Settings(ctx)
-	if err != nil {
-		return j, err
-	}
-	limit := in.cfg.Now().Add(-set.Window + min(5*time.Minute, set.Window/10))
-	t, what := l.Time, "event time"
-	if set.Layout == idem.LayoutPartitioned {
-		if pt, ok := idem.TimeFromUUIDv7(key); ok {
-			t, what = pt, "partition time"
+		for _, p := range pruned {
+			if p.Has(key) {
+				j.Verdict = Expire
+				j.Why = fmt.Sprintf("key %q is probably among the markers a prune deleted on %s (a pruned-key summary holds it): a late duplicate, which a consumer with RefuseLate expires and one without applies again", key, p.Day.UTC().Format(time.DateOnly))
+				return j, nil
+			}
 		}
-	}
-	if !t.IsZero() && t.Before(limit) {
-		j.Verdict = Expire
-		j.Why = fmt.Sprintf("%s %s (from %s) is before %s, the horizon of the inbox's %v window: its marker may have been pruned", what, t.UTC().Format(time.RFC3339), l.TimeSource, limit.UTC().Format(time.RFC3339), set.Window)
-		return j, nil
 	}
 	j.Verdict = Apply
 	j.Why = fmt.Sprintf("consumer %s has no marker for key %q", consumer, key)
-	if t.IsZero() {
+	if l.Time.IsZero() {
 		j.Why += "; the message has no event time, so the horizon cannot judge it"
 	}
 	return j, nil
+}
+
+// expired judges t against the horizon of the inbox's window.
+func (in *Inbox) expired(set idem.Settings, t time.Time, what, from string) (Judgement, bool) {
+	if set.Window <= 0 || t.IsZero() {
+		return Judgement{}, false
+	}
+	limit := in.cfg.Now().Add(-set.Window + min(5*time.Minute, set.Window/10))
+	if !t.Before(limit) {
+		return Judgement{}, false
+	}
+	return Judgement{Verdict: Expire, Why: fmt.Sprintf("%s %s (from %s) is before %s, the horizon of the inbox's %v window: the consumer expires it before it looks at any marker", what, t.UTC().Format(time.RFC3339), from, limit.UTC().Format(time.RFC3339), set.Window)}, true
 }
 
 func (in *Inbox) lookup(ctx context.Context, consumer, key string) (*idem.Marker, error) {
@@ -221,6 +254,10 @@ type Retired struct {
 	EventTime   time.Time `json:"event_time,omitzero"`
 	ProcessedAt time.Time `json:"processed_at"`
 	KeepUntil   time.Time `json:"keep_until"`
+	// Restores is, on a row that put a marker back (its replay's
+	// republish failed), the ID of the row that retired it; 0 on a
+	// retirement.
+	Restores int64 `json:"restores,omitempty"`
 }
 
 // ensureAudit creates the audit table when it does not exist.
@@ -231,6 +268,10 @@ func (in *Inbox) ensureAudit(ctx context.Context) error {
 		return nil
 	}
 	_, err := in.db.Exec(ctx, auditDDL(in.audit))
+	if err == nil {
+		// Tables created before restorations were recorded.
+		_, err = in.db.Exec(ctx, `ALTER TABLE `+in.audit+` ADD COLUMN IF NOT EXISTS restores bigint`)
+	}
 	if err != nil {
 		var pe *pgconn.PgError
 		// Two first replays at once: one of the creations loses the race
@@ -270,7 +311,9 @@ func (noDB) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) {
 
 // auditDDL creates the audit table: the marker's columns, plus who, when
 // and why; marker keeps the whole row as it was (the partitioned layout's
-// partition_time with it). Rows are only ever inserted.
+// partition_time with it). Rows are only ever inserted: a marker put back
+// after its replay's republish failed is a row of its own, whose restores
+// names the row that retired it.
 func auditDDL(audit string) string {
 	return `CREATE TABLE IF NOT EXISTS ` + audit + ` (
     id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -286,7 +329,8 @@ func auditDDL(audit string) string {
     event_time   timestamptz,
     processed_at timestamptz NOT NULL,
     keep_until   timestamptz NOT NULL,
-    marker       jsonb NOT NULL
+    marker       jsonb NOT NULL,
+    restores     bigint
 )`
 }
 
@@ -350,7 +394,7 @@ func (in *Inbox) RetiredMarkers(ctx context.Context, consumer string, limit int)
 		return nil, err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	rows, err := tx.Query(ctx, `SELECT id, retired_at, retired_by, why, inbox_table, consumer, key, message_id, replay_of, body_sha256, event_time, processed_at, keep_until
+	rows, err := tx.Query(ctx, `SELECT id, retired_at, retired_by, why, inbox_table, consumer, key, message_id, replay_of, body_sha256, event_time, processed_at, keep_until, coalesce(restores, 0)
 FROM `+in.audit+` WHERE inbox_table = $1 AND ($2 = '' OR consumer = $2) ORDER BY id DESC LIMIT $3`, in.cfg.Table, consumer, limit)
 	if err != nil {
 		return nil, err
@@ -358,7 +402,7 @@ FROM `+in.audit+` WHERE inbox_table = $1 AND ($2 = '' OR consumer = $2) ORDER BY
 	var out []Retired
 	var r Retired
 	var et *time.Time
-	_, err = pgx.ForEachRow(rows, []any{&r.ID, &r.RetiredAt, &r.RetiredBy, &r.Why, &r.InboxTable, &r.Consumer, &r.Key, &r.MessageID, &r.ReplayOf, &r.BodySHA256, &et, &r.ProcessedAt, &r.KeepUntil}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&r.ID, &r.RetiredAt, &r.RetiredBy, &r.Why, &r.InboxTable, &r.Consumer, &r.Key, &r.MessageID, &r.ReplayOf, &r.BodySHA256, &et, &r.ProcessedAt, &r.KeepUntil, &r.Restores}, func() error {
 		if et != nil {
 			r.EventTime = *et
 		} else {
@@ -369,4 +413,82 @@ FROM `+in.audit+` WHERE inbox_table = $1 AND ($2 = '' OR consumer = $2) ORDER BY
 		return nil
 	})
 	return out, err
+}
+
+// restore puts back the marker that audit row id retired, when its
+// replay's republish failed, and records that in a row of its own, in one
+// transaction. A marker written since (the republish went through after
+// all, and the consumer applied it) is kept, and nothing is recorded:
+// restored is false.
+func (in *Inbox) restore(ctx context.Context, id int64, r Retirement, cause string) (out Retired, restored bool, err error) {
+	tx, err := in.db.Begin(ctx)
+	if err != nil {
+		return Retired{}, false, err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var et *time.Time
+	err = tx.QueryRow(ctx, `WITH src AS (
+    SELECT * FROM `+in.audit+` WHERE id = $1 AND restores IS NULL
+), back AS (
+    INSERT INTO `+in.table.Sanitize()+` SELECT (jsonb_populate_record(NULL::`+in.table.Sanitize()+`, src.marker)).* FROM src
+    ON CONFLICT DO NOTHING RETURNING consumer, key
+)
+INSERT INTO `+in.audit+` (retired_by, why, inbox_table, consumer, key, message_id, replay_of, body_sha256, event_time, processed_at, keep_until, marker, restores)
+SELECT $2, $3, s.inbox_table, s.consumer, s.key, s.message_id, s.replay_of, s.body_sha256, s.event_time, s.processed_at, s.keep_until, s.marker, s.id
+FROM src AS s JOIN back AS b ON b.consumer = s.consumer AND b.key = s.key
+RETURNING id, retired_at, retired_by, why, inbox_table, consumer, key, message_id, replay_of, body_sha256, event_time, processed_at, keep_until, restores`,
+		id, r.By, "restored: "+cause).Scan(&out.ID, &out.RetiredAt, &out.RetiredBy, &out.Why, &out.InboxTable,
+		&out.Consumer, &out.Key, &out.MessageID, &out.ReplayOf, &out.BodySHA256, &et, &out.ProcessedAt, &out.KeepUntil, &out.Restores)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Retired{}, false, nil
+	}
+	if err != nil {
+		return Retired{}, false, fmt.Errorf("restoring the marker of audit row %d: %w", id, err)
+	}
+	if et != nil {
+		out.EventTime = *et
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return Retired{}, false, fmt.Errorf("restoring the marker of audit row %d: %w", id, err)
+	}
+	return out, true, nil
+}
+
+// replayedBefore returns the audit row of a replay of message replayOf
+// that retired a marker of (consumer, key) before the marker m was
+// written: m is then, all but surely, that replay's own effect, and the
+// letter a copy left in the DLQ. Reading creates nothing.
+func (in *Inbox) replayedBefore(ctx context.Context, consumer, key, replayOf string, m *idem.Marker) (*Retired, error) {
+	if m == nil {
+		return nil, nil
+	}
+	tx, err := in.db.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var exists bool
+	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, in.audit).Scan(&exists); err != nil || !exists {
+		return nil, err
+	}
+	_ = tx.Rollback(ctx)
+	if err := in.ensureAudit(ctx); err != nil {
+		return nil, err
+	}
+	if tx, err = in.db.Begin(ctx); err != nil {
+		return nil, err
+	}
+	var r Retired
+	err = tx.QueryRow(ctx, `SELECT id, retired_at, retired_by, why FROM `+in.audit+`
+WHERE inbox_table = $1 AND consumer = $2 AND key = $3 AND replay_of = $4 AND restores IS NULL
+  AND retired_at <= $5
+  AND NOT EXISTS (SELECT 1 FROM `+in.audit+` AS b WHERE b.restores = `+in.audit+`.id)
+ORDER BY id DESC LIMIT 1`, in.cfg.Table, consumer, key, replayOf, m.ProcessedAt).Scan(&r.ID, &r.RetiredAt, &r.RetiredBy, &r.Why)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the audit table %s: %w", in.audit, err)
+	}
+	return &r, nil
 }

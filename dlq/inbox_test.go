@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
 )
@@ -32,7 +33,7 @@ func TestJudge(t *testing.T) {
 	if res, err := store.Prune(ctx, pgxinbox.PruneOptions{}); err != nil || res.Markers != 1 || res.Summaries != 1 {
 		t.Fatalf("prune: %+v %v", res, err)
 	}
-	in, err := NewInbox(pool, &InboxConfig{Consumer: "c"})
+	in, err := NewInbox(pool, &InboxConfig{Consumer: "c", Key: idem.ByMessageID})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,5 +63,74 @@ func TestJudge(t *testing.T) {
 	var nilInbox *Inbox
 	if j, _ := nilInbox.Judge(ctx, &Letter{ID: "x"}); j.Verdict != Unknown {
 		t.Errorf("no inbox: %s", j.Verdict)
+	}
+}
+
+// A reason filter selects what the listing's groups say: the reason with
+// the message ID, where it stands as a word, written <id>. It does not
+// select a letter whose ID holds the word, and a reason as listed selects
+// its group. An ID that is part of another word ("1" in "v1") is left.
+func TestReasonFilterMatchesListedReason(t *testing.T) {
+	t.Parallel()
+	taxRate := Letter{ID: "inv-1", Consumer: "billing", Reason: "handling message inv-1: permanent: tax rate missing for region"}
+	carrier := Letter{ID: "tax-2026-77", Consumer: "billing", Reason: "handling message tax-2026-77: permanent: carrier unknown"}
+	short := Letter{ID: "1", Consumer: "billing", Reason: "handling message 1: schema v1 rejected 10 fields"}
+	ls := Summarize("q", []Letter{taxRate, carrier, short})
+	reasons := map[string]bool{}
+	for _, g := range ls.Groups {
+		reasons[g.Reason] = true
+	}
+	for _, want := range []string{"handling message <id>: permanent: tax rate missing for region", "handling message <id>: permanent: carrier unknown", "handling message <id>: schema v1 rejected 10 fields"} {
+		if !reasons[want] {
+			t.Errorf("no group %q in %v", want, reasons)
+		}
+	}
+	if f := (Filter{Reason: "tax"}); f.Match(&carrier) || !f.Match(&taxRate) {
+		t.Errorf("--reason tax selects carrier %v, tax rate %v; want false, true", f.Match(&carrier), f.Match(&taxRate))
+	}
+	if f := (Filter{Reason: "handling message <id>: permanent: tax rate"}); !f.Match(&taxRate) || f.Match(&carrier) {
+		t.Errorf("the reason as listed selects tax rate %v, carrier %v; want true, false", f.Match(&taxRate), f.Match(&carrier))
+	}
+}
+
+// Key specs as the command line gives them.
+func TestParseKey(t *testing.T) {
+	t.Parallel()
+	m := idem.Message{ID: "m-1", Body: []byte(`{"customer":"c/7","period":202611,"lines":[{"sku":"a~b"}],"ok":true}`)}
+	for _, c := range []struct{ spec, want, err string }{
+		{"id", "m-1", ""},
+		{"json:/customer", "c/7", ""},
+		{"json:/period", "202611", ""},
+		{"json:/lines/0/sku", "a~b", ""},
+		{"json:/ok", "", "not a string or a number"},
+		{"json:/missing", "", "nothing at /missing"},
+		{"json:/lines/1/sku", "", "nothing at"},
+		{"template:invoice:{/customer}:{/period}", "invoice:c/7:202611", ""},
+		{"template:{id}@{/customer}", "m-1@c/7", ""},
+	} {
+		k, err := ParseKey(c.spec)
+		if err != nil {
+			t.Fatalf("%s: %v", c.spec, err)
+		}
+		got, err := k(m)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%s: %q %v, want an error with %q", c.spec, got, err, c.err)
+			}
+			continue
+		}
+		if err != nil || got != c.want {
+			t.Errorf("%s: %q %v, want %q", c.spec, got, err, c.want)
+		}
+	}
+	if k, _ := ParseKey("json:/customer"); k != nil {
+		if _, err := k(idem.Message{ID: "x", Body: []byte(`not json`)}); err == nil {
+			t.Error("a body that is not JSON gave a key")
+		}
+	}
+	for _, bad := range []string{"", "ID", "json:customer", "template:constant", "template:{customer}", "template:{/a", "body"} {
+		if _, err := ParseKey(bad); err == nil {
+			t.Errorf("ParseKey(%q) accepted", bad)
+		}
 	}
 }

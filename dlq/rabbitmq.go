@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -27,7 +29,31 @@ type RabbitMQConfig struct {
 	// ConfirmTimeout bounds the wait for the broker's confirm of one
 	// republish. Defaults to 30s.
 	ConfirmTimeout time.Duration
+	// DeliveryLimit is the queue's delivery limit, if it is a quorum queue
+	// with one: a letter returned to the queue more often is dropped (a
+	// DLQ has no dead-letter exchange of its own). AMQP cannot read a
+	// queue's arguments or policy, so it is given here. 0: 20, RabbitMQ
+	// 4's default for quorum queues; negative: the queue has none.
+	//
+	// Each read returns the letters, and a quorum queue counts every
+	// return (the letter's x-delivery-count header). A read that finds a
+	// letter returned so often that fewer than two more reads would keep
+	// it fails with [ErrDeliveryLimit] (the letters are returned once
+	// more), leaving it for a redrive or purge with Apply, which takes it
+	// out without returning it; a listing warns from half the limit.
+	DeliveryLimit int
 }
+
+// ErrDeliveryLimit is returned by a read of a RabbitMQ DLQ whose letters
+// are close to the queue's delivery limit ([RabbitMQConfig.DeliveryLimit]).
+var ErrDeliveryLimit = errors.New("dead letters close to the queue's delivery limit")
+
+// defaultDeliveryLimit is RabbitMQ 4's delivery limit of quorum queues.
+const defaultDeliveryLimit = 20
+
+// readsLeft is how many reads that return a letter there must still be
+// after this one for a read to go on without refusing.
+const readsLeft = 2
 
 // RabbitMQ is a dead-letter queue on RabbitMQ. Reading it takes messages
 // without acknowledging them and returns them when done (closing the
@@ -42,7 +68,9 @@ type RabbitMQConfig struct {
 // Each read counts as a delivery on a quorum queue: one with a delivery
 // limit (RabbitMQ 4 gives quorum queues a default of 20) drops or
 // dead-letters a message read that many times. Give dead-letter queues no
-// delivery limit (a policy with delivery-limit -1 on RabbitMQ 4).
+// delivery limit (a policy with delivery-limit -1 on RabbitMQ 4); until
+// then, a read refuses to go on near the limit
+// ([RabbitMQConfig.DeliveryLimit]).
 type RabbitMQ struct {
 	cfg  RabbitMQConfig
 	conn *amqp.Connection
@@ -50,6 +78,53 @@ type RabbitMQ struct {
 	// afterConfirm runs between the republish's confirm and the ack of the
 	// dead-letter copy (fault injection in tests).
 	afterConfirm func(*Letter)
+
+	mu       sync.Mutex
+	warnings []string
+}
+
+// Warnings says what the last read found that an operator must know:
+// letters the queue counted as delivered often enough to near its
+// delivery limit.
+func (r *RabbitMQ) Warnings() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.warnings)
+}
+
+// limits checks the delivery counts of the letters a read returns to the
+// queue: a warning from half the delivery limit, [ErrDeliveryLimit] when
+// fewer than readsLeft more reads would keep one.
+func (r *RabbitMQ) limits(returned []Letter) error {
+	limit := r.cfg.DeliveryLimit
+	if limit == 0 {
+		limit = defaultDeliveryLimit
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.warnings = nil
+	if limit < 0 || len(returned) == 0 {
+		return nil
+	}
+	worst, id, near := -1, "", 0
+	for i := range returned {
+		// This read returns it once more.
+		c := headerInt(returned[i].Headers["x-delivery-count"]) + 1
+		if c > worst {
+			worst, id = c, returned[i].ID
+		}
+		if limit-c < readsLeft {
+			near++
+		}
+	}
+	if near > 0 {
+		return fmt.Errorf("%w: %d letters of %s (%q the most) were returned to it %d times of its delivery limit %d, and a read returns every letter it does not take out: %d more reads drop it for good; take them out now with a redrive or purge with --apply (no dry run, no list, no show), or give the queue no delivery limit (a policy with delivery-limit -1)",
+			ErrDeliveryLimit, near, r.cfg.Queue, id, worst, limit, max(0, limit-worst))
+	}
+	if worst*2 >= limit {
+		r.warnings = append(r.warnings, fmt.Sprintf("letter %q of %s was returned to the queue %d times of its delivery limit %d: every read counts as a delivery on a quorum queue, and the broker drops a letter past the limit; act on the letters soon, or give the queue no delivery limit (a policy with delivery-limit -1)", id, r.cfg.Queue, worst, limit))
+	}
+	return nil
 }
 
 // NewRabbitMQ connects to the broker and checks that the queue exists.
@@ -166,6 +241,9 @@ func (r *RabbitMQ) Peek(ctx context.Context, limit int) ([]Letter, error) {
 		case <-quiet.C:
 			// Fewer than counted: some are still on their way back from
 			// another reader.
+			if err := r.limits(out); err != nil {
+				return nil, err
+			}
 			return out, nil
 		case d, ok := <-ds:
 			if !ok {
@@ -174,6 +252,9 @@ func (r *RabbitMQ) Peek(ctx context.Context, limit int) ([]Letter, error) {
 			out = append(out, r.letter(&d, len(out)+1))
 			quiet.Reset(quietRead)
 		}
+	}
+	if err := r.limits(out); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -207,6 +288,13 @@ func (r *RabbitMQ) Walk(ctx context.Context, limit int, decide func(*Letter) (Ac
 	}()
 	var pub *amqp.Channel
 	var returns chan amqp.Return
+	var kept []Letter
+	walkErr := func(err error) error {
+		if lerr := r.limits(kept); lerr != nil {
+			return errors.Join(err, lerr)
+		}
+		return err
+	}
 	for i := 1; i <= n; i++ {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -221,10 +309,11 @@ func (r *RabbitMQ) Walk(ctx context.Context, limit int, decide func(*Letter) (Ac
 		l := r.letter(&d, i)
 		act, err := decide(&l)
 		if err != nil {
-			return err
+			return walkErr(err)
 		}
 		switch act {
 		case Keep:
+			kept = append(kept, l)
 			continue
 		case Drop:
 			if err := d.Ack(false); err != nil {
@@ -257,12 +346,12 @@ func (r *RabbitMQ) Walk(ctx context.Context, limit int, decide func(*Letter) (Ac
 			// Republished and still in the DLQ: a later redrive sends it
 			// again, and the inbox absorbs the second copy.
 			report(done, &l, act, false)
-			return fmt.Errorf("acknowledging %q in %s after its republish was confirmed (it stays in the DLQ; the consumer's inbox absorbs a second redrive): %w", l.ID, r.cfg.Queue, err)
+			return fmt.Errorf("acknowledging %q in %s after its republish was confirmed (it stays in the DLQ; the consumer's inbox absorbs a second redrive, and a second replay of it is refused as already replayed): %w", l.ID, r.cfg.Queue, err)
 		}
 		removed++
 		report(done, &l, act, true)
 	}
-	return nil
+	return walkErr(nil)
 }
 
 // settle waits, a few seconds at most, until the queue holds at least n

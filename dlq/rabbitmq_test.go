@@ -10,9 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemrabbitmq"
 )
 
 // A poison message, dead-lettered by a consumer whose handler fails
@@ -375,21 +377,35 @@ func TestListWarnsOfManyReads(t *testing.T) {
 	}
 }
 
-// A redrive process killed (SIGKILL) while it works, wherever it was:
-// between a republish and its confirm, or a confirm and the ack. Every
-// letter is afterwards in the DLQ or the queue (at most the one in flight
-// in both), and after a second redrive the consumer applies each exactly
-// once.
+// killAt is the republish whose confirm the child of TestKillMidRedrive
+// dies after, with killedCode.
+const (
+	killAt     = 3
+	killedCode = 42
+)
+
+// A redrive process that dies between the broker's confirm of a
+// republish and the ack of its dead-letter copy (the one window where a
+// letter is in both places): every letter is afterwards in the DLQ or
+// the queue, the one in flight in both, and after a second redrive the
+// consumer applies each exactly once.
+
 func TestKillMidRedrive(t *testing.T) {
 	if q := os.Getenv("IDEM_DLQ_KILL_CHILD"); q != "" {
-		// The child: redrive slowly until killed.
+		// The child: redrive, and die between the confirm of the third
+		// republish and the ack of its dead-letter copy.
 		src, err := NewRabbitMQ(RabbitMQConfig{URL: amqpURL(), Queue: q})
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = Redrive(context.Background(), src, nil, Selection{Apply: true, Rate: 20})
-		t.Logf("child redrive ended: %v", err)
-		return
+		n := 0
+		src.afterConfirm = func(*Letter) {
+			if n++; n == killAt {
+				os.Exit(killedCode)
+			}
+		}
+		_, err = Redrive(context.Background(), src, nil, Selection{Apply: true})
+		t.Fatalf("child redrive ended without being killed: %v", err)
 	}
 	t.Parallel()
 	e := newRabbitEnv(t)
@@ -401,35 +417,17 @@ func TestKillMidRedrive(t *testing.T) {
 	e.poison(ids...)
 	cmd := exec.Command(os.Args[0], "-test.run=^TestKillMidRedrive$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "IDEM_DLQ_KILL_CHILD="+e.topo.DeadLetterQueue)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+	childOut, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != killedCode {
+		t.Fatalf("the child was not killed inside the confirm-to-ack window: %v\n%s", err, childOut)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	killed := false
-	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if e.depth(e.topo.Queue) >= 3 {
-			_ = cmd.Process.Kill()
-			killed = true
-			break
-		}
+	// Letters 1 and 2 were acked; letter 3 was confirmed in the queue and
+	// not acked: it returns to the DLQ too.
+	d, q := e.settledDepth(e.topo.DeadLetterQueue, n-killAt+1), e.settledDepth(e.topo.Queue, killAt)
+	if d != n-killAt+1 || q != killAt {
+		t.Fatalf("after the kill: DLQ %d, queue %d; want %d and %d (the letter in flight in both)", d, q, n-killAt+1, killAt)
 	}
-	<-exited
-	if !killed {
-		t.Log("the child finished before it was killed; the invariants still hold")
-	}
-	// The dead connection's letters return to the DLQ a moment later.
-	var d, q int
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		d, q = e.depth(e.topo.DeadLetterQueue), e.depth(e.topo.Queue)
-		if d+q >= n || time.Now().After(deadline) {
-			break
-		}
-	}
-	if d+q < n || d+q > n+1 {
-		t.Fatalf("after the kill: DLQ %d + queue %d, want %d (or one more: the letter in flight)", d, q, n)
-	}
-	t.Logf("after the kill: DLQ %d, queue %d", d, q)
 	// A letter the dead connection held can take a moment to be gettable
 	// again: redrive until the DLQ is empty, as an operator would.
 	src, redriven := e.source(), 0
@@ -451,5 +449,305 @@ func TestKillMidRedrive(t *testing.T) {
 	}
 	if d, q := e.depth(e.topo.DeadLetterQueue), e.depth(e.topo.Queue); d != 0 || q != 0 {
 		t.Fatalf("left: DLQ %d, queue %d", d, q)
+	}
+}
+
+// deadLetter puts a letter of message id into the DLQ by hand, as the
+// consumer would have dead-lettered it; origin is where it came from.
+func (e *rabbitEnv) deadLetter(id, origin string, at time.Time) {
+	e.t.Helper()
+	ch, err := e.conn.Channel()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer ch.Close()
+	if err := ch.PublishWithContext(context.Background(), "", e.topo.DeadLetterQueue, false, false, amqp.Publishing{
+		MessageId: id, Timestamp: at, DeliveryMode: amqp.Persistent, Body: []byte(`{"invoice":"` + id + `"}`),
+		Headers: amqp.Table{HeaderReason: "boom", HeaderConsumer: e.consumer, HeaderOrigin: origin, HeaderAttempts: int64(1)},
+	}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// markers counts the inbox's markers and the audit table's rows.
+func (e *rabbitEnv) markers() (markers, audit int) {
+	e.t.Helper()
+	ctx := context.Background()
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM idem_inbox`).Scan(&markers); err != nil {
+		e.t.Fatal(err)
+	}
+	rs, err := e.inbox.RetiredMarkers(ctx, "", 0)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return markers, len(rs)
+}
+
+// The consumer checks the horizon before it claims the key: a letter
+// older than the window is expired even when its key still has a marker
+// (past keep_until, not yet pruned). Show says expire, and a replay
+// without the expired flag refuses it and retires nothing.
+func TestExpiredLetterWithMarkerIsExpired(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newRabbitEnv(t)
+	old := invoice("inv-old")
+	old.Timestamp = time.Now().Add(-20 * 24 * time.Hour)
+	e.publish(old)
+	if o := e.consume(1, false)["inv-old"]; len(o) != 1 || o[0] != idem.Expired {
+		t.Fatalf("outcomes %v, want expired", o)
+	}
+	if _, err := e.pool.Exec(ctx, `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256, processed_at, keep_until)
+		VALUES ($1, 'inv-old', 'inv-old', '\x00', now() - interval '15 days', now() - interval '1 hour')`, e.consumer); err != nil {
+		t.Fatal(err)
+	}
+	if d := e.settledDepth(e.topo.DeadLetterQueue, 1); d != 1 {
+		t.Fatalf("DLQ holds %d, want the expired message", d)
+	}
+	src := e.source()
+	sh, err := Show(ctx, src, e.inbox, "inv-old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sh.Judgement.Verdict != Expire || !strings.Contains(sh.Judgement.Why, "before it looks at any marker") {
+		t.Errorf("show: %s (%s), want expire", sh.Judgement.Verdict, sh.Judgement.Why)
+	}
+	res, err := Replay(ctx, src, e.inbox, Selection{Filter: Filter{IDs: []string{"inv-old"}}, Apply: true}, Retirement{By: "alice", Why: "INC-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, a := e.markers(); res.Refused != 1 || res.Done != 0 || m != 1 || a != 0 {
+		t.Errorf("replay of an expired letter: refused %d, done %d, markers %d, audit rows %d; want 1, 0, 1, 0", res.Refused, res.Done, m, a)
+	}
+}
+
+// A letter that names no consumer (the broker dead-lettered it at its
+// delivery limit) is still refused when it has no ID or is past the
+// horizon, and one that is neither is refused as unknown when an inbox
+// was given: nothing is sent without a verdict.
+func TestUnknownConsumerLettersRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newRabbitEnv(t)
+	ch, err := e.conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	for _, p := range []amqp.Publishing{
+		{MessageId: "", Timestamp: time.Now(), Body: []byte(`{}`)},
+		{MessageId: "inv-old", Timestamp: time.Now().Add(-30 * 24 * time.Hour), Body: []byte(`{}`)},
+		{MessageId: "inv-new", Timestamp: time.Now(), Body: []byte(`{}`)},
+	} {
+		p.DeliveryMode = amqp.Persistent
+		p.Headers = amqp.Table{"x-first-death-queue": e.topo.Queue, "x-first-death-reason": "delivery_limit"}
+		if err := ch.PublishWithContext(ctx, "", e.topo.DeadLetterQueue, false, false, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.settledDepth(e.topo.DeadLetterQueue, 3)
+	res, err := Redrive(ctx, e.source(), e.inbox, Selection{Apply: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]Verdict{}
+	for _, it := range res.Items {
+		got[it.ID] = it.Judgement.Verdict
+	}
+	if res.Refused != 3 || res.Done != 0 || len(res.Warnings) != 0 || got[""] != Invalid || got["inv-old"] != Expire || got["inv-new"] != Unknown {
+		t.Errorf("redrive: done %d, refused %d, warnings %v, verdicts %v; want 0 done, 3 refused (invalid, expire, unknown), no warning", res.Done, res.Refused, res.Warnings, got)
+	}
+	if d := e.settledDepth(e.topo.DeadLetterQueue, 3); d != 3 {
+		t.Errorf("DLQ holds %d, want the 3 refused", d)
+	}
+}
+
+// Two copies of one message in the DLQ (dead-lettered twice, or a copy
+// left by a crash between confirm and ack) and a running consumer that
+// applies the first before the second is judged: one replay retires the
+// marker once, the second copy is redriven plainly, and the message is
+// applied once more, not twice. A later replay of a copy left behind is
+// refused: the marker there is the replay's own.
+func TestReplayOfTwoCopiesAppliesOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newRabbitEnv(t)
+	e.publish(invoice("inv-9"), invoice("inv-9"))
+	if o := e.consume(2, true)["inv-9"]; len(o) != 2 {
+		t.Fatalf("outcomes %v", o)
+	}
+	e.publish(invoice("inv-9"))
+	e.consume(1, false) // applied once: the marker exists
+	s := &settled{}
+	proc, err := idem.NewProcessor(e.store, &idem.Config[pgx.Tx]{Consumer: e.consumer, Key: idem.ByMessageID,
+		Handler: func(ctx context.Context, tx pgx.Tx, m idem.Message) error {
+			_, err := tx.Exec(ctx, `INSERT INTO effects (message_id, body) VALUES ($1, $2)`, m.ID, string(m.Body))
+			return err
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := idemrabbitmq.NewConsumer(proc, &idemrabbitmq.Config{URL: amqpURL(), Queue: e.topo.Queue, BatchSize: 1, Hooks: []idem.Hook{s}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { _ = c.Run(cctx) }()
+	src := e.source()
+	// The consumer applies the first copy before the walk judges the
+	// second: the marker is back by then.
+	applied := false
+	src.afterConfirm = func(*Letter) {
+		for deadline := time.Now().Add(30 * time.Second); !applied && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			applied = e.effects("inv-9") == 2
+		}
+	}
+	sel := Selection{Filter: Filter{IDs: []string{"inv-9"}}, Apply: true}
+	ret := Retirement{By: "alice", Why: "INC-9: invoice voided by hand, issue it once more"}
+	res, err := Replay(ctx, src, e.inbox, sel, ret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !applied {
+		t.Fatal("the consumer did not apply the first copy within 30s")
+	}
+	for deadline := time.Now().Add(30 * time.Second); s.n.Load() < 2 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(res.Items) != 2 || res.Items[0].Retired == nil || res.Items[1].Retired != nil || res.Done != 2 {
+		t.Fatalf("replay items %+v, want the first retired and both done", res.Items)
+	}
+	if o := s.outcomes()["inv-9"]; len(o) != 2 || o[0] != idem.Applied || o[1] != idem.Duplicate {
+		t.Errorf("consumer outcomes %v, want applied then duplicate", o)
+	}
+	if n, _ := e.effects("inv-9"), 0; n != 2 {
+		t.Errorf("effects of inv-9: %d, want 2 (the first and once more)", n)
+	}
+	if _, a := e.markers(); a != 1 {
+		t.Errorf("audit rows %d, want 1", a)
+	}
+
+	// A copy left behind (a crash between the confirm and the ack) and the
+	// same replay run again: refused, nothing retired, nothing applied.
+	e.deadLetter("inv-9", e.topo.Queue, time.Now())
+	e.settledDepth(e.topo.DeadLetterQueue, 1)
+	for _, apply := range []bool{false, true} {
+		sel.Apply = apply
+		res, err = Replay(ctx, e.source(), e.inbox, sel, ret)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Refused != 1 || res.Done != 0 || !strings.Contains(res.Items[0].Why, "already replayed") {
+			t.Fatalf("replay again (apply %v): %+v, want refused as already replayed", apply, res)
+		}
+	}
+	if n, _ := e.effects("inv-9"), 0; n != 2 {
+		t.Errorf("effects of inv-9 after the rerun: %d, want 2", n)
+	}
+	if m, a := e.markers(); m != 1 || a != 1 {
+		t.Errorf("markers %d, audit rows %d after the rerun; want 1, 1", m, a)
+	}
+	if d := e.settledDepth(e.topo.DeadLetterQueue, 1); d != 1 {
+		t.Errorf("DLQ holds %d, want the refused copy", d)
+	}
+}
+
+// A replay whose republish fails (the broker returns it: its origin queue
+// is gone) puts the retired marker back, and the audit table has a row
+// for it that names the retirement's row, in one transaction.
+func TestReplayRestoresMarkerWhenRepublishFails(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newRabbitEnv(t)
+	if _, err := e.pool.Exec(ctx, `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256) VALUES ($1, 'inv-5', 'inv-5', '\x01')`, e.consumer); err != nil {
+		t.Fatal(err)
+	}
+	e.deadLetter("inv-5", e.topo.Queue+".renamed", time.Now())
+	e.settledDepth(e.topo.DeadLetterQueue, 1)
+	res, err := Replay(ctx, e.source(), e.inbox, Selection{Filter: Filter{IDs: []string{"inv-5"}}, Apply: true}, Retirement{By: "alice", Why: "INC-5"})
+	if err == nil || !strings.Contains(err.Error(), "could not route") {
+		t.Fatalf("replay to a queue that is gone: %v, want the broker's return", err)
+	}
+	if len(res.Items) != 1 || res.Items[0].Retired == nil || res.Items[0].Restored == nil || res.Items[0].Sent {
+		t.Fatalf("items %+v, want one retired, then restored, not sent", res.Items)
+	}
+	var msgID string
+	var sum []byte
+	if err := e.pool.QueryRow(ctx, `SELECT message_id, body_sha256 FROM idem_inbox WHERE consumer = $1 AND key = 'inv-5'`, e.consumer).Scan(&msgID, &sum); err != nil {
+		t.Fatalf("the marker is not back: %v", err)
+	}
+	if msgID != "inv-5" || len(sum) != 1 || sum[0] != 1 {
+		t.Errorf("restored marker %q %x, want the original", msgID, sum)
+	}
+	rs, err := e.inbox.RetiredMarkers(ctx, e.consumer, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) != 2 || rs[0].Restores != rs[1].ID || rs[1].Restores != 0 || !strings.HasPrefix(rs[0].Why, "restored: ") {
+		t.Fatalf("audit rows %+v, want the retirement and the restoration naming it", rs)
+	}
+	if d := e.settledDepth(e.topo.DeadLetterQueue, 1); d != 1 {
+		t.Errorf("DLQ holds %d, want the letter", d)
+	}
+	// The restored marker is a marker like any: a replay once the origin
+	// is back retires it again (not "already replayed").
+	res, err = Replay(ctx, e.source(), e.inbox, Selection{Filter: Filter{IDs: []string{"inv-5"}}}, Retirement{By: "alice", Why: "INC-5"})
+	if err != nil || res.Refused != 0 || res.Items[0].Judgement.Verdict != Duplicate {
+		t.Fatalf("dry replay after the restore: %v %+v", err, res)
+	}
+}
+
+// On a quorum DLQ with a delivery limit, every read returns the letters
+// and counts a delivery: a read that finds a letter near the limit
+// refuses, while a redrive or purge that takes it out still can.
+func TestReadRefusesNearDeliveryLimit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn, err := amqp.Dial(amqpURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := uniqueName(t)
+	if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum, "x-delivery-limit": int64(3)}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _, _ = ch.QueueDelete(q, false, false, false) }()
+	if err := ch.PublishWithContext(ctx, "", q, false, false, amqp.Publishing{MessageId: "inv-1", DeliveryMode: amqp.Persistent, Body: []byte(`{}`),
+		Headers: amqp.Table{HeaderReason: "boom", HeaderConsumer: "c", HeaderOrigin: "work"}}); err != nil {
+		t.Fatal(err)
+	}
+	src, err := NewRabbitMQ(RabbitMQConfig{URL: amqpURL(), Queue: q, DeliveryLimit: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	for d, _ := src.depth(); d != 1; d, _ = src.depth() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	reads := 0
+	for ; reads < 6; reads++ {
+		ls, err := List(ctx, src, 0)
+		if errors.Is(err, ErrDeliveryLimit) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ls.Total != 1 {
+			t.Fatalf("after %d listings the letter is gone from the DLQ", reads)
+		}
+	}
+	if reads != 1 {
+		t.Fatalf("listings refused after %d reads, want after 1 (limit 3: two more returns would keep it, no more)", reads)
+	}
+	res, err := Purge(ctx, src, nil, Selection{Apply: true})
+	if err != nil || res.Done != 1 {
+		t.Fatalf("purge after the refusal: %v %+v, want the letter taken out", err, res)
 	}
 }
