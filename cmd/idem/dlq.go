@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/dlq"
 )
 
@@ -36,11 +38,20 @@ it) or a Kafka dead-letter topic (--topic):
   ddl      print the CREATE TABLE of idem_inbox_retired, for a migration tool (the
            first replay creates it otherwise)
 
+show, redrive and replay judge each letter with the consumer's inbox key:
+--key says how the consumer derives it (id, json:/pointer, template:TEXT).
+
 A letter leaves its DLQ only after the broker confirmed its republish: a
 failure in between leaves a copy in both places, and the inbox absorbs the
-second. Reading a RabbitMQ DLQ takes its messages and returns them; on a
-quorum queue each read counts as a delivery, so give dead-letter queues no
-delivery limit.
+second. A replay retires a key's marker once per run (more copies of the
+message are redriven plainly), refuses a copy whose marker a replay of the
+same message wrote, and puts the marker back if the republish fails.
+Reading a RabbitMQ DLQ takes its messages and returns them; on a quorum
+queue each read counts as a delivery, so give dead-letter queues no
+delivery limit (until then, reads refuse near --delivery-limit).
+
+Exit 1 when letters were refused or stayed in the DLQ; with --json, a run
+that fails part-way prints one error object that says what it did.
 
 Run 'idem dlq <subcommand> -h' for its flags.
 `
@@ -83,8 +94,29 @@ type dlqFlags struct {
 	idHeader string
 	table    string
 	consumer string // for letters that name none
+	key      string // how the consumers derive their inbox key
+	keyFunc  idem.KeyFunc
+	limit    int // the RabbitMQ queue's delivery limit
 	jsonOut  bool
 	inbox    bool // the subcommand judges letters against the inbox
+}
+
+// keyDoc documents --key.
+const keyDoc = "how the consumer derives its inbox key, required to judge: id (the message ID), json:/pointer (the string or number at a JSON pointer into the body) or template:TEXT ({id} and {/pointer} replaced: template:invoice:{/customer}:{/period})"
+
+// parseKey reads --key, which a command that judges letters requires: a
+// verdict made with another key than the consumer's is wrong, and a
+// replay would retire the wrong marker, or none.
+func (f *dlqFlags) parseKey() error {
+	if strings.TrimSpace(f.key) == "" {
+		return f.fs.usagef("--key is required: %s", keyDoc)
+	}
+	k, err := dlq.ParseKey(f.key)
+	if err != nil {
+		return f.fs.usagef("--key: %v", err)
+	}
+	f.keyFunc = k
+	return nil
 }
 
 func newDLQFlags(name, synopsis, doc string, stdout io.Writer, inbox bool) *dlqFlags {
@@ -99,7 +131,9 @@ func newDLQFlags(name, synopsis, doc string, stdout io.Writer, inbox bool) *dlqF
 		f.db.add(f.fs.FlagSet)
 		f.fs.StringVar(&f.table, "table", "idem_inbox", "inbox table, optionally schema-qualified, that judges the redrive")
 		f.fs.StringVar(&f.consumer, "default-consumer", "", "consumer to judge letters that name none (dead-lettered by the broker itself)")
+		f.fs.StringVar(&f.key, "key", "", keyDoc)
 	}
+	f.fs.IntVar(&f.limit, "delivery-limit", 20, "delivery limit of the RabbitMQ queue (quorum queues; RabbitMQ 4's default is 20; -1: none): a read returns the letters it does not take out, each return counts, and a read refuses to go on when fewer than two more would keep a letter")
 	f.fs.BoolVar(&f.jsonOut, "json", false, "print JSON")
 	return f
 }
@@ -118,10 +152,23 @@ func (f *dlqFlags) parse(args []string) error {
 	case f.inbox && !tableName.MatchString(f.table):
 		return f.fs.usagef("--table %q: want a table name, optionally schema.table, of letters, digits and _ (starting with a letter or _)", f.table)
 	}
+	if f.limit == 0 || f.limit < -1 {
+		return f.fs.usagef("--delivery-limit %d: want the queue's limit, or -1 for none", f.limit)
+	}
 	if f.inbox {
+		if err := f.parseKey(); err != nil {
+			return err
+		}
 		return f.db.validate()
 	}
 	return nil
+}
+
+// given reports whether flag name was on the command line.
+func (f *dlqFlags) given(name string) bool {
+	set := false
+	f.fs.Visit(func(fl *flag.Flag) { set = set || fl.Name == name })
+	return set
 }
 
 func (f *dlqFlags) brokerList() []string {
@@ -150,7 +197,7 @@ func (f *dlqFlags) source(ctx context.Context) (dlq.Source, error) {
 	if u == "" {
 		u = defaultAMQPURL
 	}
-	return dlq.NewRabbitMQ(dlq.RabbitMQConfig{URL: u, Queue: f.queue, IDHeader: f.idHeader})
+	return dlq.NewRabbitMQ(dlq.RabbitMQConfig{URL: u, Queue: f.queue, IDHeader: f.idHeader, DeliveryLimit: f.limit})
 }
 
 // openInbox opens the inbox that judges redrives; close closes its pool.
@@ -159,7 +206,7 @@ func (f *dlqFlags) openInbox(ctx context.Context) (*dlq.Inbox, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	in, err := dlq.NewInbox(pool, &dlq.InboxConfig{Table: f.table, Consumer: f.consumer})
+	in, err := dlq.NewInbox(pool, &dlq.InboxConfig{Table: f.table, Consumer: f.consumer, Key: f.keyFunc})
 	if err != nil {
 		pool.Close()
 		return nil, nil, err
@@ -213,7 +260,7 @@ func dlqList(ctx context.Context, args []string, stdout, stderr io.Writer) error
 }
 
 func dlqShow(ctx context.Context, args []string, stdout io.Writer) error {
-	f := newDLQFlags("show", "--id ID (--queue Q | --topic T) [flags]", "Shows one dead letter (the first with the message ID): its reason, consumer, attempts,\norigin, headers and body, and what a redrive would do, judged from the inbox: apply\n(no marker for its key), duplicate (its key has a marker: the consumer acks it without\nan effect; idem dlq replay applies it once more), expire (older than the inbox's\nwindow) or invalid (no ID). Exit 1 when no letter has the ID.", stdout, true)
+	f := newDLQFlags("show", "--id ID --key K (--queue Q | --topic T) [flags]", "Shows one dead letter (the first with the message ID): its reason, consumer, attempts,\norigin, headers and body, and what a redrive would do, judged from the inbox: apply\n(no marker for its key), duplicate (its key has a marker: the consumer acks it without\nan effect; idem dlq replay applies it once more), expire (older than the inbox's\nwindow) or invalid (no ID). Exit 1 when no letter has the ID.", stdout, true)
 	id := f.fs.String("id", "", "message ID of the letter")
 	if err := f.parse(args); err != nil {
 		return err
@@ -315,11 +362,14 @@ func dlqAct(ctx context.Context, op string, args []string, stdout, stderr io.Wri
 	docs := map[string]string{
 		"redrive": "Sends the selected letters back to their origin queue or topic, with their message ID,\nproperties and headers, minus the dead-letter headers, plus x-idem-redriven. Each is\njudged first: apply and duplicate letters are sent (a duplicate is acked by the\nconsumer without an effect); expired ones only with --expired, invalid ones only with\n--invalid, with a warning; otherwise they are refused and stay (exit 1). A letter\nleaves the DLQ only after the broker confirmed the republish. A dry run unless --apply.",
 		"purge":   "Removes the selected letters for good. A dry run unless --apply.",
-		"replay":  "Applies again messages whose keys have markers (a handler bug made a wrong effect that\nwas compensated by hand): for each --id, moves its marker to the audit table\nidem_inbox_retired with --by and --why, in one transaction, then redrives it, and the\nconsumer applies it once more. A letter without a marker is redriven as by redrive.\nA dry run unless --apply.",
+		"replay":  "Applies again messages whose keys have markers (a handler bug made a wrong effect that\nwas compensated by hand): for each --id, moves its marker to the audit table\nidem_inbox_retired with --by and --why, in one transaction, then redrives it, and the\nconsumer applies it once more. A letter without a marker is redriven as by redrive.\nA second copy of the message in the DLQ is redriven without retiring anything (the\nconsumer acks it as a duplicate of the first); a copy whose key's marker was written\nby an earlier replay of the same message is refused. If the republish fails, the\nmarker is put back and the audit table says so. A dry run unless --apply.",
 	}
 	synopsis := "(--queue Q | --topic T) [filters] [--apply] [flags]"
+	if op == "redrive" {
+		synopsis = "--key K (--queue Q | --topic T) [filters] [--apply] [flags]"
+	}
 	if op == "replay" {
-		synopsis = "--id ID[,ID] --why WHY (--queue Q | --topic T) [--apply] [flags]"
+		synopsis = "--id ID[,ID] --why WHY --key K (--queue Q | --topic T) [--apply] [flags]"
 	}
 	f := newDLQFlags(op, synopsis, docs[op], stdout, op != "purge")
 	reason := f.fs.String("reason", "", "select letters whose reason contains this")
@@ -346,6 +396,16 @@ func dlqAct(ctx context.Context, op string, args []string, stdout, stderr io.Wri
 	}
 	if *limit < 0 {
 		return f.fs.usagef("--limit must not be negative (0: all)")
+	}
+	// A filter given empty (an unset shell variable: --id "$ID") would
+	// select every letter.
+	for _, fl := range []struct {
+		name string
+		v    string
+	}{{"id", strings.ReplaceAll(*ids, ",", "")}, {"reason", *reason}, {"consumer", *consumer}} {
+		if f.given(fl.name) && strings.TrimSpace(fl.v) == "" {
+			return f.fs.usagef("--%s is empty: an empty filter would select every letter (leave the flag out to select them all)", fl.name)
+		}
 	}
 	if rate < 0 {
 		return f.fs.usagef("--rate must not be negative (0: no limit)")
@@ -413,11 +473,16 @@ func dlqAct(ctx context.Context, op string, args []string, stdout, stderr io.Wri
 		res, err = dlq.Replay(ctx, src, in, sel, ret)
 	}
 	if err != nil {
-		// What was done before the failure is printed: the operator must
-		// know which letters were sent.
-		if res.DLQ != "" {
-			printResult(stdout, op, res, f.jsonOut)
+		// What was done before the failure is told: the operator must
+		// know which letters were sent. With --json, in the one error
+		// object on stdout.
+		if res.DLQ == "" {
+			return err
 		}
+		if f.jsonOut {
+			return fmt.Errorf("%w (before it: %s)", err, partial(res))
+		}
+		_ = printResult(stdout, op, res, false)
 		return err
 	}
 	for _, w := range res.Warnings {
@@ -426,10 +491,54 @@ func dlqAct(ctx context.Context, op string, args []string, stdout, stderr io.Wri
 	if err := printResult(stdout, op, res, f.jsonOut); err != nil {
 		return err
 	}
-	if res.Refused > 0 {
+	stayed := 0
+	if *apply {
+		stayed = res.Matched - res.Refused - res.Done
+	}
+	switch {
+	case res.Refused > 0 && stayed > 0:
+		return &exitError{code: exitFindings, msg: fmt.Sprintf("%d letters refused and %d more still in the DLQ (see why)", res.Refused, stayed)}
+	case res.Refused > 0:
 		return &exitError{code: exitFindings, msg: fmt.Sprintf("%d letters refused, left in the DLQ (see why)", res.Refused)}
+	case stayed > 0:
+		return &exitError{code: exitFindings, msg: fmt.Sprintf("%d matching letters are still in the DLQ (see why)", stayed)}
 	}
 	return nil
+}
+
+// partial says in one line what a run that failed did before: the letters
+// that left the DLQ, those sent that stay, the markers retired and put
+// back.
+func partial(res dlq.Result) string {
+	var done, sent, retired, restored []string
+	for _, it := range res.Items {
+		switch {
+		case it.Done:
+			done = append(done, it.ID)
+		case it.Sent:
+			sent = append(sent, it.ID)
+		}
+		if it.Retired != nil && it.Restored == nil && it.Sent {
+			retired = append(retired, fmt.Sprintf("%s (audit row %d)", it.ID, it.Retired.ID))
+		}
+		if it.Restored != nil {
+			restored = append(restored, fmt.Sprintf("%s (audit row %d)", it.ID, it.Restored.ID))
+		}
+	}
+	list := func(ids []string) string {
+		if len(ids) == 0 {
+			return "none"
+		}
+		return strings.Join(ids, ", ")
+	}
+	s := fmt.Sprintf("%d matched, %d refused; left the DLQ: %s; sent but still in the DLQ: %s", res.Matched, res.Refused, list(done), list(sent))
+	if len(retired) > 0 {
+		s += "; markers retired: " + list(retired)
+	}
+	if len(restored) > 0 {
+		s += "; markers put back: " + list(restored)
+	}
+	return s
 }
 
 func printResult(w io.Writer, op string, res dlq.Result, jsonOut bool) error {

@@ -148,7 +148,7 @@ func TestDLQCommandsRabbitMQ(t *testing.T) {
 	e.letter(t, "inv-3", "handling message inv-3: permanent: customer unknown", now)
 	e.letter(t, "inv-old", "message older than the inbox retention window", now.Add(-30*24*time.Hour))
 	q := []string{"--queue", e.topo.DeadLetterQueue}
-	withDB := append([]string{"--database", e.db}, q...)
+	withDB := append([]string{"--database", e.db, "--key", "id"}, q...)
 
 	out, _ := dlqRun(t, 0, append([]string{"list", "--json"}, q...)...)
 	var ls struct {
@@ -293,6 +293,13 @@ func TestDLQUsage(t *testing.T) {
 		{"redrive", "--queue", "a", "--rate", "-1"},
 		{"show", "--queue", "a"},
 		{"replay", "--queue", "a", "--why", "x"},
+		{"show", "--queue", "a", "--id", "x"},               // no --key
+		{"redrive", "--queue", "a", "--key", "body"},        // no such key spec
+		{"replay", "--queue", "a", "--key", "json:invoice"}, // not a JSON pointer
+		{"list", "--queue", "a", "--delivery-limit", "0"},
+		{"redrive", "--queue", "a", "--key", "id", "--id", ","},
+		{"redrive", "--queue", "a", "--key", "id", "--reason", ""},
+		{"purge", "--queue", "a", "--consumer", " "},
 		{"frobnicate"},
 	} {
 		if args[0] == "list" && len(args) == 4 && os.Getenv("IDEM_KAFKA_BROKERS") != "" {
@@ -368,7 +375,7 @@ func TestDLQCommandsKafka(t *testing.T) {
 	if !strings.Contains(out, "kafka topic orders.dlq: 2 dead letters") || !strings.Contains(out, "carrier unknown") {
 		t.Fatalf("list: %s", out)
 	}
-	out, _ = dlqRun(t, 0, append([]string{"redrive", "--apply", "--database", db}, k...)...)
+	out, _ = dlqRun(t, 0, append([]string{"redrive", "--apply", "--database", db, "--key", "id"}, k...)...)
 	if !strings.Contains(out, "redriven 2 of 2") {
 		t.Fatalf("redrive: %s", out)
 	}
@@ -382,5 +389,158 @@ func TestDLQCommandsKafka(t *testing.T) {
 	}
 	if o, _ := end.Lookup("orders", 0); o.Offset != 2 {
 		t.Fatalf("orders holds %d records, want the 2 redriven", o.Offset)
+	}
+}
+
+// A filter given empty (an unset shell variable: --id "$ID") is a usage
+// error, not a selection of every letter: the DLQ keeps them all.
+func TestDLQEmptyFilterIsUsageError(t *testing.T) {
+	t.Parallel()
+	e := newDLQEnv(t)
+	for _, id := range []string{"inv-1", "inv-2", "inv-3"} {
+		e.letter(t, id, "boom", time.Now())
+	}
+	for d := e.depth(t, e.topo.DeadLetterQueue); d != 3; d = e.depth(t, e.topo.DeadLetterQueue) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	_, errOut := dlqRun(t, 2, "purge", "--apply", "--id", "", "--queue", e.topo.DeadLetterQueue)
+	if !strings.Contains(errOut, "--id is empty") {
+		t.Errorf("stderr: %s", errOut)
+	}
+	if d := e.depth(t, e.topo.DeadLetterQueue); d != 3 {
+		t.Fatalf("purge --apply --id '': the DLQ holds %d, want the 3 letters", d)
+	}
+}
+
+// The key the consumer claims decides the verdict: a consumer keyed by
+// invoice skips a letter whose invoice has a marker written by another
+// message. --key names that key; judged by message ID the same letter
+// would be applied. A replay with it retires that marker.
+func TestDLQBusinessKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newDLQEnv(t)
+	if _, err := e.pool.Exec(ctx, `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256) VALUES ('billing-invoice', 'invoice:inv-a', 'inv-b', '\x00')`); err != nil {
+		t.Fatal(err)
+	}
+	e.letter(t, "inv-a", "boom", time.Now()) // body {"invoice":"inv-a"}
+	for d := e.depth(t, e.topo.DeadLetterQueue); d != 1; d = e.depth(t, e.topo.DeadLetterQueue) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	q := []string{"--database", e.db, "--queue", e.topo.DeadLetterQueue}
+	byInvoice := append([]string{"--key", "template:invoice:{/invoice}"}, q...)
+	out, _ := dlqRun(t, 0, append([]string{"show", "--id", "inv-a", "--json"}, byInvoice...)...)
+	var sh struct {
+		Judgement struct {
+			Verdict  string `json:"verdict"`
+			InboxKey string `json:"inbox_key"`
+		} `json:"judgement"`
+	}
+	if err := json.Unmarshal([]byte(out), &sh); err != nil || sh.Judgement.Verdict != "duplicate" || sh.Judgement.InboxKey != "invoice:inv-a" {
+		t.Fatalf("show by invoice: %v %s", err, out)
+	}
+	out, _ = dlqRun(t, 0, append([]string{"show", "--id", "inv-a", "--json", "--key", "id"}, q...)...)
+	if !strings.Contains(out, `"verdict":"apply"`) {
+		t.Fatalf("show by message ID: %s", out)
+	}
+	out, _ = dlqRun(t, 0, append([]string{"replay", "--id", "inv-a", "--why", "INC-3", "--by", "alice", "--apply"}, byInvoice...)...)
+	if !strings.Contains(out, "replayed 1 of 1") {
+		t.Fatalf("replay: %s", out)
+	}
+	var markers int
+	var retired string
+	if err := e.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM idem_inbox), (SELECT message_id FROM idem_inbox_retired WHERE key = 'invoice:inv-a')`).Scan(&markers, &retired); err != nil || markers != 0 || retired != "inv-b" {
+		t.Fatalf("after the replay: markers %d, retired %q (%v); want 0 and the marker of inv-b", markers, retired, err)
+	}
+}
+
+// With --json, a run that fails part-way prints one JSON document on
+// stdout: the error object, which says what was done before the failure.
+func TestDLQJSONOneDocumentOnFailure(t *testing.T) {
+	t.Parallel()
+	e := newDLQEnv(t)
+	e.letter(t, "inv-1", "boom", time.Now())
+	ch, err := e.conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	// A second letter whose origin queue is gone: its republish is returned.
+	if err := ch.PublishWithContext(context.Background(), "", e.topo.DeadLetterQueue, false, false, amqp.Publishing{
+		MessageId: "inv-2", Timestamp: time.Now(), DeliveryMode: amqp.Persistent, Body: []byte(`{}`),
+		Headers: amqp.Table{"x-idem-reason": "boom", "x-idem-consumer": "billing-invoice", "x-idem-origin": e.topo.Queue + ".gone"},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for d := e.depth(t, e.topo.DeadLetterQueue); d != 2; d = e.depth(t, e.topo.DeadLetterQueue) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	out, _ := dlqRun(t, 3, "redrive", "--apply", "--json", "--key", "id", "--database", e.db, "--queue", e.topo.DeadLetterQueue)
+	d := json.NewDecoder(strings.NewReader(out))
+	var doc struct {
+		Error string `json:"error"`
+		Exit  int    `json:"exit"`
+	}
+	if err := d.Decode(&doc); err != nil || doc.Exit != 3 {
+		t.Fatalf("stdout %q: %v", out, err)
+	}
+	if d.More() {
+		t.Fatalf("more than one JSON document on stdout:\n%s", out)
+	}
+	if !strings.Contains(doc.Error, "could not route") || !strings.Contains(doc.Error, "left the DLQ: inv-1") {
+		t.Errorf("error %q: want the failure and what was done before it", doc.Error)
+	}
+}
+
+// On Kafka a letter behind a kept one cannot leave the topic: a purge or
+// redrive of it that leaves it there exits 1, not 0.
+func TestDLQKafkaLetterThatStaysExits1(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ProducerLinger(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for _, tn := range []string{"orders", "orders.dlq"} {
+		if _, err := kadm.NewClient(cl).CreateTopic(ctx, 1, 1, nil, tn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range []string{"ord-1", "ord-2"} {
+		r := idemkafka.NewRecord("orders.dlq", id, []byte(id), []byte(`{}`))
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: "x-idem-reason", Value: []byte("carrier unknown")},
+			kgo.RecordHeader{Key: "x-idem-consumer", Value: []byte("orders-ship")}, kgo.RecordHeader{Key: "x-idem-origin", Value: []byte("orders/0/7")})
+		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db := pgtest.Schema(t)
+	pool, err := pgxpool.New(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	store, err := pgxinbox.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	k := []string{"--topic", "orders.dlq", "--brokers", strings.Join(c.ListenAddrs(), ",")}
+	_, errOut := dlqRun(t, 1, append([]string{"purge", "--apply", "--id", "ord-2"}, k...)...)
+	if !strings.Contains(errOut, "1 matching letters are still in the DLQ") {
+		t.Errorf("purge: stderr %s", errOut)
+	}
+	dlqRun(t, 1, append([]string{"redrive", "--apply", "--id", "ord-2", "--key", "id", "--database", db}, k...)...)
+	out, _ := dlqRun(t, 0, append([]string{"list"}, k...)...)
+	if !strings.Contains(out, "2 dead letters") {
+		t.Fatalf("list: %s", out)
 	}
 }
