@@ -40,6 +40,14 @@ type InboxConfig struct {
 	Consumer string
 	// Now is the clock of the horizon. Defaults to time.Now.
 	Now func() time.Time
+	// MaxAhead is the consumers' idem.Horizon.MaxAhead: an event time
+	// further ahead is not trusted, and the letter is judged untimed, as
+	// the consumer takes it. Defaults to an hour, the processor's default.
+	MaxAhead time.Duration
+	// RefuseUntimed is the consumers' idem.Config.RefuseUntimed: a letter
+	// without an event time is judged invalid, as the consumer
+	// dead-letters it.
+	RefuseUntimed bool
 }
 
 // Inbox judges redrives against an inbox table on PostgreSQL and retires
@@ -95,6 +103,9 @@ func NewInbox(db DB, cfg *InboxConfig) (*Inbox, error) {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	if c.MaxAhead <= 0 {
+		c.MaxAhead = time.Hour
+	}
 	st, err := pgxinbox.New(db, &pgxinbox.Config{Table: c.Table})
 	if err != nil {
 		return nil, err
@@ -141,13 +152,21 @@ func (in *Inbox) Judge(ctx context.Context, l *Letter) (Judgement, error) {
 	if l.ID == "" {
 		return Judgement{Verdict: Invalid, Why: "the message has no ID"}, nil
 	}
+	lt, ahead := l.Time, false
+	if !lt.IsZero() && lt.After(in.cfg.Now().Add(in.cfg.MaxAhead)) {
+		// A clock gone wrong: the consumer takes the message as untimed.
+		lt, ahead = time.Time{}, true
+	}
+	if lt.IsZero() && in.cfg.RefuseUntimed {
+		return Judgement{Verdict: Invalid, Why: "the message has no event time (or one more than " + in.cfg.MaxAhead.String() + " ahead), and the consumer refuses untimed messages"}, nil
+	}
 	set, err := in.Settings(ctx)
 	if err != nil {
 		return Judgement{}, err
 	}
 	partitioned := set.Layout == idem.LayoutPartitioned
 	if !partitioned {
-		if j, ok := in.expired(set, l.Time, "event time", l.TimeSource.String()); ok {
+		if j, ok := in.expired(set, lt, "event time", l.TimeSource.String()); ok {
 			return j, nil
 		}
 	}
@@ -168,7 +187,7 @@ func (in *Inbox) Judge(ctx context.Context, l *Letter) (Judgement, error) {
 	j := Judgement{InboxKey: key}
 	// timed: the horizon accepted the message by a time every copy of it
 	// carries, so its marker, had a copy been seen, is not pruned yet.
-	timed := !l.Time.IsZero() && l.TimeSource == idem.TimeFromID
+	timed := !lt.IsZero() && l.TimeSource == idem.TimeFromID
 	if partitioned {
 		if pt, ok := idem.TimeFromUUIDv7(key); ok {
 			if jj, ok := in.expired(set, pt, "partition time", "the key"); ok {
@@ -176,7 +195,7 @@ func (in *Inbox) Judge(ctx context.Context, l *Letter) (Judgement, error) {
 				return jj, nil
 			}
 			timed = true
-		} else if jj, ok := in.expired(set, l.Time, "event time", l.TimeSource.String()); ok {
+		} else if jj, ok := in.expired(set, lt, "event time", l.TimeSource.String()); ok {
 			jj.InboxKey = key
 			return jj, nil
 		}
@@ -205,7 +224,10 @@ func (in *Inbox) Judge(ctx context.Context, l *Letter) (Judgement, error) {
 	}
 	j.Verdict = Apply
 	j.Why = fmt.Sprintf("consumer %s has no marker for key %q", consumer, key)
-	if l.Time.IsZero() {
+	switch {
+	case ahead:
+		j.Why += fmt.Sprintf("; its event time %s is more than %v ahead, so the consumer takes it as untimed and the horizon cannot judge it", l.Time.UTC().Format(time.RFC3339), in.cfg.MaxAhead)
+	case lt.IsZero():
 		j.Why += "; the message has no event time, so the horizon cannot judge it"
 	}
 	return j, nil

@@ -134,3 +134,48 @@ func TestParseKey(t *testing.T) {
 		}
 	}
 }
+
+// The consumer's time rules: an event time further ahead than MaxAhead is
+// not trusted (the letter is untimed), and RefuseUntimed makes an untimed
+// letter invalid, as the consumer dead-letters it.
+func TestJudgeTimeRules(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	store, err := pgxinbox.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	lax, err := NewInbox(pool, &InboxConfig{Consumer: "c", Key: idem.ByMessageID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	strict, err := NewInbox(pool, &InboxConfig{Consumer: "c", Key: idem.ByMessageID, RefuseUntimed: true, MaxAhead: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		in   *Inbox
+		l    Letter
+		want Verdict
+		why  string
+	}{
+		{lax, Letter{ID: "a", Time: now.Add(2 * time.Hour)}, Apply, "ahead"},
+		{lax, Letter{ID: "a", Time: now.Add(30 * time.Minute)}, Apply, "no marker for key"},
+		{strict, Letter{ID: "a"}, Invalid, "refuses untimed"},
+		{strict, Letter{ID: "a", Time: now.Add(30 * time.Minute)}, Invalid, "refuses untimed"},
+		{strict, Letter{ID: "a", Time: now}, Apply, "no marker"},
+	} {
+		j, err := c.in.Judge(ctx, &c.l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j.Verdict != c.want || !strings.Contains(j.Why, c.why) {
+			t.Errorf("%+v: %s (%s), want %s (%q)", c.l, j.Verdict, j.Why, c.want, c.why)
+		}
+	}
+}

@@ -97,6 +97,9 @@ type dlqFlags struct {
 	key      string // how the consumers derive their inbox key
 	keyFunc  idem.KeyFunc
 	limit    int // the RabbitMQ queue's delivery limit
+	timeHdr  string
+	ahead    time.Duration
+	untimed  bool // the consumer refuses untimed messages
 	jsonOut  bool
 	inbox    bool // the subcommand judges letters against the inbox
 }
@@ -132,7 +135,10 @@ func newDLQFlags(name, synopsis, doc string, stdout io.Writer, inbox bool) *dlqF
 		f.fs.StringVar(&f.table, "table", "idem_inbox", "inbox table, optionally schema-qualified, that judges the redrive")
 		f.fs.StringVar(&f.consumer, "default-consumer", "", "consumer to judge letters that name none (dead-lettered by the broker itself)")
 		f.fs.StringVar(&f.key, "key", "", keyDoc)
+		f.fs.DurationVar(&f.ahead, "max-ahead", time.Hour, "the consumer's horizon MaxAhead: an event time further ahead is not trusted, and the letter is judged untimed")
+		f.fs.BoolVar(&f.untimed, "refuse-untimed", false, "the consumer refuses untimed messages (Config.RefuseUntimed): judge them invalid")
 	}
+	f.fs.StringVar(&f.timeHdr, "time-header", "", "Kafka: the producers' event-time header (default x-event-time)")
 	f.fs.IntVar(&f.limit, "delivery-limit", 20, "delivery limit of the RabbitMQ queue (quorum queues; RabbitMQ 4's default is 20; -1: none): a read returns the letters it does not take out, each return counts, and a read refuses to go on when fewer than two more would keep a letter")
 	f.fs.BoolVar(&f.jsonOut, "json", false, "print JSON")
 	return f
@@ -149,6 +155,8 @@ func (f *dlqFlags) parse(args []string) error {
 		return f.fs.usagef("--queue and --topic name two DLQs: give one")
 	case f.topic != "" && f.brokerList() == nil:
 		return f.fs.usagef("--topic needs --brokers (or IDEM_KAFKA_BROKERS)")
+	case f.inbox && (f.ahead <= 0 || f.ahead > time.Hour):
+		return f.fs.usagef("--max-ahead %v: want more than 0 and at most 1h, as the consumer's horizon", f.ahead)
 	case f.inbox && !tableName.MatchString(f.table):
 		return f.fs.usagef("--table %q: want a table name, optionally schema.table, of letters, digits and _ (starting with a letter or _)", f.table)
 	}
@@ -188,7 +196,7 @@ func (f *dlqFlags) brokerList() []string {
 // source opens the DLQ the flags name.
 func (f *dlqFlags) source(ctx context.Context) (dlq.Source, error) {
 	if f.topic != "" {
-		return dlq.NewKafka(ctx, dlq.KafkaConfig{Brokers: f.brokerList(), Topic: f.topic, Group: f.group, IDHeader: f.idHeader})
+		return dlq.NewKafka(ctx, dlq.KafkaConfig{Brokers: f.brokerList(), Topic: f.topic, Group: f.group, IDHeader: f.idHeader, TimeHeader: f.timeHdr})
 	}
 	u := f.amqpURL
 	if u == "" {
@@ -206,7 +214,7 @@ func (f *dlqFlags) openInbox(ctx context.Context) (*dlq.Inbox, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	in, err := dlq.NewInbox(pool, &dlq.InboxConfig{Table: f.table, Consumer: f.consumer, Key: f.keyFunc})
+	in, err := dlq.NewInbox(pool, &dlq.InboxConfig{Table: f.table, Consumer: f.consumer, Key: f.keyFunc, MaxAhead: f.ahead, RefuseUntimed: f.untimed})
 	if err != nil {
 		pool.Close()
 		return nil, nil, err

@@ -297,6 +297,7 @@ func TestDLQUsage(t *testing.T) {
 		{"redrive", "--queue", "a", "--key", "body"},        // no such key spec
 		{"replay", "--queue", "a", "--key", "json:invoice"}, // not a JSON pointer
 		{"list", "--queue", "a", "--delivery-limit", "0"},
+		{"show", "--queue", "a", "--id", "x", "--key", "id", "--max-ahead", "2h"},
 		{"redrive", "--queue", "a", "--key", "id", "--id", ","},
 		{"redrive", "--queue", "a", "--key", "id", "--reason", ""},
 		{"purge", "--queue", "a", "--consumer", " "},
