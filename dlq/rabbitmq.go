@@ -118,7 +118,7 @@ func (r *RabbitMQ) limits(returned []Letter) error {
 		}
 	}
 	if near > 0 {
-		return fmt.Errorf("%w: %d letters of %s (%q the most) were returned to it %d times of its delivery limit %d, and a read returns every letter it does not take out: %d more reads drop it for good; take them out now with a redrive or purge with --apply (no dry run, no list, no show), or give the queue no delivery limit (a policy with delivery-limit -1)",
+		return fmt.Errorf("%w: %d letters of %s (%q the most) were returned to it %d times of its delivery limit %d, and a read returns every letter it does not take out: %d more reads drop it for good; take them out now with a redrive or purge with --apply (no dry run, no list, no show), or give the queue no delivery limit (a policy with delivery-limit -1); a queue that has none already (RabbitMQ 3, or such a policy) is read with a delivery limit of -1 (idem dlq --delivery-limit -1)",
 			ErrDeliveryLimit, near, r.cfg.Queue, id, worst, limit, max(0, limit-worst))
 	}
 	if worst*2 >= limit {
