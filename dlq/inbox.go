@@ -98,7 +98,7 @@ func NewInbox(db DB, cfg *InboxConfig) (*Inbox, error) {
 		c.Table = "idem_inbox"
 	}
 	if c.Key == nil {
-		c.Key = idem.ByMessageID
+		return nil, ErrNoKey
 	}
 	if c.Now == nil {
 		c.Now = time.Now

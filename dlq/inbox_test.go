@@ -2,6 +2,7 @@ package dlq
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -176,6 +177,19 @@ func TestJudgeTimeRules(t *testing.T) {
 		}
 		if j.Verdict != c.want || !strings.Contains(j.Why, c.why) {
 			t.Errorf("%+v: %s (%s), want %s (%q)", c.l, j.Verdict, j.Why, c.want, c.why)
+		}
+	}
+}
+
+// The key function is required: judged by another key than the
+// consumer's, a letter gets a wrong verdict and a replay retires the wrong
+// marker, or none.
+func TestNewInboxNeedsKey(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	for _, cfg := range []*InboxConfig{nil, {Table: "idem_inbox"}} {
+		if _, err := NewInbox(pool, cfg); !errors.Is(err, ErrNoKey) {
+			t.Errorf("NewInbox(%+v): %v, want ErrNoKey", cfg, err)
 		}
 	}
 }
