@@ -572,6 +572,11 @@ func walk(ctx context.Context, src Source, in *Inbox, sel Selection, op string, 
 		}
 		byLetter[l] = len(res.Items)
 		res.Items = append(res.Items, it)
+		if sel.Progress != nil {
+			// Here, not once the letter left: Kafka settles only when the
+			// walk ends.
+			sel.Progress(len(res.Items), res.Matched)
+		}
 		return act, nil
 	}
 	done := func(l *Letter, a Action, removed bool) {
@@ -591,9 +596,6 @@ func walk(ctx context.Context, src Source, in *Inbox, sel Selection, op string, 
 			it.Why = strings.TrimPrefix(it.Why+"; ", "; ") + "sent, but still in the DLQ (behind a letter that stays, or its removal failed): a later redrive sends it again, which the inbox absorbs"
 		default:
 			it.Why = strings.TrimPrefix(it.Why+"; ", "; ") + "still in the DLQ (behind a letter that stays, or its removal failed)"
-		}
-		if sel.Progress != nil {
-			sel.Progress(i+1, res.Matched)
 		}
 	}
 	err := src.Walk(ctx, sel.Limit, decide, done)

@@ -392,13 +392,17 @@ func TestKafkaInterruptedRedriveSettles(t *testing.T) {
 	}
 	defer k.Close()
 	rctx, interrupt := context.WithCancel(ctx)
-	sent := 0
+	sent, progressed, early := 0, 0, 0
 	k.afterProduce = func(*Letter) {
 		if sent++; sent == 2 {
-			interrupt() // after the second letter was acked
+			early = progressed // the progress of a long walk is told as it goes
+			interrupt()        // after the second letter was acked
 		}
 	}
-	res, err := Redrive(rctx, k, nil, Selection{Apply: true})
+	res, err := Redrive(rctx, k, nil, Selection{Apply: true, Progress: func(done, _ int) { progressed = done }})
+	if early != 2 {
+		t.Errorf("progress before the walk ended: %d letters, want 2", early)
+	}
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("interrupted redrive: %v, want context.Canceled", err)
 	}
