@@ -3,7 +3,7 @@ PKGS ?= ./...
 # staticcheck at a pinned version, fetched and built by go run on first use.
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: test services bench bench-peers lint demo
+.PHONY: test services bench bench-peers bench-growth lint demo
 
 # Runs every test with the race detector, after bringing up PostgreSQL and
 # RabbitMQ on 127.0.0.1 if they are down.
@@ -27,7 +27,7 @@ lint:
 
 # Benchmarks: claim vs no claim, batch sizes; see README for the figures.
 bench: services
-	$(GO) test -run '^$$' -bench . -benchtime 3s -count 1 ./pgxinbox/ ./sqlinbox/
+	$(GO) test -run '^$$' -bench 'Claim|VersusHandRolled' -benchtime 3s -count 1 ./pgxinbox/ ./sqlinbox/
 
 # idem side by side with the peers (no guard, the inbox SQL by hand, a
 # hand-rolled batched inbox, Watermill) on RabbitMQ and Kafka (kfake unless
@@ -38,6 +38,14 @@ PEERS_REPEAT ?= 1
 bench-peers: services
 	cd bench/peers && $(GO) run . -messages $(PEERS_MESSAGES) -repeat $(PEERS_REPEAT) -out ../../docs/bench/peers.json
 	cd bench/peers && $(GO) run ./chart -in ../../docs/bench/peers.json -out ../../docs/bench/peers.svg
+
+# Claim throughput as the inbox grows: 0, 1M and 10M markers, plain (v4 and
+# v7 message IDs) and partitioned, as ratios to the empty inbox in the same
+# run; see README, "Flat as the inbox grows". About 15 minutes and a few GB
+# of disk.
+bench-growth: services
+	IDEM_BENCH_GROWTH_ROWS=0,1000000,10000000 IDEM_BENCH_GROWTH_MESSAGES=100000 IDEM_BENCH_GROWTH_ROUNDS=20 \
+	$(GO) test -run '^$$' -bench Growth -benchtime 1x -timeout 120m -v ./pgxinbox/
 
 demo:
 	$(GO) run ./cmd/idem demo
