@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/dlq"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
@@ -36,7 +37,7 @@ FROM generate_series(1, 100000) AS i`); err != nil {
 	if _, err := pool.Exec(ctx, `ANALYZE idem_inbox`); err != nil {
 		b.Fatal(err)
 	}
-	in, err := dlq.NewInbox(pool, nil)
+	in, err := dlq.NewInbox(pool, &dlq.InboxConfig{Key: idem.ByMessageID})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -109,7 +109,7 @@ func newEnv(t *testing.T) *env {
 			t.Fatal(err)
 		}
 	}
-	in, err := dlq.NewInbox(pool, nil)
+	in, err := dlq.NewInbox(pool, &dlq.InboxConfig{Key: idem.ByMessageID})
 	if err != nil {
 		t.Fatal(err)
 	}

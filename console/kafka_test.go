@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/dlq"
 	"github.com/idemkit/idem/idemkafka"
 	"github.com/idemkit/idem/internal/pgtest"
@@ -67,7 +68,7 @@ func TestKafkaTopic(t *testing.T) {
 	if err := store.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	in, err := dlq.NewInbox(pool, nil)
+	in, err := dlq.NewInbox(pool, &dlq.InboxConfig{Key: idem.ByMessageID})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -106,6 +106,7 @@ func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.StringVar(&f.idHeader, "id-header", "", "header carrying the message ID (RabbitMQ default: the message_id property; Kafka: idem-message-id)")
 	fs.StringVar(&f.table, "table", "idem_inbox", "inbox table, optionally schema-qualified")
 	fs.StringVar(&f.consumer, "default-consumer", "", "consumer to judge letters that name none (dead-lettered by the broker itself)")
+	fs.StringVar(&f.key, "key", "", keyDoc)
 	fs.Var(&guards, "guard", "guarded table whose audit check is shown, table:key[,key] with audit check's column defaults (id, created_at, status), or table:key;status=-;id=-;time=C;void=V; repeatable")
 	fs.Var(&hosts, "allow-host", "host name the console answers to besides IP addresses and localhost (a proxy's), comma-separated or repeated; any other Host is refused")
 	listen := fs.String("listen", "127.0.0.1:8080", "address to serve on; anything but a loopback address exposes the console to the network")
@@ -136,12 +137,15 @@ func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if *token == "" {
 		*token = os.Getenv("IDEM_CONSOLE_TOKEN")
 	}
+	if err := f.parseKey(); err != nil {
+		return err
+	}
 	pool, err := f.db.pool(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	in, err := dlq.NewInbox(pool, &dlq.InboxConfig{Table: f.table, Consumer: f.consumer})
+	in, err := dlq.NewInbox(pool, &dlq.InboxConfig{Table: f.table, Consumer: f.consumer, Key: f.keyFunc})
 	if err != nil {
 		return err
 	}

@@ -58,7 +58,7 @@ func TestConsoleServes(t *testing.T) {
 	t.Setenv("IDEM_CONSOLE_TOKEN", "tok-123")
 	done := make(chan int, 1)
 	go func() {
-		done <- run(ctx, []string{"console", "--database", e.db, "--listen", "127.0.0.1:0", "--queue", e.topo.DeadLetterQueue,
+		done <- run(ctx, []string{"console", "--key", "id", "--database", e.db, "--listen", "127.0.0.1:0", "--queue", e.topo.DeadLetterQueue,
 			"--guard", "invoices:customer_id,period;status=-"}, &out, &errb)
 	}()
 	var base string
