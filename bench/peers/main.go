@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
@@ -84,6 +85,7 @@ func run(args []string, stdout io.Writer) error {
 	repeat := fs.Int("repeat", 1, "runs of each consumer; the table shows the best")
 	out := fs.String("out", "", "write the figures as JSON to this file")
 	fs.DurationVar(&opts.Timeout, "timeout", 10*time.Minute, "longest a single run may take")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -95,6 +97,17 @@ func run(args []string, stdout io.Writer) error {
 	}
 	if *kafka != "" {
 		opts.Kafka = strings.Split(*kafka, ",")
+	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
