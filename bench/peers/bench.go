@@ -151,6 +151,10 @@ type Result struct {
 	Iteration int     `json:"iteration"`
 }
 
+// settle is how long a run waits after publishing before it starts the
+// consumer.
+const settle = 2 * time.Second
+
 // Bench is a run's database and settings.
 type Bench struct {
 	Pool  *pgxpool.Pool
@@ -175,6 +179,11 @@ func (bn *Bench) Run(ctx context.Context, b *Broker, c Consumer, w *Workload, it
 		return fail(fmt.Errorf("publishing the workload: %w", err))
 	}
 	defer cleanup()
+	// Each run starts from the same quiet state: no checkpoint of the
+	// previous run's writes under way (a superuser's CHECKPOINT; others
+	// skip it), and the broker done writing the workload it confirmed.
+	_, _ = pool.Exec(ctx, `CHECKPOINT`)
+	time.Sleep(settle)
 	e := &Env{Pool: pool, Store: bn.Store, Consumer: run, Source: source, Batch: opts.Batch, Prefetch: opts.Prefetch,
 		AMQPURL: opts.AMQPURL, Kafka: opts.Kafka, want: int64(len(w.Msgs)), done: make(chan struct{})}
 	rctx, cancel := context.WithCancel(ctx)

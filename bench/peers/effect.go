@@ -38,7 +38,7 @@ func Decode(id string, body []byte) (Effect, error) {
 // hand-rolled consumers claim in. peer_effects has no unique index on
 // purpose: a double effect must be visible, not absorbed.
 var schema = `
-DROP TABLE IF EXISTS peer_accounts, peer_effects, processed_events;
+DROP TABLE IF EXISTS peer_accounts, peer_effects, processed_events, processed_events_prunable;
 CREATE TABLE peer_accounts (id int PRIMARY KEY, balance bigint NOT NULL DEFAULT 0);
 INSERT INTO peer_accounts (id) SELECT generate_series(1, ` + fmt.Sprint(Accounts) + `);
 CREATE TABLE peer_effects (consumer text NOT NULL, message_id text NOT NULL, account int NOT NULL, amount bigint NOT NULL);
@@ -49,6 +49,10 @@ CREATE TABLE processed_events (
     processed_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (consumer, message_id)
 );
+-- The same with the index a prune by age needs, as idem's keep_until
+-- index serves its prune: without it, each prune reads the whole table.
+CREATE TABLE processed_events_prunable (LIKE processed_events INCLUDING ALL);
+CREATE INDEX ON processed_events_prunable (processed_at);
 `
 
 // Reset recreates the business tables and empties the idem inbox, so each

@@ -30,6 +30,7 @@ func Kafka() *Broker {
 			{Key: "naive", Name: "naive batched (no guard)", Run: kafkaBatches(NaiveBatch)},
 			{Key: "handrolled-msg", Name: "inbox SQL by hand, per message", Guarded: true, Run: kafkaHandOne},
 			{Key: "handrolled-batch", Name: "hand-rolled batched inbox", Guarded: true, Run: kafkaBatches(HandBatch)},
+			{Key: "handrolled-batch-prunable", Name: "hand-rolled batched inbox + processed_at index", Guarded: true, Run: kafkaBatches(HandBatchPrunable)},
 			{Key: "watermill", Name: "Watermill router + inbox SQL in its handler", Guarded: true, Run: watermillKafka},
 			{Key: "idem-msg", Name: "idem per message (Handler)", Guarded: true, Run: kafkaIdem(false, 1)},
 			{Key: "idem-batch", Name: "idem batched (HandleBatch)", Guarded: true, Run: kafkaIdem(true, 1)},

@@ -51,6 +51,16 @@ func HandOne(ctx context.Context, pool *pgxpool.Pool, consumer string, m Msg) er
 // same order), the effects of the IDs it inserted in one round trip, one
 // commit.
 func HandBatch(ctx context.Context, pool *pgxpool.Pool, consumer string, msgs []Msg) error {
+	return handBatch(ctx, pool, "processed_events", consumer, msgs)
+}
+
+// HandBatchPrunable is HandBatch on an inbox with an index on
+// processed_at, which a prune by age needs.
+func HandBatchPrunable(ctx context.Context, pool *pgxpool.Pool, consumer string, msgs []Msg) error {
+	return handBatch(ctx, pool, "processed_events_prunable", consumer, msgs)
+}
+
+func handBatch(ctx context.Context, pool *pgxpool.Pool, table, consumer string, msgs []Msg) error {
 	ids := make([]string, 0, len(msgs))
 	for _, m := range msgs {
 		ids = append(ids, m.ID)
@@ -58,7 +68,7 @@ func HandBatch(ctx context.Context, pool *pgxpool.Pool, consumer string, msgs []
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `INSERT INTO processed_events (consumer, message_id)
+		rows, err := tx.Query(ctx, `INSERT INTO `+table+` (consumer, message_id)
 SELECT $1, id FROM unnest($2::text[]) AS id ORDER BY id
 ON CONFLICT DO NOTHING RETURNING message_id`, consumer, ids)
 		if err != nil {

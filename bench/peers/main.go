@@ -82,7 +82,7 @@ func run(args []string, stdout io.Writer) error {
 	kafka := fs.String("kafka-brokers", os.Getenv("IDEM_KAFKA_BROKERS"), "Kafka seed brokers, comma-separated (env IDEM_KAFKA_BROKERS); empty: an in-process kfake cluster")
 	pgURL := fs.String("database", env("IDEM_PEERS_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idem_peers?sslmode=disable"), "PostgreSQL URL (env IDEM_PEERS_DATABASE_URL); its database is created when missing")
 	only := fs.String("only", "", "comma-separated brokers or consumer keys to run (default: all)")
-	repeat := fs.Int("repeat", 1, "runs of each consumer; the table shows the best")
+	repeat := fs.Int("repeat", 1, "rounds of every consumer; the table shows each one's best")
 	out := fs.String("out", "", "write the figures as JSON to this file")
 	fs.DurationVar(&opts.Timeout, "timeout", 10*time.Minute, "longest a single run may take")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
@@ -121,17 +121,19 @@ func run(args []string, stdout io.Writer) error {
 		Machine: machine(ctx, bn.Pool, opts)}
 	w := NewWorkload(opts.Messages, opts.Dups)
 	var failed []string
-	for _, name := range brokerOrder {
-		mk, ok := brokers[name]
-		if !ok {
-			continue
-		}
-		b := mk()
-		for _, c := range b.Consumers {
-			if !selected(*only, b.Name, c.Key) {
+	// Rounds: each round runs every consumer once, so that a machine's
+	// passing load falls on all of them alike.
+	for i := range *repeat {
+		for _, name := range brokerOrder {
+			mk, ok := brokers[name]
+			if !ok {
 				continue
 			}
-			for i := range *repeat {
+			b := mk()
+			for _, c := range b.Consumers {
+				if !selected(*only, b.Name, c.Key) {
+					continue
+				}
 				r := bn.Run(ctx, b, c, w, i+1)
 				r.Absolute = b.Name != "kafka" || len(opts.Kafka) > 0
 				fmt.Fprintf(os.Stderr, "%-9s %-18s %9.0f msgs/s  exactly once: %v %s\n", r.Broker, r.Key, r.Rate, r.OK, r.Error)
@@ -284,7 +286,11 @@ func PrintTable(w io.Writer, rep *Report) {
 		case !r.OK:
 			once = "NO: " + r.Error
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %.2f | %s |\n", r.Broker, r.Consumer, rate, r.Ratio, once)
+		ratio := "—"
+		if r.Ratio > 0 {
+			ratio = fmt.Sprintf("%.2f", r.Ratio)
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s |\n", r.Broker, r.Consumer, rate, ratio, once)
 	}
 	if slices.ContainsFunc(rep.Results, func(r Result) bool { return !r.Absolute }) {
 		fmt.Fprintln(w, "\nKafka runs in process (kfake): its rates in brackets compare consumers with each other only; the ratio is the figure.")

@@ -22,6 +22,7 @@ func RabbitMQ() *Broker {
 			{Key: "naive", Name: "naive batched (no guard)", Run: rabbitBatches(NaiveBatch)},
 			{Key: "handrolled-msg", Name: "inbox SQL by hand, per message", Guarded: true, Run: rabbitHandOne},
 			{Key: "handrolled-batch", Name: "hand-rolled batched inbox", Guarded: true, Run: rabbitBatches(HandBatch)},
+			{Key: "handrolled-batch-prunable", Name: "hand-rolled batched inbox + processed_at index", Guarded: true, Run: rabbitBatches(HandBatchPrunable)},
 			{Key: "watermill", Name: "Watermill router + inbox SQL in its handler", Guarded: true, Run: watermillAMQP},
 			{Key: "idem-msg", Name: "idem per message (Handler)", Guarded: true, Run: rabbitIdem(false, 1)},
 			{Key: "idem-batch", Name: "idem batched (HandleBatch)", Guarded: true, Run: rabbitIdem(true, 1)},
