@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem/bench/peers/report"
 	"github.com/idemkit/idem/pgxinbox"
 )
 
@@ -135,21 +136,7 @@ type Options struct {
 }
 
 // Result is one consumer's run.
-type Result struct {
-	Broker    string  `json:"broker"`
-	Key       string  `json:"key"`
-	Consumer  string  `json:"consumer"`
-	Guarded   bool    `json:"guarded"`
-	Messages  int     `json:"deliveries"`
-	Seconds   float64 `json:"seconds"`
-	Rate      float64 `json:"msgs_per_s"`
-	Ratio     float64 `json:"ratio_to_handrolled_batch"`
-	Check     Check   `json:"check"`
-	OK        bool    `json:"exactly_once"`
-	Error     string  `json:"error,omitempty"`
-	Absolute  bool    `json:"absolute"` // false: in-process broker, only the ratio means something
-	Iteration int     `json:"iteration"`
-}
+type Result = report.Result
 
 // settle is how long a run waits after publishing before it starts the
 // consumer.

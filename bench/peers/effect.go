@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/bench/peers/report"
 )
 
 // Accounts is how many ledger accounts the workload credits: enough that
@@ -108,17 +110,7 @@ INSERT INTO peer_effects (consumer, message_id, account, amount) SELECT $1, mess
 }
 
 // Check is what a run left in the database, against its workload.
-type Check struct {
-	Applied int64 `json:"applied"` // distinct messages with an effect
-	Doubled int64 `json:"doubled"` // messages with more than one effect
-	Missing int64 `json:"missing"` // messages of the workload without an effect
-	// Balance is whether the ledger's total equals the sum of the
-	// workload's distinct credits.
-	Balance bool `json:"balance_ok"`
-}
-
-// ExactlyOnce reports whether every message was applied exactly once.
-func (c Check) ExactlyOnce() bool { return c.Doubled == 0 && c.Missing == 0 && c.Balance }
+type Check = report.Check
 
 // Verify counts the effects consumer left against w.
 func Verify(ctx context.Context, pool *pgxpool.Pool, consumer string, w *Workload) (Check, error) {

@@ -28,6 +28,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/bench/peers/report"
 )
 
 // brokers are the brokers a run can measure, by name, in the order of
@@ -37,25 +39,10 @@ var brokers = map[string]func() *Broker{"rabbitmq": RabbitMQ}
 var brokerOrder = []string{"rabbitmq", "kafka"}
 
 // Report is the JSON file's content.
-type Report struct {
-	Started  time.Time `json:"started"`
-	Machine  Machine   `json:"machine"`
-	Messages int       `json:"messages"`
-	Dups     int       `json:"duplicates"`
-	Batch    int       `json:"batch"`
-	Prefetch int       `json:"prefetch"`
-	Results  []Result  `json:"results"`
-}
+type Report = report.Report
 
 // Machine is what the figures were measured on.
-type Machine struct {
-	CPUs     int    `json:"cpus"`
-	Go       string `json:"go"`
-	OS       string `json:"os"`
-	Postgres string `json:"postgres"`
-	RabbitMQ string `json:"rabbitmq,omitempty"`
-	Kafka    string `json:"kafka"`
-}
+type Machine = report.Machine
 
 func main() {
 	if err := run(os.Args[1:], os.Stdout); err != nil {
@@ -147,7 +134,7 @@ func run(args []string, stdout io.Writer) error {
 			}
 		}
 	}
-	Ratios(rep.Results)
+	report.Ratios(rep.Results)
 	PrintTable(stdout, &rep)
 	if *out != "" {
 		data, err := json.MarshalIndent(rep, "", "  ")
@@ -231,48 +218,13 @@ func machine(ctx context.Context, pool *pgxpool.Pool, opts Options) Machine {
 	return m
 }
 
-// Ratios sets each result's ratio to the best hand-rolled batched run of
-// its broker.
-func Ratios(rs []Result) {
-	base := map[string]float64{}
-	for _, r := range rs {
-		if r.Key == "handrolled-batch" && r.Error == "" {
-			base[r.Broker] = max(base[r.Broker], r.Rate)
-		}
-	}
-	for i := range rs {
-		if b := base[rs[i].Broker]; b > 0 {
-			rs[i].Ratio = rs[i].Rate / b
-		}
-	}
-}
-
-// Best returns the fastest error-free run of each broker and consumer, in
-// the order they first appear.
-func Best(rs []Result) []Result {
-	var out []Result
-	at := map[string]int{}
-	for _, r := range rs {
-		k := r.Broker + "/" + r.Key
-		i, ok := at[k]
-		switch {
-		case !ok:
-			at[k] = len(out)
-			out = append(out, r)
-		case out[i].Error != "" || r.Error == "" && r.Rate > out[i].Rate:
-			out[i] = r
-		}
-	}
-	return out
-}
-
 // PrintTable writes the best run of each consumer as a Markdown table.
 func PrintTable(w io.Writer, rep *Report) {
 	fmt.Fprintf(w, "\n%d messages + %d redeliveries, batch %d, prefetch %d; %d CPUs, %s, PostgreSQL %s, RabbitMQ %s, Kafka %s\n\n",
 		rep.Messages, rep.Dups, rep.Batch, rep.Prefetch, rep.Machine.CPUs, rep.Machine.Go, rep.Machine.Postgres, rep.Machine.RabbitMQ, rep.Machine.Kafka)
 	fmt.Fprintln(w, "| broker | consumer | msgs/s | × hand-rolled batch | exactly once |")
 	fmt.Fprintln(w, "|---|---|---:|---:|---|")
-	for _, r := range Best(rep.Results) {
+	for _, r := range report.Best(rep.Results) {
 		rate := fmt.Sprintf("%.0f", r.Rate)
 		if !r.Absolute {
 			rate = "(" + rate + ")"

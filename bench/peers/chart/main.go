@@ -18,48 +18,17 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/idemkit/idem/bench/peers/report"
 )
 
-// Report is the part of the peers command's JSON the chart reads.
-type Report struct {
-	Machine  Machine  `json:"machine"`
-	Messages int      `json:"messages"`
-	Dups     int      `json:"duplicates"`
-	Batch    int      `json:"batch"`
-	Prefetch int      `json:"prefetch"`
-	Results  []Result `json:"results"`
-}
-
-// Machine is what the figures were measured on.
-type Machine struct {
-	CPUs     int    `json:"cpus"`
-	Go       string `json:"go"`
-	OS       string `json:"os"`
-	Postgres string `json:"postgres"`
-	RabbitMQ string `json:"rabbitmq"`
-	Kafka    string `json:"kafka"`
-}
-
-// Result is one run of one consumer.
-type Result struct {
-	Broker    string  `json:"broker"`
-	Key       string  `json:"key"`
-	Consumer  string  `json:"consumer"`
-	Guarded   bool    `json:"guarded"`
-	Rate      float64 `json:"msgs_per_s"`
-	Ratio     float64 `json:"ratio_to_handrolled_batch"`
-	Check     Check   `json:"check"`
-	OK        bool    `json:"exactly_once"`
-	Error     string  `json:"error"`
-	Absolute  bool    `json:"absolute"`
-	Iteration int     `json:"iteration"`
-}
-
-// Check is what a run left in the ledger.
-type Check struct {
-	Doubled int64 `json:"doubled"`
-	Missing int64 `json:"missing"`
-}
+// The figures, as the peers command writes them.
+type (
+	Report  = report.Report
+	Machine = report.Machine
+	Result  = report.Result
+	Check   = report.Check
+)
 
 func main() {
 	if err := run(os.Args[1:]); err != nil {
@@ -109,24 +78,8 @@ func load(path string) (*Report, error) {
 	return &rep, nil
 }
 
-// Best returns the fastest error-free run of each broker and consumer, in
-// the order they first appear; a consumer without one keeps a failed run.
-func Best(rs []Result) []Result {
-	var out []Result
-	at := map[string]int{}
-	for _, r := range rs {
-		k := r.Broker + "/" + r.Key
-		i, ok := at[k]
-		switch {
-		case !ok:
-			at[k] = len(out)
-			out = append(out, r)
-		case out[i].Error != "" || r.Error == "" && r.Rate > out[i].Rate:
-			out[i] = r
-		}
-	}
-	return out
-}
+// Best is each consumer's best run (report.Best).
+func Best(rs []Result) []Result { return report.Best(rs) }
 
 // group is one broker's best results, in the report's order.
 type group struct {
