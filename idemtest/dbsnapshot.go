@@ -16,9 +16,9 @@ import (
 // SnapshotOptions chooses what a database snapshotter reads. A nil
 // *SnapshotOptions means all defaults.
 type SnapshotOptions struct {
-	// Schema is the PostgreSQL schema to read. Defaults to the connection's
-	// current_schema(), the first schema of its search_path. Unused on
-	// SQLite.
+	// Schema is the PostgreSQL schema (the MySQL database) to read.
+	// Defaults to the connection's current_schema(), the first schema of its
+	// search_path (on MySQL, DATABASE()). Unused on SQLite.
 	Schema string
 	// Tables names the tables to read. Defaults to every table of the schema
 	// (of the SQLite database) except those in Exclude.
@@ -48,19 +48,30 @@ type PgxQuerier interface {
 // Postgres returns a snapshotter that reads PostgreSQL tables through pgx.
 // Every column is read as its text form (::text), so any type compares.
 func Postgres(db PgxQuerier, opts *SnapshotOptions) Snapshotter {
-	return &dbSnapshotter{query: pgxQuery(db), catalog: pgCatalog, opts: optsOrZero(opts)}
+	return &dbSnapshotter{query: pgxQuery(db), catalog: pgCatalog, quote: quoteIdent, opts: optsOrZero(opts)}
 }
 
 // PostgresSQL is [Postgres] for a *sql.DB (the pgx stdlib driver or
 // another PostgreSQL driver), as used with package sqlinbox.
 func PostgresSQL(db *sql.DB, opts *SnapshotOptions) Snapshotter {
-	return &dbSnapshotter{query: sqlQuery(db), catalog: pgCatalog, opts: optsOrZero(opts)}
+	return &dbSnapshotter{query: sqlQuery(db), catalog: pgCatalog, quote: quoteIdent, opts: optsOrZero(opts)}
 }
 
 // SQLite returns a snapshotter that reads the tables of a SQLite database
 // (sqlite_master and pragma_table_info) through database/sql.
 func SQLite(db *sql.DB, opts *SnapshotOptions) Snapshotter {
-	return &dbSnapshotter{query: sqlQuery(db), catalog: sqliteCatalog, opts: optsOrZero(opts)}
+	return &dbSnapshotter{query: sqlQuery(db), catalog: sqliteCatalog, quote: quoteIdent, opts: optsOrZero(opts)}
+}
+
+// MySQL returns a snapshotter that reads the tables of a MySQL or MariaDB
+// database (information_schema) through database/sql and
+// github.com/go-sql-driver/mysql. Text, numbers, decimals and dates compare
+// as the text MySQL sends; binary, blob and bit columns as hex (\x...).
+// Views are left out. Rows of a table without a primary key are ordered
+// by all their columns in the column's collation, which may compare
+// "a" and "A" as equal: give such tables a key to diff them exactly.
+func MySQL(db *sql.DB, opts *SnapshotOptions) Snapshotter {
+	return &dbSnapshotter{query: mysqlQuery(db), catalog: mysqlCatalog, quote: quoteIdentMySQL, opts: optsOrZero(opts)}
 }
 
 func optsOrZero(o *SnapshotOptions) SnapshotOptions {
@@ -87,6 +98,7 @@ type catalogFunc func(ctx context.Context, q queryFunc, schema string) (tables [
 type dbSnapshotter struct {
 	query   queryFunc
 	catalog catalogFunc
+	quote   func(string) string
 	opts    SnapshotOptions
 }
 
@@ -133,7 +145,7 @@ func (s *dbSnapshotter) read(ctx context.Context, snap *Snapshot, ti tableInfo, 
 			continue
 		}
 		cols = append(cols, c)
-		exprs = append(exprs, asText(quoteIdent(c)))
+		exprs = append(exprs, asText(s.quote(c)))
 	}
 	order := ti.key
 	if len(order) == 0 {
@@ -141,9 +153,9 @@ func (s *dbSnapshotter) read(ctx context.Context, snap *Snapshot, ti tableInfo, 
 	}
 	orderBy := make([]string, len(order))
 	for i, c := range order {
-		orderBy[i] = quoteIdent(c)
+		orderBy[i] = s.quote(c)
 	}
-	from := prefix + quoteIdent(ti.name)
+	from := prefix + s.quote(ti.name)
 	q := "SELECT " + strings.Join(exprs, ", ") + " FROM " + from
 	if len(orderBy) > 0 {
 		q += " ORDER BY " + strings.Join(orderBy, ", ")
@@ -192,6 +204,10 @@ func text(v any) (string, bool) {
 
 func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
 
+// quoteIdentMySQL quotes a name with backticks, doubling any inside, which
+// is how MySQL escapes them whatever the sql_mode.
+func quoteIdentMySQL(s string) string { return "`" + strings.ReplaceAll(s, "`", "``") + "`" }
+
 func pgxQuery(db PgxQuerier) queryFunc {
 	return func(ctx context.Context, query string, args ...any) ([][]any, error) {
 		rows, err := db.Query(ctx, query, args...)
@@ -236,6 +252,76 @@ func sqlQuery(db *sql.DB) queryFunc {
 		}
 		return out, rows.Err()
 	}
+}
+
+// mysqlQuery is sqlQuery for MySQL's text protocol, which sends every value
+// as bytes: those of character columns become strings, those of binary
+// ones (BINARY, VARBINARY, the BLOBs, BIT, geometry) stay bytes and print
+// as hex.
+func mysqlQuery(db *sql.DB) queryFunc {
+	return func(ctx context.Context, query string, args ...any) ([][]any, error) {
+		rows, err := db.QueryContext(ctx, query, args...)
+		if err != nil {
+			return nil, err
+		}
+		defer rows.Close()
+		types, err := rows.ColumnTypes()
+		if err != nil {
+			return nil, err
+		}
+		binary := make([]bool, len(types))
+		for i, t := range types {
+			switch t.DatabaseTypeName() {
+			case "BINARY", "VARBINARY", "BLOB", "TINYBLOB", "MEDIUMBLOB", "LONGBLOB", "BIT", "GEOMETRY":
+				binary[i] = true
+			}
+		}
+		var out [][]any
+		for rows.Next() {
+			vals := make([]any, len(types))
+			ptrs := make([]any, len(types))
+			for i := range vals {
+				ptrs[i] = &vals[i]
+			}
+			if err := rows.Scan(ptrs...); err != nil {
+				return nil, err
+			}
+			for i, v := range vals {
+				if b, ok := v.([]byte); ok && !binary[i] {
+					vals[i] = string(b)
+				}
+			}
+			out = append(out, vals)
+		}
+		return out, rows.Err()
+	}
+}
+
+// mysqlCatalog lists the base tables of a MySQL database (schema, or the
+// connection's current one) with their columns in order and their primary
+// key.
+func mysqlCatalog(ctx context.Context, q queryFunc, schema string) ([]tableInfo, string, func(string) string, error) {
+	rows, err := q(ctx, `SELECT coalesce(nullif(?, ''), DATABASE())`, schema)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	if len(rows) != 1 || rows[0][0] == nil {
+		return nil, "", nil, fmt.Errorf("no current database: set SnapshotOptions.Schema or name one in the DSN")
+	}
+	schema, _ = text(rows[0][0])
+	rows, err = q(ctx, `
+SELECT c.TABLE_NAME, c.COLUMN_NAME, CAST(coalesce(k.ORDINAL_POSITION, 0) AS CHAR)
+FROM information_schema.COLUMNS c
+JOIN information_schema.TABLES t ON t.TABLE_SCHEMA = c.TABLE_SCHEMA AND t.TABLE_NAME = c.TABLE_NAME
+LEFT JOIN information_schema.KEY_COLUMN_USAGE k ON k.TABLE_SCHEMA = c.TABLE_SCHEMA AND k.TABLE_NAME = c.TABLE_NAME
+  AND k.COLUMN_NAME = c.COLUMN_NAME AND k.CONSTRAINT_NAME = 'PRIMARY'
+WHERE c.TABLE_SCHEMA = ? AND t.TABLE_TYPE = 'BASE TABLE'
+ORDER BY BINARY c.TABLE_NAME, c.ORDINAL_POSITION`, schema)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	tables, err := collect(rows)
+	return tables, quoteIdentMySQL(schema) + ".", func(col string) string { return col }, err
 }
 
 // pgCatalog lists the tables of schema (partitioned tables once, through

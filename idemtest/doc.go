@@ -61,8 +61,8 @@
 // (so it is removed and stays fixed).
 //
 // The kit depends on the standard testing package, database/sql and pgx;
-// the snapshotters read PostgreSQL ([Postgres], [PostgresSQL]) and SQLite
-// ([SQLite]). Effects outside the database (an email, an HTTP call) are
-// invisible to them: record them in a fake that a [SnapshotFunc] reads, and
+// the snapshotters read PostgreSQL ([Postgres], [PostgresSQL]), SQLite
+// ([SQLite]) and MySQL or MariaDB ([MySQL]). Effects outside the database
+// (an email, an HTTP call) are invisible to them: record them in a fake that a [SnapshotFunc] reads, and
 // merge it in with [Combine].
 package idemtest

@@ -1,0 +1,216 @@
+package idemtest_test
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/idemkit/idem/idemtest"
+)
+
+// mysqlDB opens a fresh database on the server IDEM_MYSQL_URL names
+// (default root@tcp(127.0.0.1:3306)/test), dropped when t ends.
+func mysqlDB(t *testing.T) *sql.DB {
+	t.Helper()
+	dsn := os.Getenv("IDEM_MYSQL_URL")
+	if dsn == "skip" {
+		t.Skip("IDEM_MYSQL_URL=skip: MySQL snapshot tests skipped")
+	}
+	if dsn == "" {
+		dsn = "root@tcp(127.0.0.1:3306)/test"
+	}
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatalf("IDEM_MYSQL_URL: %v", err)
+	}
+	admin, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "idemtest_" + hex.EncodeToString(b[:])
+	ctx := context.Background()
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("creating database %s (set IDEM_MYSQL_URL, or IDEM_MYSQL_URL=skip): %v", name, err)
+	}
+	cfg.DBName = name
+	cfg.MultiStatements = true
+	db, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = db.Close()
+		cfg.DBName = ""
+		if a, err := sql.Open("mysql", cfg.FormatDSN()); err == nil {
+			_, _ = a.ExecContext(context.Background(), "DROP DATABASE "+name)
+			_ = a.Close()
+		}
+	})
+	return db
+}
+
+const mysqlTypesDDL = "CREATE TABLE invoices (customer varchar(40), period varchar(7), amount decimal(12,2), meta json, raw varbinary(8)," +
+	" issued_at datetime(6), note text, n int, f double, b bit(3), updated_at timestamp(6) DEFAULT CURRENT_TIMESTAMP(6), PRIMARY KEY (period, customer));" +
+	"CREATE TABLE audit_log (event varchar(10), detail text);" +
+	"CREATE TABLE events (id bigint, at date NOT NULL, PRIMARY KEY (at, id)) PARTITION BY RANGE COLUMNS (at) (PARTITION p2026 VALUES LESS THAN ('2027-01-01'), PARTITION pmax VALUES LESS THAN (MAXVALUE));" +
+	"CREATE TABLE `Odd ``Name`` x` (`a b` int PRIMARY KEY);" +
+	"CREATE TABLE idem_inbox (k varchar(10) PRIMARY KEY);" +
+	"CREATE VIEW v_invoices AS SELECT customer FROM invoices;" +
+	"INSERT INTO invoices (customer, period, amount, meta, raw, issued_at, note, n, f, b) VALUES" +
+	" ('cus-1', '2026-09', 4800000.50, '{\"b\":1}', x'dead', '2026-09-01 00:00:00', NULL, 3, 0.5, b'101')," +
+	" ('cus-2', '2026-09', 2400000, NULL, NULL, NULL, 'NULL', NULL, NULL, NULL);" +
+	"INSERT INTO audit_log VALUES ('x', 'same'), ('x', 'same');" +
+	"INSERT INTO events VALUES (7, '2026-03-01'), (8, '2030-01-01');" +
+	"INSERT INTO `Odd ``Name`` x` VALUES (1);" +
+	"INSERT INTO idem_inbox VALUES ('m-1')"
+
+func TestMySQLSnapshot(t *testing.T) {
+	t.Parallel()
+	db := mysqlDB(t)
+	ctx := context.Background()
+	if _, err := db.ExecContext(ctx, mysqlTypesDDL); err != nil {
+		t.Fatal(err)
+	}
+	snap := idemtest.MySQL(db, &idemtest.SnapshotOptions{Ignore: []string{"invoices.updated_at"}})
+	s, err := snap.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := s.TableNames(), []string{"Odd `Name` x", "audit_log", "events", "invoices"}; !slices.Equal(got, want) {
+		t.Fatalf("tables %q, want %q (the inbox and the view left out)", got, want)
+	}
+	inv := s.Table("invoices")
+	if !slices.Equal(inv.Key, []string{"period", "customer"}) || slices.Contains(inv.Columns, "updated_at") {
+		t.Errorf("key %q columns %q", inv.Key, inv.Columns)
+	}
+	r := inv.Row("period=2026-09, customer=cus-1")
+	for col, want := range map[string]string{
+		"amount": "4800000.50", "meta": `{"b":1}`, "raw": `\xdead`, "issued_at": "2026-09-01 00:00:00.000000",
+		"n": "3", "f": "0.5", "b": `\x05`,
+	} {
+		if r[col] != want {
+			t.Errorf("%s = %q, want %q", col, r[col], want)
+		}
+	}
+	r2 := inv.Row("period=2026-09, customer=cus-2")
+	if _, ok := r2["note"]; !ok || r2["note"] != "NULL" {
+		t.Errorf("the text 'NULL' = %q, %v", r2["note"], ok)
+	}
+	if _, ok := r2["raw"]; ok {
+		t.Errorf("NULL raw present: %q", r2["raw"])
+	}
+	if got := s.Table("audit_log").RowKeys(); !slices.Equal(got, []string{"event=x, detail=same", "event=x, detail=same #2"}) {
+		t.Errorf("keyless rows %q", got)
+	}
+	if got := s.Table("events").RowKeys(); !slices.Equal(got, []string{"at=2026-03-01, id=7", "at=2030-01-01, id=8"}) {
+		t.Errorf("partitioned table rows %q", got)
+	}
+	if got := s.Table("Odd `Name` x").RowKeys(); !slices.Equal(got, []string{"a b=1"}) {
+		t.Errorf("odd names: %q", got)
+	}
+
+	// Only updated_at changes: nothing to report.
+	if _, err := db.ExecContext(ctx, "UPDATE invoices SET updated_at = '2030-01-01' WHERE customer = 'cus-1'"); err != nil {
+		t.Fatal(err)
+	}
+	s1, err := snap.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := idemtest.Compare(s, s1); !d.Empty() {
+		t.Errorf("ignored column reported:\n%s", d)
+	}
+	if _, err := db.ExecContext(ctx, "UPDATE invoices SET n = n + 1, raw = x'beef' WHERE customer = 'cus-1'; INSERT INTO audit_log VALUES ('y', NULL); DELETE FROM events WHERE id = 8"); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := snap.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := idemtest.Compare(s, s2).String()
+	for _, want := range []string{
+		`invoices row period=2026-09, customer=cus-1 changed: raw \xdead → \xbeef, n 3 → 4`,
+		"audit_log row added: event=y, detail=NULL",
+		"events row removed: id=8, at=2030-01-01",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("diff lacks %q:\n%s", want, got)
+		}
+	}
+}
+
+// The same effect applied twice (what a second delivery without the inbox
+// does) shows in the diff against the state after one.
+func TestMySQLSnapshotDoubleEffect(t *testing.T) {
+	t.Parallel()
+	db := mysqlDB(t)
+	ctx := context.Background()
+	if _, err := db.ExecContext(ctx, "CREATE TABLE balances (account varchar(20) PRIMARY KEY, balance bigint NOT NULL); INSERT INTO balances VALUES ('acc-1', 0)"); err != nil {
+		t.Fatal(err)
+	}
+	snap := idemtest.MySQL(db, nil)
+	effect := func() {
+		t.Helper()
+		if _, err := db.ExecContext(ctx, "UPDATE balances SET balance = balance + 12500 WHERE account = 'acc-1'"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	effect()
+	once, err := snap.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	effect()
+	twice, err := snap.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := idemtest.Compare(once, twice).String(), "  balances row account=acc-1 changed: balance 12500 → 25000"; got != want {
+		t.Errorf("diff:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+func TestMySQLSnapshotNamedTables(t *testing.T) {
+	t.Parallel()
+	db := mysqlDB(t)
+	ctx := context.Background()
+	if _, err := db.ExecContext(ctx, mysqlTypesDDL); err != nil {
+		t.Fatal(err)
+	}
+	s, err := idemtest.MySQL(db, &idemtest.SnapshotOptions{Tables: []string{"idem_inbox", "events"}}).Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.TableNames(); !slices.Equal(got, []string{"events", "idem_inbox"}) {
+		t.Errorf("tables %q", got)
+	}
+	if _, err := idemtest.MySQL(db, &idemtest.SnapshotOptions{Tables: []string{"nope"}}).Snapshot(ctx); err == nil || !strings.Contains(err.Error(), "nope does not exist") {
+		t.Errorf("missing table: %v", err)
+	}
+	// Another database, named explicitly.
+	other := mysqlDB(t)
+	if _, err := other.ExecContext(ctx, "CREATE TABLE t (id int PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+	var name string
+	if err := other.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	s, err = idemtest.MySQL(db, &idemtest.SnapshotOptions{Schema: name}).Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.TableNames(); !slices.Equal(got, []string{"t"}) {
+		t.Errorf("tables of %s: %q", name, got)
+	}
+}
