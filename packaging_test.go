@@ -8,7 +8,7 @@ import (
 
 // TestPackaging pins what each package links: a PostgreSQL user of
 // sqlinbox or pgxinbox does not get SQLite (modernc.org/sqlite and its
-// libc) in their binary, and the idem command builds on no example, so an
+// libc) in their binary, nor the MySQL driver, and the idem command builds on no example, so an
 // example can change without changing the command.
 func TestPackaging(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
@@ -19,6 +19,9 @@ func TestPackaging(t *testing.T) {
 		forbidden string
 	}{
 		{"github.com/idemkit/idem/sqlinbox", "modernc.org/"},
+		{"github.com/idemkit/idem/sqlinbox", "github.com/go-sql-driver/"},
+		{"github.com/idemkit/idem/pgxinbox", "github.com/go-sql-driver/"},
+		{"github.com/idemkit/idem/mysqlinbox", "modernc.org/"},
 		{"github.com/idemkit/idem/pgxinbox", "modernc.org/"},
 		{"github.com/idemkit/idem/idemrabbitmq", "modernc.org/"},
 		{"github.com/idemkit/idem/idemkafka", "modernc.org/"},

@@ -244,6 +244,9 @@ func (s *Store) Claim(ctx context.Context, tx *sql.Tx, consumer string, claims [
 }
 
 func (s *Store) claimChunk(ctx context.Context, tx *sql.Tx, consumer string, claims []idem.Claim, inserted []bool) error {
+	if m, ok := s.dialect.(mysqlDialect); ok {
+		return m.claimChunk(ctx, tx, s.sql, consumer, claims, inserted)
+	}
 	var args []any
 	if s.sql.Claim.SQL != "" {
 		// PostgreSQL: one statement over arrays.
@@ -376,7 +379,11 @@ func (s *Store) Extend(ctx context.Context, tx *sql.Tx, consumer string, ext []i
 			args = append(args, keys[i], s.sql.TimeArg(times[i]))
 		}
 		args = append(args, consumer)
-		if _, err := tx.ExecContext(ctx, s.sql.Extend.Build(end-start), args...); err != nil {
+		q := s.sql.Extend.Build(end - start)
+		if m, ok := s.dialect.(mysqlDialect); ok {
+			q = m.buildExtend(s.sql, end-start)
+		}
+		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
 			return fmt.Errorf("extending inbox markers: %w", err)
 		}
 	}

@@ -81,8 +81,11 @@ type consumerSQL struct {
 func consumerStatements(d *Dialect) consumerSQL {
 	q := d.Table.Quoted()
 	p, fence := "$1", "OFFSET 0"
-	if d.Name == "sqlite" {
+	switch d.Name {
+	case "sqlite":
 		p, fence = "?1", "LIMIT -1 OFFSET 0"
+	case "mysql":
+		p, fence = "?", ""
 	}
 	col := "keep_until"
 	if d.Layout == idem.LayoutPartitioned {

@@ -89,8 +89,11 @@ WHERE c.oid = to_regclass($1)`
 
 // readCatalog reads what the database says about d's table.
 func (d *Dialect) readCatalog(ctx context.Context, c Conn) (catalog, error) {
-	if d.Name == "postgres" {
+	switch d.Name {
+	case "postgres":
 		return d.pgReadCatalog(ctx, c)
+	case "mysql":
+		return d.mysqlReadCatalog(ctx, c)
 	}
 	return d.sqliteReadCatalog(ctx, c)
 }
@@ -428,6 +431,9 @@ func sameSet(a, b []string) bool {
 
 // tableExists reports whether d's table exists.
 func (d *Dialect) tableExists(ctx context.Context, c Conn) (bool, error) {
+	if d.Name == "mysql" {
+		return d.mysqlTableExists(ctx, c)
+	}
 	var ok bool
 	var err error
 	if d.Name == "postgres" {

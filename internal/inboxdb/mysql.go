@@ -1,0 +1,231 @@
+package inboxdb
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+// MySQLTimeFormat is how times are bound on MySQL: UTC DATETIME(6) text, so
+// that the session's time_zone and the driver's loc play no part.
+const MySQLTimeFormat = "2006-01-02 15:04:05.000000"
+
+// mysqlNow is MySQL's clock in UTC, with microseconds.
+const mysqlNow = `UTC_TIMESTAMP(6)`
+
+// mysqlAhead is now plus MaxAhead.
+var mysqlAhead = `(` + mysqlNow + ` + INTERVAL ` + fmt.Sprint(int(MaxAhead/time.Second)) + ` SECOND)`
+
+// mysqlKeepUntil is [pgKeepUntil] for MySQL: the later of now and the event
+// time et, at most MaxAhead past now (GREATEST is NULL when an argument is).
+func mysqlKeepUntil(et string) string {
+	return `LEAST(GREATEST(` + mysqlNow + `, COALESCE(` + et + `, '1000-01-01')), ` + mysqlAhead + `)`
+}
+
+// MySQL is the MySQL/MariaDB SQL of table (plain layout only). Identifiers
+// are double-quoted: the session must run with sql_mode ANSI_QUOTES
+// (mysqlinbox.Open sets it). Parameters are positional "?", so a statement
+// whose natural order differs from its documented parameter order binds
+// them first in a derived table of one row.
+//
+// The claim is two statements ([MySQLClaimed]): MySQL's INSERT has no
+// RETURNING, and its affected-rows count is per statement, not per row.
+// The INSERT writes the transaction's random claim token into every row it
+// inserts and leaves an existing row as it is (ON DUPLICATE KEY UPDATE of
+// the key to itself: unlike INSERT IGNORE it swallows no other error); the
+// SELECT then reads which keys carry the token. Only this transaction can
+// have written that token, and it always sees its own writes, so the answer
+// is exact whatever the isolation level. A concurrent claimer of the same
+// key waits on the row lock of the first inserter's uncommitted row and,
+// once that commits, finds it a duplicate; if it rolls back, inserts it.
+func MySQL(t Table) *Dialect {
+	q := t.Quoted()
+	settings, horizons, book := t.Sibling(settingsTable), t.Sibling(horizonsTable), t.Sibling(migrationsTable)
+	pruned := t.Sibling(prunedTable)
+	d := &Dialect{
+		Name:       "mysql",
+		Table:      t,
+		Layout:     idem.LayoutPlain,
+		TimeArg:    func(t time.Time) any { return t.UTC().Format(MySQLTimeFormat) },
+		ScanTime:   scanMySQLTime,
+		migrations: "migrations/mysql",
+	}
+	// Per claim: consumer, key, message ID, body hash, event time, the
+	// event time again for keep_until, and the claim token.
+	d.Claim = List{
+		Head:      `INSERT INTO ` + q + ` (consumer, "key", message_id, body_sha256, event_time, keep_until, claim_token) VALUES `,
+		Row:       `(?, ?, ?, ?, ?, ` + mysqlKeepUntil("?") + `, ?)`,
+		RowParams: 7,
+		Tail:      ` ON DUPLICATE KEY UPDATE "key" = "key"`,
+	}
+	d.Lookup = List{
+		Head:      `SELECT "key", message_id, body_sha256, processed_at, keep_until FROM ` + q + ` WHERE consumer = ? AND "key" IN (`,
+		Row:       `?`,
+		RowParams: 1,
+		Tail:      `)`,
+	}
+	// One (key, keep-until) per row, joined by UNION ALL ([MySQLExtend]),
+	// then the consumer.
+	d.Extend = List{
+		Head:      `UPDATE ` + q + ` i JOIN (`,
+		Row:       `SELECT ? AS k, CAST(? AS DATETIME(6)) AS t`,
+		RowParams: 2,
+		Tail: `) e ON i."key" = e.k SET i.keep_until = LEAST(e.t, ` + mysqlAhead + `)
+WHERE i.consumer = ? AND i.keep_until < LEAST(e.t, ` + mysqlAhead + `)`,
+	}
+
+	d.Now = `SELECT ` + mysqlNow
+	// DELETE ... RETURNING is MariaDB's (10.0 and later); MySQL has none.
+	d.PruneBatch = `DELETE FROM ` + q + ` WHERE keep_until < ? ORDER BY keep_until LIMIT ? RETURNING consumer, "key"`
+	d.Prunable = `SELECT count(*) FROM ` + q + ` WHERE keep_until < ?`
+	d.Stats = `SELECT count(*),
+       COALESCE(SUM(event_time IS NULL), 0),
+       MIN(keep_until),
+       COALESCE(SUM(keep_until < ?), 0)
+FROM ` + q
+	// A named lock, held by the pruning session; named by a hash of the
+	// table, as the name is limited to 64 characters.
+	d.TryLock = `SELECT GET_LOCK(CONCAT('idem.prune.', SHA1(?)), 0) = 1`
+	d.Unlock = `SELECT RELEASE_LOCK(CONCAT('idem.prune.', SHA1(?)))`
+
+	text := `VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin`
+	bin := `VARBINARY(1024)`
+	d.Bookkeeping = []string{
+		`CREATE TABLE IF NOT EXISTS ` + book + ` (
+    table_name ` + text + ` NOT NULL PRIMARY KEY,
+    version    INT NOT NULL,
+    applied_at DATETIME(6) NOT NULL DEFAULT (` + mysqlNow + `)
+) ENGINE=InnoDB`,
+		`CREATE TABLE IF NOT EXISTS ` + settings + ` (
+    table_name ` + text + ` NOT NULL PRIMARY KEY,
+    layout     ` + text + ` NOT NULL,
+    window_ms  BIGINT NOT NULL CHECK (window_ms > 0),
+    previous_window_ms BIGINT NULL,
+    changed_at         DATETIME(6) NULL
+) ENGINE=InnoDB`,
+		`CREATE TABLE IF NOT EXISTS ` + horizons + ` (
+    table_name ` + text + ` NOT NULL,
+    consumer   ` + bin + ` NOT NULL,
+    horizon_ms BIGINT NOT NULL,
+    seen_at    DATETIME(6) NOT NULL DEFAULT (` + mysqlNow + `),
+    PRIMARY KEY (table_name, consumer)
+) ENGINE=InnoDB`,
+		`CREATE TABLE IF NOT EXISTS ` + pruned + ` (
+    table_name ` + text + ` NOT NULL,
+    consumer   ` + bin + ` NOT NULL,
+    pruned_at  DATETIME(6) NOT NULL,
+    source     ` + text + ` NOT NULL,
+    "keys"     BIGINT NOT NULL,
+    filter     LONGBLOB NOT NULL,
+    PRIMARY KEY (table_name, consumer, pruned_at, source)
+) ENGINE=InnoDB`,
+	}
+	d.InsertSummary = `INSERT INTO ` + pruned + ` (table_name, consumer, pruned_at, source, "keys", filter) VALUES (?, ?, ?, ?, ?, ?)`
+	d.SummaryTimes = `SELECT pruned_at, source, "keys" FROM ` + pruned + ` WHERE table_name = ? AND consumer = ? ORDER BY pruned_at DESC`
+	d.ReadSummary = `SELECT filter FROM ` + pruned + ` WHERE table_name = ? AND consumer = ? AND pruned_at = ? AND source = ?`
+	d.OpenSummary = `SELECT pruned_at, "keys", filter FROM ` + pruned + ` WHERE table_name = ? AND consumer = ? AND source = '' AND pruned_at >= ? ORDER BY pruned_at DESC LIMIT 1`
+	d.GrowSummary = `UPDATE ` + pruned + ` s JOIN (SELECT ? AS t, ? AS c, CAST(? AS DATETIME(6)) AS p, ? AS k, ? AS f) a
+    ON s.table_name = a.t AND s.consumer = a.c AND s.pruned_at = a.p AND s.source = ''
+SET s."keys" = a.k, s.filter = a.f`
+	d.RecentKeys = `SELECT COALESCE(SUM("keys"), 0) FROM ` + pruned + ` WHERE table_name = ? AND consumer = ? AND pruned_at >= ?`
+	// The settings row, locked for the transaction, serializes summary
+	// writers of one table.
+	d.SummaryLock = `SELECT table_name FROM ` + settings + ` WHERE table_name = ? FOR UPDATE`
+	d.DeleteSummary = `DELETE FROM ` + pruned + ` WHERE table_name = ? AND pruned_at < ?`
+	d.ReadVersion = `SELECT version FROM ` + book + ` WHERE table_name = ?`
+	d.WriteVersion = `INSERT INTO ` + book + ` (table_name, version) VALUES (?, ?)
+ON DUPLICATE KEY UPDATE version = GREATEST(version, VALUES(version)), applied_at = ` + mysqlNow
+	d.ReadSettings = `SELECT layout, window_ms, previous_window_ms, TIMESTAMPDIFF(MICROSECOND, changed_at, ` + mysqlNow + `) DIV 1000
+FROM ` + settings + ` WHERE table_name = ?`
+	d.InsertSettings = `INSERT INTO ` + settings + ` (table_name, layout, window_ms) VALUES (?, ?, ?)`
+	d.UpdateWindow = `UPDATE ` + settings + ` s JOIN (SELECT ? AS t, ? AS w, ? AS p) a ON s.table_name = a.t
+SET s.window_ms = a.w, s.previous_window_ms = a.p,
+    s.changed_at = CASE WHEN a.p IS NULL THEN NULL ELSE ` + mysqlNow + ` END`
+	d.RecordHorizon = `INSERT INTO ` + horizons + ` (table_name, consumer, horizon_ms) VALUES (?, ?, ?)
+ON DUPLICATE KEY UPDATE horizon_ms = VALUES(horizon_ms), seen_at = ` + mysqlNow
+	d.Horizons = `SELECT consumer, horizon_ms, seen_at FROM ` + horizons + ` WHERE table_name = ? ORDER BY horizon_ms DESC, consumer`
+	return d
+}
+
+// MySQLClaimed is the second statement of a MySQL claim: the consumer, the
+// claim token, then one key per row → the keys of the batch this
+// transaction inserted.
+func MySQLClaimed(t Table) List {
+	return List{
+		Head:      `SELECT "key" FROM ` + t.Quoted() + ` WHERE consumer = ? AND claim_token = ? AND "key" IN (`,
+		Row:       `?`,
+		RowParams: 1,
+		Tail:      `)`,
+	}
+}
+
+// MySQLExtend glues d's Extend statement for n rows, whose derived table
+// joins its rows by UNION ALL rather than commas.
+func MySQLExtend(d *Dialect, n int) string {
+	var b strings.Builder
+	b.WriteString(d.Extend.Head)
+	for i := range n {
+		if i > 0 {
+			b.WriteString(" UNION ALL ")
+		}
+		b.WriteString(d.Extend.Row)
+	}
+	b.WriteString(d.Extend.Tail)
+	return b.String()
+}
+
+func scanMySQLTime(v any) (time.Time, error) {
+	switch t := v.(type) {
+	case nil:
+		return time.Time{}, nil
+	case time.Time:
+		return t.UTC(), nil
+	case []byte:
+		return parseMySQLTime(string(t))
+	case string:
+		return parseMySQLTime(t)
+	}
+	return time.Time{}, fmt.Errorf("scanning time: unexpected %T", v)
+}
+
+func parseMySQLTime(s string) (time.Time, error) {
+	return time.ParseInLocation("2006-01-02 15:04:05.999999", s, time.UTC)
+}
+
+// mysqlTableExists reports whether d's table exists in the connection's
+// database.
+func (d *Dialect) mysqlTableExists(ctx context.Context, c Conn) (bool, error) {
+	var n int
+	err := c.QueryRow(ctx, `SELECT count(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?`, d.Table.Name).Scan(&n)
+	return n > 0, err
+}
+
+// mysqlReadCatalog reads the basics of d's table: whether it and the
+// bookkeeping tables exist, and its columns with their types.
+func (d *Dialect) mysqlReadCatalog(ctx context.Context, c Conn) (catalog, error) {
+	cat := catalog{columns: map[string]string{}}
+	err := c.QueryRow(ctx, `SELECT COALESCE(SUM(table_name = ?), 0), COALESCE(SUM(table_name = ?), 0)
+FROM information_schema.tables WHERE table_schema = DATABASE()`, migrationsTable, settingsTable).Scan(&cat.versions, &cat.settings)
+	if err != nil {
+		return cat, err
+	}
+	err = c.Query(ctx, `SELECT column_name, column_type FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = ?`,
+		func(r Row) error {
+			var name, typ string
+			if err := r.Scan(&name, &typ); err != nil {
+				return err
+			}
+			cat.columns[name] = strings.ToLower(typ)
+			return nil
+		}, d.Table.Name)
+	if err != nil {
+		return cat, err
+	}
+	if len(cat.columns) > 0 {
+		cat.exists, cat.relkind = true, "r"
+	}
+	return cat, nil
+}

@@ -1,0 +1,149 @@
+package mysqlinbox_test
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/idemkit/idem"
+
+	"github.com/idemkit/idem/inboxtest"
+	"github.com/idemkit/idem/mysqlinbox"
+	"github.com/idemkit/idem/sqlinbox"
+)
+
+// serverDSN is the MariaDB/MySQL server the tests use: IDEM_MYSQL_URL, or
+// root on 127.0.0.1:3306 (scripts/services.sh starts it); "skip" skips.
+func serverDSN(t testing.TB) string {
+	t.Helper()
+	dsn := os.Getenv("IDEM_MYSQL_URL")
+	if dsn == "skip" {
+		t.Skip("IDEM_MYSQL_URL=skip: MySQL tests skipped")
+	}
+	if dsn == "" {
+		dsn = "root@tcp(127.0.0.1:3306)/test"
+	}
+	return dsn
+}
+
+// freshDB opens a database of its own for t (MySQL has no schemas:
+// databases are the namespace), dropped when t ends.
+func freshDB(t testing.TB) *sql.DB {
+	t.Helper()
+	dsn := serverDSN(t)
+	admin, err := mysqlinbox.Open(dsn)
+	if err != nil {
+		t.Fatalf("opening MySQL (set IDEM_MYSQL_URL, or skip): %v", err)
+	}
+	t.Cleanup(func() { _ = admin.Close() })
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	name := "idem_t_" + hex.EncodeToString(b)
+	if _, err := admin.Exec("CREATE DATABASE " + name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = admin.Exec("DROP DATABASE " + name) })
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DBName = name
+	db, err := mysqlinbox.Open(cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+func migrated(t testing.TB, db *sql.DB, cfg *sqlinbox.Config) *sqlinbox.Store {
+	t.Helper()
+	s, err := mysqlinbox.New(db, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func env(t *testing.T) inboxtest.Env[*sql.Tx] {
+	ctx := context.Background()
+	db := freshDB(t)
+	store := migrated(t, db, nil)
+	if _, err := db.ExecContext(ctx, `CREATE TABLE effects (consumer VARBINARY(255), "key" VARBINARY(512), message_id VARBINARY(255))`); err != nil {
+		t.Fatal(err)
+	}
+	return inboxtest.Env[*sql.Tx]{
+		Store: store,
+		Apply: func(ctx context.Context, tx *sql.Tx, consumer, key, id string) error {
+			_, err := tx.ExecContext(ctx, `INSERT INTO effects VALUES (?, ?, ?)`, consumer, key, id)
+			return err
+		},
+		Effects: func(ctx context.Context, consumer, key string) (n int, err error) {
+			err = db.QueryRowContext(ctx, `SELECT count(*) FROM effects WHERE consumer = ? AND (? = '' OR "key" = ?)`, consumer, key, key).Scan(&n)
+			return n, err
+		},
+		Markers: func(ctx context.Context, consumer string) (n int, err error) {
+			err = db.QueryRowContext(ctx, `SELECT count(*) FROM idem_inbox WHERE consumer = ?`, consumer).Scan(&n)
+			return n, err
+		},
+		Begin:    store.Begin,
+		Commit:   func(_ context.Context, tx *sql.Tx) error { return tx.Commit() },
+		Rollback: func(_ context.Context, tx *sql.Tx) error { return tx.Rollback() },
+	}
+}
+
+// TestConformance runs the shared inbox suite on MySQL/MariaDB.
+func TestConformance(t *testing.T) {
+	inboxtest.Run(t, inboxtest.Harness[*sql.Tx]{
+		LockTimeout: true,
+		Open:        env,
+	})
+}
+
+// TestKeysAreBytes: keys that a case- or accent-insensitive collation would
+// take for one another are distinct markers.
+func TestKeysAreBytes(t *testing.T) {
+	ctx := context.Background()
+	db := freshDB(t)
+	s := migrated(t, db, nil)
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	keys := []string{"A", "a", "e", "é", "x ", "x"}
+	claims := make([]idem.Claim, len(keys))
+	for i, k := range keys {
+		claims[i] = idem.Claim{Key: k, MessageID: "m" + k}
+	}
+	got, err := s.Claim(ctx, tx, "c", claims, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ok := range got {
+		if !ok {
+			t.Errorf("key %q was not inserted: a collation matched it to another", keys[i])
+		}
+	}
+	again, err := s.Claim(ctx, tx, "c", claims, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ok := range again {
+		if ok {
+			t.Errorf("key %q inserted twice", keys[i])
+		}
+	}
+	if !strings.Contains(s.Dialect().Name(), "mysql") {
+		t.Errorf("dialect %q", s.Dialect().Name())
+	}
+}

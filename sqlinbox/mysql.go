@@ -1,0 +1,229 @@
+package sqlinbox
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"reflect"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/inboxdb"
+)
+
+// MySQL is the MySQL/MariaDB dialect (InnoDB), for a *sql.DB opened with
+// github.com/go-sql-driver/mysql, best through mysqlinbox.Open (a package of
+// its own, so that other users of sqlinbox do not link the driver): the
+// session needs sql_mode ANSI_QUOTES, parseTime and a UTC loc. Its prune
+// deletes with DELETE ... RETURNING, which MariaDB (10.0 and later) has and
+// MySQL does not: on MySQL the store claims, looks up and extends, but
+// Prune fails.
+var MySQL Dialect = mysqlDialect{}
+
+type mysqlDialect struct{}
+
+func (mysqlDialect) Name() string   { return "mysql" }
+func (mysqlDialect) String() string { return "mysql" }
+
+// maxParams is the protocol's limit on a prepared statement's placeholders.
+func (mysqlDialect) maxParams() int                              { return 65535 }
+func (mysqlDialect) schemas() bool                               { return false }
+func (mysqlDialect) statements(t inboxdb.Table) *inboxdb.Dialect { return inboxdb.MySQL(t) }
+func (mysqlDialect) driver(db *sql.DB) inboxdb.Driver            { return inboxdb.SQL(db, false) }
+
+// setLockTimeout sets innodb_lock_wait_timeout, which MySQL and MariaDB take
+// in whole seconds only: the wait is d rounded up to the next second (at
+// least 1 s). MySQL has no transaction-scoped setting, so the value stays
+// with the session for its later transactions until the next claim with a
+// lock timeout sets it again.
+func (mysqlDialect) setLockTimeout(ctx context.Context, tx *sql.Tx, d time.Duration) error {
+	s := max(int64((d+time.Second-1)/time.Second), 1)
+	_, err := tx.ExecContext(ctx, "SET SESSION innodb_lock_wait_timeout = "+strconv.FormatInt(s, 10))
+	return err
+}
+
+// claimChunk is the MySQL claim (see inboxdb.MySQL): an INSERT ... ON
+// DUPLICATE KEY UPDATE that stamps the rows it inserts with a random token
+// of this claim, then a SELECT of the batch's keys that carry the token.
+// The claims arrive sorted by key (the processor sorts them), so two
+// overlapping batches lock their rows in one order; a deadlock InnoDB still
+// detects (gap locks of inserts into one range) is classified busy and
+// retried, never taken for a duplicate.
+func (mysqlDialect) claimChunk(ctx context.Context, tx *sql.Tx, d *inboxdb.Dialect, consumer string, claims []idem.Claim, inserted []bool) error {
+	token := make([]byte, 16)
+	if _, err := rand.Read(token); err != nil {
+		return fmt.Errorf("making a claim token: %w", err)
+	}
+	args := make([]any, 0, len(claims)*d.Claim.RowParams)
+	for _, c := range claims {
+		var et any
+		if !c.EventTime.IsZero() {
+			et = d.TimeArg(c.EventTime)
+		}
+		args = append(args, []byte(consumer), []byte(c.Key), []byte(c.MessageID), body(c), et, et, token)
+	}
+	if _, err := tx.ExecContext(ctx, d.Claim.Build(len(claims)), args...); err != nil {
+		return fmt.Errorf("inserting inbox markers: %w", err)
+	}
+	sel := inboxdb.MySQLClaimed(d.Table)
+	args = append(args[:0], []byte(consumer), token)
+	for _, c := range claims {
+		args = append(args, []byte(c.Key))
+	}
+	rows, err := tx.QueryContext(ctx, sel.Build(len(claims)), args...)
+	if err != nil {
+		return fmt.Errorf("reading inserted keys: %w", err)
+	}
+	defer rows.Close()
+	fresh := make(map[string]bool, len(claims))
+	for rows.Next() {
+		var k []byte
+		if err := rows.Scan(&k); err != nil {
+			return fmt.Errorf("reading inserted keys: %w", err)
+		}
+		fresh[string(k)] = true
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("reading inserted keys: %w", err)
+	}
+	// A key repeated in the claims was inserted at most once, by its first
+	// occurrence.
+	for i, c := range claims {
+		if fresh[c.Key] {
+			inserted[i] = true
+			delete(fresh, c.Key)
+		}
+	}
+	return nil
+}
+
+// buildExtend glues the Extend statement, whose rows a UNION ALL joins.
+func (mysqlDialect) buildExtend(d *inboxdb.Dialect, n int) string { return inboxdb.MySQLExtend(d, n) }
+
+// MySQL error numbers idem tells apart.
+const (
+	mysqlDupEntry          = 1062
+	mysqlNoSuchTable       = 1146
+	mysqlAccessDenied      = 1045
+	mysqlDBAccessDenied    = 1044
+	mysqlTableAccessDenied = 1142
+	mysqlBadDB             = 1049
+	mysqlLockWaitTimeout   = 1205
+	mysqlDeadlock          = 1213
+	mysqlTooManyConns      = 1040
+	mysqlServerShutdown    = 1053
+	mysqlDataTooLong       = 1406
+	mysqlBadNull           = 1048
+	mysqlTruncated         = 1292
+	mysqlTruncatedWrong    = 1366
+	mysqlNoReferenced      = 1452
+	mysqlRowIsReferenced   = 1451
+	mysqlCheckViolated     = 4025 // MariaDB; MySQL's is 3819
+	mysqlCheckViolatedMy   = 3819
+	mysqlGoneAway          = 2006
+	mysqlLostConnection    = 2013
+)
+
+// mysqlNumber finds a server error's number in err's chain: the driver's
+// *MySQLError, found by its shape (a struct with a Number uint16 field) so
+// that sqlinbox does not link the driver.
+func mysqlNumber(err error) (uint16, bool) {
+	for _, e := range chain(err) {
+		v := reflect.ValueOf(e)
+		if v.Kind() == reflect.Pointer {
+			v = v.Elem()
+		}
+		if v.Kind() != reflect.Struct || v.Type().Name() != "MySQLError" {
+			continue
+		}
+		if f := v.FieldByName("Number"); f.IsValid() && f.Kind() == reflect.Uint16 {
+			return uint16(f.Uint()), true
+		}
+	}
+	return 0, false
+}
+
+// chain is err and every error it wraps, depth first.
+func chain(err error) []error {
+	var out []error
+	var walk func(error)
+	walk = func(e error) {
+		if e == nil {
+			return
+		}
+		out = append(out, e)
+		switch u := e.(type) {
+		case interface{ Unwrap() error }:
+			walk(u.Unwrap())
+		case interface{ Unwrap() []error }:
+			for _, x := range u.Unwrap() {
+				walk(x)
+			}
+		}
+	}
+	walk(err)
+	return out
+}
+
+// mysqlConnectionLost reports whether err says the connection could not be
+// made or broke: the network's errors, driver.ErrBadConn, and the driver's
+// "invalid connection" (its ErrInvalidConn, returned when a connection
+// breaks mid-statement).
+func mysqlConnectionLost(err error) bool {
+	var netErr net.Error
+	if errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, net.ErrClosed) || errors.Is(err, driver.ErrBadConn) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
+		return true
+	}
+	for _, e := range chain(err) {
+		if e.Error() == "invalid connection" {
+			return true
+		}
+	}
+	return false
+}
+
+// commitUnknown: a COMMIT the server answered with an error was rolled
+// back; one that got no answer (the connection broke: 2006, 2013, a network
+// error, an invalid connection) may have committed.
+func (mysqlDialect) commitUnknown(err error) bool {
+	if n, ok := mysqlNumber(err); ok {
+		return n == mysqlGoneAway || n == mysqlLostConnection
+	}
+	return mysqlConnectionLost(err)
+}
+
+// classify: deadlocks (1213) and lock wait timeouts (1205) are contention,
+// busy; a gone or lost server (2006, 2013, network errors), too many
+// connections (1040) or a shutdown (1053) is unavailable; a missing table,
+// database or privilege is a configuration error; data and integrity errors
+// (a duplicate entry, 1062, where one is not expected: a handler's own
+// unique key) fail the same way every time. Everything else is transient.
+func (mysqlDialect) classify(err error) idem.ErrorClass {
+	if n, ok := mysqlNumber(err); ok {
+		switch n {
+		case mysqlDeadlock, mysqlLockWaitTimeout:
+			return idem.ClassBusy
+		case mysqlGoneAway, mysqlLostConnection, mysqlTooManyConns, mysqlServerShutdown:
+			return idem.ClassUnavailable
+		case mysqlNoSuchTable, mysqlBadDB, mysqlAccessDenied, mysqlDBAccessDenied, mysqlTableAccessDenied:
+			return idem.ClassConfig
+		case mysqlDupEntry, mysqlDataTooLong, mysqlBadNull, mysqlTruncated, mysqlTruncatedWrong,
+			mysqlNoReferenced, mysqlRowIsReferenced, mysqlCheckViolated, mysqlCheckViolatedMy:
+			return idem.ClassPermanent
+		}
+		return idem.ClassTransient
+	}
+	if mysqlConnectionLost(err) {
+		return idem.ClassUnavailable
+	}
+	return idem.ClassTransient
+}
