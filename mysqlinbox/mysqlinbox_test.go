@@ -8,12 +8,14 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/idemkit/idem"
 
 	"github.com/idemkit/idem/inboxtest"
+	"github.com/idemkit/idem/internal/netfault"
 	"github.com/idemkit/idem/mysqlinbox"
 	"github.com/idemkit/idem/sqlinbox"
 )
@@ -36,6 +38,14 @@ func serverDSN(t testing.TB) string {
 // databases are the namespace), dropped when t ends.
 func freshDB(t testing.TB) *sql.DB {
 	t.Helper()
+	db, _ := freshDBVia(t, nil)
+	return db
+}
+
+// freshDBVia is freshDB, its connections going through a proxy to the
+// server when via is set.
+func freshDBVia(t testing.TB, via func(target string) string) (*sql.DB, string) {
+	t.Helper()
 	dsn := serverDSN(t)
 	admin, err := mysqlinbox.Open(dsn)
 	if err != nil {
@@ -54,12 +64,18 @@ func freshDB(t testing.TB) *sql.DB {
 		t.Fatal(err)
 	}
 	cfg.DBName = name
+	if via != nil {
+		cfg.Addr = via(cfg.Addr)
+		// The driver's timeout bounds the dial only; a silent server is
+		// bounded by the read and write timeouts.
+		cfg.Timeout, cfg.ReadTimeout, cfg.WriteTimeout = time.Second, time.Second, time.Second
+	}
 	db, err := mysqlinbox.Open(cfg.FormatDSN())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = db.Close() })
-	return db
+	return db, name
 }
 
 func migrated(t testing.TB, db *sql.DB, cfg *sqlinbox.Config) *sqlinbox.Store {
@@ -75,8 +91,13 @@ func migrated(t testing.TB, db *sql.DB, cfg *sqlinbox.Config) *sqlinbox.Store {
 }
 
 func env(t *testing.T) inboxtest.Env[*sql.Tx] {
+	e, _ := envDB(t, nil)
+	return e
+}
+
+func envDB(t *testing.T, via func(string) string) (inboxtest.Env[*sql.Tx], *sql.DB) {
 	ctx := context.Background()
-	db := freshDB(t)
+	db, _ := freshDBVia(t, via)
 	store := migrated(t, db, nil)
 	if _, err := db.ExecContext(ctx, `CREATE TABLE effects (consumer VARBINARY(255), "key" VARBINARY(512), message_id VARBINARY(255))`); err != nil {
 		t.Fatal(err)
@@ -98,7 +119,7 @@ func env(t *testing.T) inboxtest.Env[*sql.Tx] {
 		Begin:    store.Begin,
 		Commit:   func(_ context.Context, tx *sql.Tx) error { return tx.Commit() },
 		Rollback: func(_ context.Context, tx *sql.Tx) error { return tx.Rollback() },
-	}
+	}, db
 }
 
 // TestConformance runs the shared inbox suite on MySQL/MariaDB.
@@ -106,7 +127,38 @@ func TestConformance(t *testing.T) {
 	inboxtest.Run(t, inboxtest.Harness[*sql.Tx]{
 		LockTimeout: true,
 		Open:        env,
+		OpenBehindFault: func(t *testing.T) (inboxtest.Env[*sql.Tx], inboxtest.Fault) {
+			var p *netfault.Proxy
+			e, _ := envDB(t, func(target string) string {
+				p = netfault.New(t, target)
+				return p.Addr()
+			})
+			return e, p
+		},
 	})
+}
+
+// TestRetentionConformance runs the shared retention checks on MySQL.
+func TestRetentionConformance(t *testing.T) {
+	inboxtest.RunRetention(t, inboxtest.RetentionHarness[*sql.Tx]{Open: func(t *testing.T) inboxtest.RetentionEnv[*sql.Tx] {
+		e, db := envDB(t, nil)
+		return inboxtest.RetentionEnv[*sql.Tx]{
+			Env:   e,
+			Store: e.Store.(*sqlinbox.Store),
+			Reopen: func(t *testing.T, window time.Duration) inboxtest.RetentionStore[*sql.Tx] {
+				s, err := mysqlinbox.New(db, &sqlinbox.Config{Window: window})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s
+			},
+			SetTimes: func(ctx context.Context, consumer, key string, processedAt, keepUntil time.Time) error {
+				_, err := db.ExecContext(ctx, `UPDATE idem_inbox SET processed_at = ?, keep_until = ? WHERE consumer = ? AND "key" = ?`,
+					processedAt.UTC(), keepUntil.UTC(), consumer, key)
+				return err
+			},
+		}
+	}})
 }
 
 // TestKeysAreBytes: keys that a case- or accent-insensitive collation would

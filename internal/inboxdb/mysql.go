@@ -2,6 +2,7 @@ package inboxdb
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"strings"
 	"time"
@@ -71,7 +72,7 @@ func MySQL(t Table) *Dialect {
 	// then the consumer.
 	d.Extend = List{
 		Head:      `UPDATE ` + q + ` i JOIN (`,
-		Row:       `SELECT ? AS k, CAST(? AS DATETIME(6)) AS t`,
+		Row:       `SELECT CAST(? AS BINARY) AS k, CAST(? AS DATETIME(6)) AS t`,
 		RowParams: 2,
 		Tail: `) e ON i."key" = e.k SET i.keep_until = LEAST(e.t, ` + mysqlAhead + `)
 WHERE i.consumer = ? AND i.keep_until < LEAST(e.t, ` + mysqlAhead + `)`,
@@ -127,7 +128,7 @@ FROM ` + q
 	d.SummaryTimes = `SELECT pruned_at, source, "keys" FROM ` + pruned + ` WHERE table_name = ? AND consumer = ? ORDER BY pruned_at DESC`
 	d.ReadSummary = `SELECT filter FROM ` + pruned + ` WHERE table_name = ? AND consumer = ? AND pruned_at = ? AND source = ?`
 	d.OpenSummary = `SELECT pruned_at, "keys", filter FROM ` + pruned + ` WHERE table_name = ? AND consumer = ? AND source = '' AND pruned_at >= ? ORDER BY pruned_at DESC LIMIT 1`
-	d.GrowSummary = `UPDATE ` + pruned + ` s JOIN (SELECT ? AS t, ? AS c, CAST(? AS DATETIME(6)) AS p, ? AS k, ? AS f) a
+	d.GrowSummary = `UPDATE ` + pruned + ` s JOIN (SELECT ? AS t, CAST(? AS BINARY) AS c, CAST(? AS DATETIME(6)) AS p, ? AS k, CAST(? AS BINARY) AS f) a
     ON s.table_name = a.t AND s.consumer = a.c AND s.pruned_at = a.p AND s.source = ''
 SET s."keys" = a.k, s.filter = a.f`
 	d.RecentKeys = `SELECT COALESCE(SUM("keys"), 0) FROM ` + pruned + ` WHERE table_name = ? AND consumer = ? AND pruned_at >= ?`
@@ -224,8 +225,49 @@ FROM information_schema.tables WHERE table_schema = DATABASE()`, migrationsTable
 	if err != nil {
 		return cat, err
 	}
-	if len(cat.columns) > 0 {
-		cat.exists, cat.relkind = true, "r"
+	if len(cat.columns) == 0 {
+		return cat, nil
+	}
+	cat.exists, cat.relkind = true, "r"
+	// Every InnoDB index is valid and none is partial; a prefix index
+	// (sub_part) does not enforce uniqueness of the whole column, so it
+	// counts as an expression.
+	byName := map[string]*index{}
+	var order []string
+	err = c.Query(ctx, `SELECT index_name, non_unique, column_name, sub_part IS NOT NULL FROM information_schema.statistics
+WHERE table_schema = DATABASE() AND table_name = ? ORDER BY index_name, seq_in_index`,
+		func(r Row) error {
+			var name string
+			var nonUnique int
+			var col sql.NullString
+			var prefix bool
+			if err := r.Scan(&name, &nonUnique, &col, &prefix); err != nil {
+				return err
+			}
+			ix := byName[name]
+			if ix == nil {
+				ix = &index{name: name, unique: nonUnique == 0, valid: true}
+				byName[name] = ix
+				order = append(order, name)
+			}
+			c := col.String
+			if prefix {
+				c = ""
+			}
+			ix.columns = append(ix.columns, c)
+			return nil
+		}, d.Table.Name)
+	if err != nil {
+		return cat, err
+	}
+	for _, n := range order {
+		cat.indexes = append(cat.indexes, *byName[n])
 	}
 	return cat, nil
 }
+
+// mysqlColumns is the inbox's columns and their types as
+// information_schema.columns writes them.
+var mysqlColumns = [][2]string{{"consumer", "varbinary(1024)"}, {"key", "varbinary(512)"}, {"message_id", "varbinary(1024)"},
+	{"body_sha256", "varbinary(64)"}, {"event_time", "datetime(6)"}, {"processed_at", "datetime(6)"}, {"keep_until", "datetime(6)"},
+	{"claim_token", "varbinary(16)"}}

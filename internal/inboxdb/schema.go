@@ -198,6 +198,9 @@ func (d *Dialect) sqliteReadCatalog(ctx context.Context, c Conn) (catalog, error
 // wantColumns is each dialect's inbox columns and their types, as its
 // catalog writes them.
 func (d *Dialect) wantColumns() [][2]string {
+	if d.Name == "mysql" {
+		return mysqlColumns
+	}
 	if d.Name == "postgres" {
 		ts := "timestamp with time zone"
 		cols := [][2]string{{"consumer", "text"}, {"key", "text"}, {"message_id", "text"}, {"body_sha256", "bytea"},
