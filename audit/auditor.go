@@ -33,7 +33,7 @@ var ErrNotFound = errors.New("not found")
 // with a partial unique index ([Auditor.Guard]) and watches that nothing gets
 // past it ([Auditor.Check]).
 type Auditor struct {
-	db DB
+	db backend
 	p  *plan
 	d  dialect
 }
@@ -46,7 +46,7 @@ func New(db DB, spec Spec) (*Auditor, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Auditor{db: db, p: p, d: postgres{}}, nil
+	return &Auditor{db: pgBackend{db}, p: p, d: postgres{}}, nil
 }
 
 // Spec returns the spec with defaults applied.
@@ -70,11 +70,11 @@ type column struct {
 // the operation reads exists, so that a typo fails with its name rather
 // than with a SQL error. rows is set for the operations that rank rows (id,
 // time and amount); counting needs only the key and the status.
-func (a *Auditor) inspect(ctx context.Context, q querier, rows bool) (*tableInfo, error) {
+func (a *Auditor) inspect(ctx context.Context, q conn, rows bool) (*tableInfo, error) {
 	var ti tableInfo
 	var kind string
-	err := q.QueryRow(ctx, a.d.table(), a.d.quote(a.p.table)).Scan(&ti.oid, &ti.schemaOID, &ti.schema, &ti.name, &kind)
-	if errors.Is(err, pgx.ErrNoRows) {
+	err := q.queryRow(ctx, a.d.table(), a.d.tableArgs(a.p)...).Scan(&ti.oid, &ti.schemaOID, &ti.schema, &ti.name, &kind)
+	if errors.Is(err, errNoRows) {
 		hint := ""
 		if strings.ToLower(a.p.table.String()) != a.p.table.String() {
 			hint = " (names are matched exactly as written: try lower case)"
@@ -87,7 +87,7 @@ func (a *Auditor) inspect(ctx context.Context, q querier, rows bool) (*tableInfo
 	if kind != "r" && kind != "p" {
 		return nil, fmt.Errorf("%s is not a table (relkind %s)", a.p.table, kind)
 	}
-	cr, err := q.Query(ctx, a.d.columns(), ti.oid)
+	cr, err := q.query(ctx, a.d.columns(), a.d.columnsArgs(&ti)...)
 	if err != nil {
 		return nil, fmt.Errorf("listing columns of %s: %w", a.p.table, err)
 	}
@@ -103,6 +103,7 @@ func (a *Auditor) inspect(ctx context.Context, q querier, rows bool) (*tableInfo
 	if err := cr.Err(); err != nil {
 		return nil, fmt.Errorf("listing columns of %s: %w", a.p.table, err)
 	}
+	cr.Close()
 	need := append([]Ident(nil), a.p.key...)
 	if a.p.status != nil {
 		need = append(need, a.p.status)

@@ -80,7 +80,7 @@ type indexInfo struct {
 func (a *Auditor) keyIndexes(ctx context.Context, ti *tableInfo) ([]indexInfo, error) {
 	names := a.p.keyNames()
 	sort.Strings(names)
-	rows, err := a.db.Query(ctx, a.d.uniqueOnKey(), ti.oid, len(names), names)
+	rows, err := a.db.query(ctx, a.d.uniqueOnKey(), a.d.uniqueOnKeyArgs(ti, names)...)
 	if err != nil {
 		return nil, fmt.Errorf("looking for a unique index on %s: %w", a.p.table, err)
 	}

@@ -3,6 +3,7 @@ package audit
 import (
 	"fmt"
 	"strings"
+	"time"
 )
 
 // dialect renders every statement the audit runs for one database engine.
@@ -13,11 +14,11 @@ import (
 // Parameters shared by the row statements: $1 the void value, $2 the paid
 // values (text[]). Each method documents any further ones.
 //
-// MySQL notes for whoever adds it: it has no partial indexes (the guard
-// becomes a unique index on a generated column that is NULL for voided
-// rows), no "IS DISTINCT FROM" (use NOT (a <=> b)), no UPDATE of a table
-// that its own subquery reads (wrap the CTE in a derived table), and casts to
-// CHAR instead of text.
+// The MySQL dialect (dialect_mysql.go) differs where MySQL does: no partial
+// indexes (the guard is a unique index on the key plus a generated column
+// that is NULL for voided rows), no "IS DISTINCT FROM" (NOT (a <=> b)), no
+// RETURNING (void updates the listed ids and compares the count), no
+// arrays (a []string argument binds as an IN list), and casts to CHAR.
 type dialect interface {
 	quote(Ident) string
 	// groups lists duplicate groups, newest first; $3 limits them (NULL: all).
@@ -35,18 +36,43 @@ type dialect interface {
 	check(p *plan) string
 	// addColumns adds the missing audit columns, idempotently.
 	addColumns(p *plan, cols []Ident) string
-	// guardDDL is the unique index on the key over live rows.
+	// guardDDL is the unique index on the key over live rows, as shown to
+	// a reader (one or more statements, separated by ";\n").
 	guardDDL(p *plan, index Ident) string
+	// guardStatements are the statements Guard runs, in order, on one
+	// session, given what the catalog says of the table.
+	guardStatements(p *plan, index Ident, ti *tableInfo) []string
 	dropIndex(p *plan, schema string, index Ident) string
 	setLockTimeout() string
-	// Catalog: $1 the quoted table name.
+	lockTimeoutArg(d time.Duration) any
+	// Catalog: table lists (id, schema id, schema, name, kind "r" or "p"
+	// for a table).
 	table() string
-	// $1 table oid.
+	tableArgs(p *plan) []any
+	// columns lists (name, type, not null).
 	columns() string
-	// $1 schema oid, $2 index name, $3 table oid.
+	columnsArgs(ti *tableInfo) []any
+	// indexByName returns (on the table, unique, valid, definition).
 	indexByName() string
-	// $1 table oid, $2 number of key columns, $3 sorted key column names.
+	indexByNameArgs(ti *tableInfo, index string) []any
+	// uniqueOnKey lists (name, valid, definition) of the unique indexes
+	// on exactly the key; names are sorted.
 	uniqueOnKey() string
+	uniqueOnKeyArgs(ti *tableInfo, names []string) []any
+	// duplicate reports a unique violation and its detail; conflict a
+	// serialization failure, deadlock or lock wait timeout.
+	duplicate(err error) (string, bool)
+	conflict(err error) bool
+	// failedBuildLeavesIndex: a failed guard build leaves an invalid
+	// index behind that must be dropped.
+	failedBuildLeavesIndex() bool
+	// fencesNullStatus: the guard constrains rows whose status is NULL.
+	fencesNullStatus() bool
+	// ddlCommits: DDL commits the open transaction.
+	ddlCommits() bool
+	// voidByID: void takes $7, the ids listed, and returns no rows; the
+	// caller compares the count changed.
+	voidByID() bool
 }
 
 type postgres struct{}
@@ -213,6 +239,28 @@ func (d postgres) dropIndex(p *plan, schema string, index Ident) string {
 }
 
 func (postgres) setLockTimeout() string { return "SELECT set_config('lock_timeout', $1, true)" }
+
+func (postgres) lockTimeoutArg(d time.Duration) any { return fmt.Sprintf("%dms", d.Milliseconds()) }
+
+func (d postgres) guardStatements(p *plan, index Ident, _ *tableInfo) []string {
+	return []string{d.guardDDL(p, index)}
+}
+
+func (d postgres) tableArgs(p *plan) []any          { return []any{d.quote(p.table)} }
+func (postgres) columnsArgs(ti *tableInfo) []any    { return []any{ti.oid} }
+func (postgres) duplicate(err error) (string, bool) { return pgDuplicate(err) }
+func (postgres) conflict(err error) bool            { return pgConflict(err) }
+func (postgres) failedBuildLeavesIndex() bool       { return true }
+func (postgres) fencesNullStatus() bool             { return false }
+func (postgres) ddlCommits() bool                   { return false }
+func (postgres) voidByID() bool                     { return false }
+func (postgres) uniqueOnKeyArgs(ti *tableInfo, names []string) []any {
+	return []any{ti.oid, len(names), names}
+}
+
+func (postgres) indexByNameArgs(ti *tableInfo, index string) []any {
+	return []any{ti.schemaOID, index, ti.oid}
+}
 
 func (postgres) table() string {
 	return `SELECT c.oid, c.relnamespace, n.nspname::text, c.relname::text, c.relkind::text

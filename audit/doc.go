@@ -42,7 +42,9 @@
 //
 // Names of tables, columns and indexes are validated (letters, digits, _ and
 // $, optionally schema.table) and always quoted; values are bind parameters.
-// The package runs on PostgreSQL through pgx; the SQL sits behind a small
-// dialect interface so that a MySQL implementation can follow. The command
-// line is `idem audit duplicates|void|guard|check`.
+// The package runs on PostgreSQL through pgx ([New]) and on MySQL 8 or
+// MariaDB 10.6 through database/sql and github.com/go-sql-driver/mysql
+// ([NewMySQL], which lists what differs there: no partial index, so the
+// guard is a unique index on the key plus a generated column that is NULL
+// for voided rows). The command line is `idem audit duplicates|void|guard|check`.
 package audit

@@ -6,9 +6,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // ErrViolations is returned by [Auditor.Guard] when live rows still share a
@@ -97,9 +94,9 @@ func (a *Auditor) Guard(ctx context.Context, index string) (*GuardResult, error)
 	}
 	var onTable, unique, valid bool
 	var def string
-	err = a.db.QueryRow(ctx, a.d.indexByName(), ti.schemaOID, id.Name(), ti.oid).Scan(&onTable, &unique, &valid, &def)
+	err = a.db.queryRow(ctx, a.d.indexByName(), a.d.indexByNameArgs(ti, id.Name())...).Scan(&onTable, &unique, &valid, &def)
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
+	case errors.Is(err, errNoRows):
 	case err != nil:
 		return nil, fmt.Errorf("looking up index %s: %w", id, err)
 	case !onTable || !unique:
@@ -120,7 +117,7 @@ func (a *Auditor) Guard(ctx context.Context, index string) (*GuardResult, error)
 		res.Elapsed = time.Since(start).Round(time.Millisecond).String()
 		return res, nil
 	default:
-		if _, err := a.db.Exec(ctx, a.d.dropIndex(a.p, ti.schema, id)); err != nil {
+		if _, err := a.db.exec(ctx, a.d.dropIndex(a.p, ti.schema, id)); err != nil {
 			return nil, fmt.Errorf("dropping invalid index %s left by an earlier build: %w", id, err)
 		}
 		res.DroppedInvalid = true
@@ -131,18 +128,27 @@ func (a *Auditor) Guard(ctx context.Context, index string) (*GuardResult, error)
 	if res.Groups > 0 {
 		return res, fmt.Errorf("%w: %d groups, %d extra rows in %s; void them first (idem audit void)", ErrViolations, res.Groups, res.ExtraRows, a.p.table)
 	}
-	if c, ok := ti.cols[nameOf(a.p.status)]; ok && !c.notNull {
+	if c, ok := ti.cols[nameOf(a.p.status)]; ok && !c.notNull && !a.d.fencesNullStatus() {
 		res.Warnings = append(res.Warnings, fmt.Sprintf("column %s is nullable: rows whose status is NULL are outside the index predicate and not fenced; make it NOT NULL", a.p.status))
 	}
-	if _, err := a.db.Exec(ctx, a.d.guardDDL(a.p, id)); err != nil {
+	if err := a.db.session(ctx, func(c conn) error {
+		for _, q := range a.d.guardStatements(a.p, id, ti) {
+			if _, err := c.exec(ctx, q); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
 		buildErr := fmt.Errorf("building index %s: %w", id, err)
-		var pe *pgconn.PgError
-		if errors.As(err, &pe) && pe.Code == "23505" {
-			buildErr = fmt.Errorf("%w: a duplicate was written while the index was being built (%s): %w", ErrViolations, pe.Detail, err)
+		if detail, ok := a.d.duplicate(err); ok {
+			buildErr = fmt.Errorf("%w: a duplicate was written while the index was being built (%s): %w", ErrViolations, detail, err)
+		}
+		if !a.d.failedBuildLeavesIndex() {
+			return res, buildErr
 		}
 		// A failed concurrent build leaves an INVALID index that still slows
 		// writes and blocks the name; remove it.
-		if _, derr := a.db.Exec(context.WithoutCancel(ctx), a.d.dropIndex(a.p, ti.schema, id)); derr != nil {
+		if _, derr := a.db.exec(context.WithoutCancel(ctx), a.d.dropIndex(a.p, ti.schema, id)); derr != nil {
 			return res, errors.Join(buildErr, fmt.Errorf("dropping the invalid index: %w", derr))
 		}
 		return res, buildErr
@@ -152,8 +158,8 @@ func (a *Auditor) Guard(ctx context.Context, index string) (*GuardResult, error)
 	return res, nil
 }
 
-func (a *Auditor) count(ctx context.Context, q querier) (groups, extra int64, err error) {
-	if err := q.QueryRow(ctx, a.d.check(a.p), a.p.spec.VoidValue).Scan(&groups, &extra); err != nil {
+func (a *Auditor) count(ctx context.Context, q conn) (groups, extra int64, err error) {
+	if err := q.queryRow(ctx, a.d.check(a.p), a.p.spec.VoidValue).Scan(&groups, &extra); err != nil {
 		return 0, 0, fmt.Errorf("counting duplicate groups in %s: %w", a.p.table, err)
 	}
 	return groups, extra, nil

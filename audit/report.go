@@ -3,9 +3,8 @@ package audit
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // Group is one business key held by more than one live row.
@@ -125,11 +124,11 @@ type Report struct {
 // reads, in one REPEATABLE READ transaction, so the list and the totals
 // describe the same moment.
 func (a *Auditor) Duplicates(ctx context.Context, limit int) (*Report, error) {
-	tx, err := a.db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	tx, err := a.db.begin(ctx, readOnly)
 	if err != nil {
 		return nil, fmt.Errorf("beginning audit transaction: %w", err)
 	}
-	defer func() { _ = tx.Rollback(ctx) }()
+	defer func() { _ = tx.rollback(context.WithoutCancel(ctx)) }()
 	if _, err := a.inspect(ctx, tx, true); err != nil {
 		return nil, err
 	}
@@ -152,10 +151,10 @@ func (a *Auditor) Duplicates(ctx context.Context, limit int) (*Report, error) {
 
 func (a *Auditor) args() []any { return []any{a.p.spec.VoidValue, a.p.spec.PaidValues} }
 
-func (a *Auditor) summary(ctx context.Context, q querier) (*Summary, error) {
+func (a *Auditor) summary(ctx context.Context, q conn) (*Summary, error) {
 	var s Summary
 	var newest *time.Time
-	err := q.QueryRow(ctx, a.d.summary(a.p), a.args()...).Scan(
+	err := q.queryRow(ctx, a.d.summary(a.p), a.args()...).Scan(
 		&s.Groups, &s.Rows, &s.ExtraRows, &s.Amount, &s.ExtraAmount,
 		&s.PaidRows, &s.PaidExtraRows, &s.PaidExtraAmount, &s.UnpaidExtraAmount, &newest, &s.Activity.Now)
 	if err != nil {
@@ -178,13 +177,12 @@ func (a *Auditor) summary(ctx context.Context, q querier) (*Summary, error) {
 	return &s, nil
 }
 
-func (a *Auditor) groups(ctx context.Context, q querier, limit int) ([]Group, error) {
-	var lim *int64
+func (a *Auditor) groups(ctx context.Context, q conn, limit int) ([]Group, error) {
+	lim := int64(math.MaxInt64)
 	if limit > 0 {
-		l := int64(limit)
-		lim = &l
+		lim = int64(limit)
 	}
-	rows, err := q.Query(ctx, a.d.groups(a.p), append(a.args(), lim)...)
+	rows, err := q.query(ctx, a.d.groups(a.p), append(a.args(), lim)...)
 	if err != nil {
 		return nil, fmt.Errorf("listing duplicate groups in %s: %w", a.p.table, err)
 	}
@@ -221,8 +219,8 @@ type Row struct {
 }
 
 // extraRows lists every extra row, split into unpaid and paid.
-func (a *Auditor) extraRows(ctx context.Context, q querier) (unpaid, paid []Row, err error) {
-	rows, err := q.Query(ctx, a.d.rows(a.p), a.args()...)
+func (a *Auditor) extraRows(ctx context.Context, q conn) (unpaid, paid []Row, err error) {
+	rows, err := q.query(ctx, a.d.rows(a.p), a.args()...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("listing extra rows in %s: %w", a.p.table, err)
 	}

@@ -8,9 +8,6 @@ import (
 	"sort"
 	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // ErrStillBeingCreated is returned by [Auditor.Void] when there is something
@@ -100,17 +97,33 @@ func (a *Auditor) Void(ctx context.Context, opt VoidOptions) (*VoidResult, error
 	if opt.LockTimeout == 0 {
 		opt.LockTimeout = 10 * time.Second
 	}
-	mode := pgx.ReadOnly
-	if opt.Apply {
-		mode = pgx.ReadWrite
+	var added []string
+	if opt.Apply && opt.AddColumns && a.d.ddlCommits() {
+		// DDL would commit the transaction half-way: add the columns
+		// first, on their own. They stay if the void then fails; they are
+		// nullable and a later void uses them.
+		ti, err := a.inspect(ctx, a.db, true)
+		if err != nil {
+			return nil, err
+		}
+		if missing := a.missingAuditColumns(ti); len(missing) > 0 {
+			if _, err := a.db.exec(ctx, a.d.addColumns(a.p, missing)); err != nil {
+				return nil, fmt.Errorf("adding audit columns to %s: %w", a.p.table, err)
+			}
+			added = identNames(missing)
+		}
 	}
-	tx, err := a.db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: mode})
+	mode := readOnly
+	if opt.Apply {
+		mode = readWrite
+	}
+	tx, err := a.db.begin(ctx, mode)
 	if err != nil {
 		return nil, fmt.Errorf("beginning void transaction: %w", err)
 	}
-	defer func() { _ = tx.Rollback(ctx) }()
+	defer func() { _ = tx.rollback(context.WithoutCancel(ctx)) }()
 	if opt.LockTimeout > 0 {
-		if _, err := tx.Exec(ctx, a.d.setLockTimeout(), fmt.Sprintf("%dms", opt.LockTimeout.Milliseconds())); err != nil {
+		if _, err := tx.exec(ctx, a.d.setLockTimeout(), a.d.lockTimeoutArg(opt.LockTimeout)); err != nil {
 			return nil, fmt.Errorf("setting lock timeout: %w", err)
 		}
 	}
@@ -118,7 +131,7 @@ func (a *Auditor) Void(ctx context.Context, opt VoidOptions) (*VoidResult, error
 	if err != nil {
 		return nil, err
 	}
-	res := &VoidResult{Table: a.p.table.String(), KeyColumns: a.p.keyNames(), Forced: opt.Force}
+	res := &VoidResult{Table: a.p.table.String(), KeyColumns: a.p.keyNames(), Forced: opt.Force, AddedColumns: added}
 	if missing := a.missingAuditColumns(ti); len(missing) > 0 {
 		if !opt.AddColumns {
 			return nil, fmt.Errorf("%w: table %s has no column %s",
@@ -126,19 +139,21 @@ func (a *Auditor) Void(ctx context.Context, opt VoidOptions) (*VoidResult, error
 		}
 		res.AddedColumns = identNames(missing)
 		if opt.Apply {
-			if _, err := tx.Exec(ctx, a.d.addColumns(a.p, missing)); err != nil {
+			if _, err := tx.exec(ctx, a.d.addColumns(a.p, missing)); err != nil {
 				return nil, fmt.Errorf("adding audit columns to %s: %w", a.p.table, err)
 			}
 		}
 	}
+	// Reads lock on an engine that voids at SERIALIZABLE: a lock wait or
+	// deadlock there is a concurrent change too.
 	sum, err := a.summary(ctx, tx)
 	if err != nil {
-		return nil, err
+		return nil, a.classifyVoidErr(err)
 	}
 	res.Groups, res.Activity = sum.Groups, sum.Activity
 	unpaid, paid, err := a.extraRows(ctx, tx)
 	if err != nil {
-		return nil, err
+		return nil, a.classifyVoidErr(err)
 	}
 	res.Voided, res.Refund = unpaid, paid
 	if opt.IncludePaid {
@@ -162,28 +177,40 @@ func (a *Auditor) Void(ctx context.Context, opt VoidOptions) (*VoidResult, error
 			return nil, err
 		}
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return nil, classifyVoidErr(fmt.Errorf("committing void: %w", err))
+	if err := tx.commit(ctx); err != nil {
+		return nil, a.classifyVoidErr(fmt.Errorf("committing void: %w", err))
 	}
 	res.Applied = true
 	return res, nil
 }
 
-func (a *Auditor) update(ctx context.Context, tx pgx.Tx, opt VoidOptions, want []Row) error {
-	rows, err := tx.Query(ctx, a.d.void(a.p), a.p.spec.VoidValue, a.p.spec.PaidValues, opt.IncludePaid, opt.Reason, opt.Actor, a.p.spec.VoidValue)
-	if err != nil {
-		return classifyVoidErr(fmt.Errorf("voiding rows in %s: %w", a.p.table, err))
-	}
-	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return classifyVoidErr(fmt.Errorf("voiding rows in %s: %w", a.p.table, err))
-	}
-	// The listed rows and the updated rows come from the same snapshot and
-	// the same ranking, so they must match; if not, write nothing.
+func (a *Auditor) update(ctx context.Context, tx conn, opt VoidOptions, want []Row) error {
 	wantIDs := make([]string, len(want))
 	for i, r := range want {
 		wantIDs[i] = r.ID
 	}
+	if a.d.voidByID() {
+		return a.updateByID(ctx, tx, opt, wantIDs)
+	}
+	rows, err := tx.query(ctx, a.d.void(a.p), a.p.spec.VoidValue, a.p.spec.PaidValues, opt.IncludePaid, opt.Reason, opt.Actor, a.p.spec.VoidValue)
+	if err != nil {
+		return a.classifyVoidErr(fmt.Errorf("voiding rows in %s: %w", a.p.table, err))
+	}
+	var got []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return a.classifyVoidErr(fmt.Errorf("voiding rows in %s: %w", a.p.table, err))
+		}
+		got = append(got, id)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return a.classifyVoidErr(fmt.Errorf("voiding rows in %s: %w", a.p.table, err))
+	}
+	// The listed rows and the updated rows come from the same snapshot and
+	// the same ranking, so they must match; if not, write nothing.
 	sort.Strings(wantIDs)
 	sort.Strings(got)
 	if strings.Join(wantIDs, "\x00") != strings.Join(got, "\x00") {
@@ -192,11 +219,34 @@ func (a *Auditor) update(ctx context.Context, tx pgx.Tx, opt VoidOptions, want [
 	return nil
 }
 
-// classifyVoidErr marks serialization failures (a listed row was changed by
-// another transaction after the snapshot) as ErrConcurrentChange.
-func classifyVoidErr(err error) error {
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) && (pe.Code == "40001" || pe.Code == "40P01") {
+// voidBatch bounds the ids of one UPDATE (MySQL takes at most 65535 bind
+// parameters in a statement).
+const voidBatch = 1000
+
+// updateByID voids the listed rows by id, in batches, for an engine whose
+// UPDATE returns no rows: the transaction already locked what it read, so
+// the count of rows changed must be the count listed.
+func (a *Auditor) updateByID(ctx context.Context, tx conn, opt VoidOptions, ids []string) error {
+	var n int64
+	for start := 0; start < len(ids); start += voidBatch {
+		batch := ids[start:min(start+voidBatch, len(ids))]
+		got, err := tx.exec(ctx, a.d.void(a.p), a.p.spec.VoidValue, a.p.spec.PaidValues, opt.IncludePaid, opt.Reason, opt.Actor, a.p.spec.VoidValue, batch)
+		if err != nil {
+			return a.classifyVoidErr(fmt.Errorf("voiding rows in %s: %w", a.p.table, err))
+		}
+		n += got
+	}
+	if n != int64(len(ids)) {
+		return fmt.Errorf("%w: listed %d rows to void but the update changed %d; nothing was written", ErrConcurrentChange, len(ids), n)
+	}
+	return nil
+}
+
+// classifyVoidErr marks serialization failures, deadlocks and lock waits
+// (a listed row was changed, or is being changed, by another transaction)
+// as ErrConcurrentChange.
+func (a *Auditor) classifyVoidErr(err error) error {
+	if a.d.conflict(err) {
 		return fmt.Errorf("%w; nothing was written, run again: %w", ErrConcurrentChange, err)
 	}
 	return err
