@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Brings up the services the tests need on 127.0.0.1 when they are down:
-# PostgreSQL (5432) and RabbitMQ (5672). Installs a package with apt-get only
+# PostgreSQL (5432), RabbitMQ (5672) and MariaDB (3306). Installs a package with apt-get only
 # when it is absent. Kafka needs no service: tests run an in-process cluster.
 set -euo pipefail
 
@@ -37,6 +37,23 @@ if ! up 5672; then
 	rabbitmq-server -detached
 	rabbitmqctl await_startup >/dev/null 2>&1 || true
 	wait_port 5672
+fi
+
+if ! up 3306; then
+	echo "services: starting MariaDB"
+	command -v mariadbd >/dev/null || [ -x /usr/sbin/mariadbd ] || apt_install mariadb-server
+	install -d -o mysql -g mysql /run/mysqld
+	[ -d /var/lib/mysql/mysql ] || mariadb-install-db --user=mysql --datadir=/var/lib/mysql >/dev/null
+	start-stop-daemon --start --oknodo --background --chuid mysql --exec /usr/sbin/mariadbd
+	wait_port 3306
+fi
+# The tests connect as root over TCP without a password (as PostgreSQL's
+# trust): root on the socket (unix_socket auth) makes sure that user and the
+# test database exist.
+if command -v mariadb >/dev/null; then
+	mariadb -uroot -h127.0.0.1 -e "SELECT 1" >/dev/null 2>&1 ||
+		mariadb -uroot -e "CREATE USER IF NOT EXISTS 'root'@'127.0.0.1' IDENTIFIED BY ''; GRANT ALL ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION"
+	mariadb -uroot -h127.0.0.1 -e "CREATE DATABASE IF NOT EXISTS test"
 fi
 
 # Chromium for the console's browser test (it skips without one).
