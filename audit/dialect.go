@@ -41,7 +41,7 @@ type dialect interface {
 	guardDDL(p *plan, index Ident) string
 	// guardStatements are the statements Guard runs, in order, on one
 	// session, given what the catalog says of the table.
-	guardStatements(p *plan, index Ident, ti *tableInfo) []string
+	guardStatements(p *plan, index Ident, ti *tableInfo) ([]string, error)
 	dropIndex(p *plan, schema string, index Ident) string
 	setLockTimeout() string
 	lockTimeoutArg(d time.Duration) any
@@ -242,8 +242,8 @@ func (postgres) setLockTimeout() string { return "SELECT set_config('lock_timeou
 
 func (postgres) lockTimeoutArg(d time.Duration) any { return fmt.Sprintf("%dms", d.Milliseconds()) }
 
-func (d postgres) guardStatements(p *plan, index Ident, _ *tableInfo) []string {
-	return []string{d.guardDDL(p, index)}
+func (d postgres) guardStatements(p *plan, index Ident, _ *tableInfo) ([]string, error) {
+	return []string{d.guardDDL(p, index)}, nil
 }
 
 func (d postgres) tableArgs(p *plan) []any          { return []any{d.quote(p.table)} }

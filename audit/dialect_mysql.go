@@ -179,12 +179,22 @@ func (d mysqlDialect) guardDDL(p *plan, index Ident) string {
 	return d.liveColumnDDL(p) + ";\n" + d.indexDDL(p, index)
 }
 
-func (d mysqlDialect) guardStatements(p *plan, index Ident, ti *tableInfo) []string {
+// guardStatements adds the live column unless an earlier guard did; one
+// that computes something else (another void value or status column) is
+// refused rather than trusted.
+func (d mysqlDialect) guardStatements(p *plan, index Ident, ti *tableInfo) ([]string, error) {
 	var out []string
-	if _, ok := ti.cols[liveColumn]; p.status != nil && !ok {
-		out = append(out, d.liveColumnDDL(p))
+	if p.status != nil {
+		c, ok := ti.cols[liveColumn]
+		switch {
+		case !ok:
+			out = append(out, d.liveColumnDDL(p))
+		case !strings.Contains(c.typ, "'"+p.spec.VoidValue+"'") || !strings.Contains(c.typ, d.quote(p.status)):
+			return nil, fmt.Errorf("%w: column %s of %s is %s, not the live flag for status %s and void value %s; drop it or rename it",
+				ErrIndexNameTaken, liveColumn, p.table, c.typ, p.status, p.spec.VoidValue)
+		}
 	}
-	return append(out, d.indexDDL(p, index))
+	return append(out, d.indexDDL(p, index)), nil
 }
 
 func (d mysqlDialect) dropIndex(p *plan, _ string, index Ident) string {
@@ -215,7 +225,9 @@ func (mysqlDialect) tableArgs(p *plan) []any {
 }
 
 func (mysqlDialect) columns() string {
-	return `SELECT COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE = 'NO'
+	return `SELECT COLUMN_NAME,
+  CASE WHEN coalesce(GENERATION_EXPRESSION, '') = '' THEN COLUMN_TYPE ELSE concat(COLUMN_TYPE, ' AS (', GENERATION_EXPRESSION, ')') END,
+  IS_NULLABLE = 'NO'
 FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = $1 AND TABLE_NAME = $2 ORDER BY ORDINAL_POSITION`
 }
 

@@ -131,8 +131,12 @@ func (a *Auditor) Guard(ctx context.Context, index string) (*GuardResult, error)
 	if c, ok := ti.cols[nameOf(a.p.status)]; ok && !c.notNull && !a.d.fencesNullStatus() {
 		res.Warnings = append(res.Warnings, fmt.Sprintf("column %s is nullable: rows whose status is NULL are outside the index predicate and not fenced; make it NOT NULL", a.p.status))
 	}
+	stmts, err := a.d.guardStatements(a.p, id, ti)
+	if err != nil {
+		return res, err
+	}
 	if err := a.db.session(ctx, func(c conn) error {
-		for _, q := range a.d.guardStatements(a.p, id, ti) {
+		for _, q := range stmts {
 			if _, err := c.exec(ctx, q); err != nil {
 				return err
 			}

@@ -391,6 +391,14 @@ func TestMySQLGuardNullStatusAndNoStatus(t *testing.T) {
 	if _, err := a.Guard(ctx, "ix_k"); !errors.Is(err, audit.ErrIndexNameTaken) {
 		t.Fatalf("guard on a taken name: %v", err)
 	}
+	// The live column of one void value is not reused for another.
+	if _, err := db.Exec("DELETE FROM t WHERE id = 4"); err != nil {
+		t.Fatal(err)
+	}
+	other := newMySQLAuditor(t, db, audit.Spec{Table: "t", Key: []string{"k"}, VoidValue: "Cancelled"})
+	if _, err := other.Guard(ctx, "ux_t_k_cancelled"); !errors.Is(err, audit.ErrIndexNameTaken) || !strings.Contains(err.Error(), "idem_live") {
+		t.Fatalf("guard with another void value: %v", err)
+	}
 }
 
 func TestMySQLNamesAndSpec(t *testing.T) {
