@@ -1,9 +1,12 @@
 package audit
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 )
 
 // mysqlDialect is MySQL 8 and MariaDB 10.6: backtick-quoted names, ? binds
@@ -268,8 +271,9 @@ func (mysqlDialect) uniqueOnKeyArgs(ti *tableInfo, names []string) []any {
 }
 
 func (mysqlDialect) duplicate(err error) (string, bool) {
-	if mysqlErrNumber(err) == 1062 {
-		return err.Error(), true
+	var me *mysql.MySQLError
+	if errors.As(err, &me) && me.Number == 1062 {
+		return me.Message, true
 	}
 	return "", false
 }

@@ -474,3 +474,80 @@ func TestMySQLVoidWritesNothingWhenARowIsLocked(t *testing.T) {
 		t.Fatalf("pooled innodb_lock_wait_timeout %d (%v): the void's setting leaked", n, err)
 	}
 }
+
+// A duplicate committed by a transaction that was open when the guard
+// started fails the guard with ErrViolations (whether the pre-check or the
+// build sees it) and leaves no index.
+func TestMySQLGuardFailsOnADuplicateWrittenMeanwhile(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := mysqlDB(t)
+	if _, err := db.Exec("CREATE TABLE t (id int PRIMARY KEY, k varchar(10) NOT NULL, status varchar(20) NOT NULL, created_at datetime NOT NULL); INSERT INTO t VALUES (1, 'a', 'Issued', '2026-01-01')"); err != nil {
+		t.Fatal(err)
+	}
+	a := newMySQLAuditor(t, db, audit.Spec{Table: "t", Key: []string{"k"}})
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec("INSERT INTO t VALUES (2, 'a', 'Issued', '2026-01-02')"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		// The guard's DDL waits for this transaction's metadata lock.
+		time.Sleep(500 * time.Millisecond)
+		done <- tx.Commit()
+	}()
+	_, err = a.Guard(ctx, "ux_t_k")
+	if cerr := <-done; cerr != nil {
+		t.Fatal(cerr)
+	}
+	if !errors.Is(err, audit.ErrViolations) {
+		t.Fatalf("guard with a duplicate written meanwhile: %v", err)
+	}
+	t.Logf("guard: %v", err)
+	chk, err := a.Check(ctx)
+	if err != nil || chk.Groups != 1 || chk.GuardIndex != "" {
+		t.Fatalf("check after the failed guard: %+v %v", chk, err)
+	}
+	var n int
+	if err := db.QueryRow("SELECT count(*) FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 't' AND INDEX_NAME = 'ux_t_k'").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("index left behind: %d (%v)", n, err)
+	}
+}
+
+// With parseTime=true the driver sends time.Time; the report reads the
+// same times.
+func TestMySQLParseTime(t *testing.T) {
+	t.Parallel()
+	db := mysqlSeed(t)
+	var name string
+	if err := db.QueryRow("SELECT DATABASE()").Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	dsn := os.Getenv("IDEM_MYSQL_URL")
+	if dsn == "" {
+		dsn = "root@tcp(127.0.0.1:3306)/test"
+	}
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DBName, cfg.ParseTime = name, true
+	pt, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pt.Close()
+	rep, err := newMySQLAuditor(t, pt, spec()).Duplicates(context.Background(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if age := rep.Summary.Activity.Age(); age < 2*time.Minute || age > 3*time.Minute {
+		t.Fatalf("newest duplicate age %v, want about 2m", age)
+	}
+	if c4 := rep.Groups[2]; c4.Latest.Sub(*c4.Earliest) != 600*time.Second {
+		t.Fatalf("c-4 earliest %v latest %v", c4.Earliest, c4.Latest)
+	}
+}
