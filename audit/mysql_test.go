@@ -551,3 +551,38 @@ func TestMySQLParseTime(t *testing.T) {
 		t.Fatalf("c-4 earliest %v latest %v", c4.Earliest, c4.Latest)
 	}
 }
+
+// More extra rows than one UPDATE takes ids: the void runs in batches, in
+// one transaction, and voids them all.
+func TestMySQLVoidManyRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := mysqlDB(t)
+	var b strings.Builder
+	b.WriteString("CREATE TABLE t (id int PRIMARY KEY, k varchar(10) NOT NULL, status varchar(20) NOT NULL, created_at datetime(6) NOT NULL);\nINSERT INTO t VALUES ")
+	const n = 2500
+	for i := 1; i <= n; i++ {
+		if i > 1 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "(%d, 'k-%d', 'Issued', '2026-01-01 00:00:00' + INTERVAL %d SECOND)", i, i%3, i)
+	}
+	if _, err := db.Exec(b.String()); err != nil {
+		t.Fatal(err)
+	}
+	a := newMySQLAuditor(t, db, audit.Spec{Table: "t", Key: []string{"k"}})
+	res, err := a.Void(ctx, audit.VoidOptions{Apply: true, AddColumns: true, Reason: "r", Actor: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Applied || len(res.Voided) != n-3 || res.Groups != 3 {
+		t.Fatalf("voided %d rows in %d groups, want %d in 3", len(res.Voided), res.Groups, n-3)
+	}
+	var live int
+	if err := db.QueryRow("SELECT count(*) FROM t WHERE status = 'Issued'").Scan(&live); err != nil || live != 3 {
+		t.Fatalf("live rows %d (%v), want 3", live, err)
+	}
+	if g, err := a.Guard(ctx, ""); err != nil || !g.Created {
+		t.Fatalf("guard %+v %v", g, err)
+	}
+}
