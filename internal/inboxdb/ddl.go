@@ -85,6 +85,13 @@ func (d *Dialect) Script(window time.Duration, from int) (Script, error) {
 			}
 		}
 	}
+	if d.Name == "mysql" {
+		s.Up = append(s.Up, mysqlScriptTail(d, key, len(ms), window)...)
+		if from == 0 {
+			s.Down = d.down(key)
+		}
+		return s, nil
+	}
 	// The version only grows: a rerun after a newer build migrated the
 	// table must not record the older version.
 	s.Up = append(s.Up,

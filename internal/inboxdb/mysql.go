@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -271,3 +272,18 @@ WHERE table_schema = DATABASE() AND table_name = ? ORDER BY index_name, seq_in_i
 var mysqlColumns = [][2]string{{"consumer", "varbinary(1024)"}, {"key", "varbinary(512)"}, {"message_id", "varbinary(1024)"},
 	{"body_sha256", "varbinary(64)"}, {"event_time", "datetime(6)"}, {"processed_at", "datetime(6)"}, {"keep_until", "datetime(6)"},
 	{"claim_token", "varbinary(16)"}}
+
+// mysqlScriptTail is the end of MySQL's [Dialect.Script]: the schema
+// version, which only grows, and the settings of a table that has none. The
+// script runs with sql_mode ANSI_QUOTES, as the store does; MySQL DDL
+// commits implicitly, and every statement of the script is idempotent.
+func mysqlScriptTail(d *Dialect, key string, version int, window time.Duration) []Block {
+	book, settings := d.Table.Sibling(migrationsTable), d.Table.Sibling(settingsTable)
+	return []Block{
+		{SQL: `INSERT INTO ` + book + ` (table_name, version) VALUES (` + key + `, ` + strconv.Itoa(version) + `)
+ON DUPLICATE KEY UPDATE version = GREATEST(version, VALUES(version))`},
+		{SQL: `INSERT INTO ` + settings + ` (table_name, layout, window_ms) VALUES (` + key + `, ` +
+			sqlString(d.Layout.String()) + `, ` + strconv.FormatInt(window.Milliseconds(), 10) + `)
+ON DUPLICATE KEY UPDATE table_name = table_name`},
+	}
+}
