@@ -240,26 +240,45 @@ func (b mysqlBackend) queryRow(ctx context.Context, q string, args ...any) rowSc
 	return mysqlConn{b.db}.queryRow(ctx, q, args...)
 }
 
-// resetSession restores what the audit sets on a connection before it
-// goes back to the pool.
-const resetSession = "SET SESSION time_zone = DEFAULT, innodb_lock_wait_timeout = DEFAULT, lock_wait_timeout = DEFAULT"
-
-// release resets c and returns it to the pool, or discards it when the
-// reset fails.
-func release(c *sql.Conn) {
-	if _, err := c.ExecContext(context.Background(), resetSession); err != nil {
-		_ = c.Raw(func(any) error { return driver.ErrBadConn })
-	}
-	_ = c.Close()
+// session is a connection of the pool taken for one operation, with the
+// session settings the audit changes as they were (the DSN may have set
+// them: mysqlinbox.Open sets time_zone), to put back before it returns.
+type session struct {
+	c                  *sql.Conn
+	tz                 string
+	lockWait, innoWait int64
 }
 
-func (b mysqlBackend) begin(ctx context.Context, mode txMode) (txConn, error) {
+func (b mysqlBackend) acquire(ctx context.Context) (*session, error) {
 	c, err := b.db.Conn(ctx)
 	if err != nil {
 		return nil, err
 	}
+	s := &session{c: c}
+	if err := c.QueryRowContext(ctx, "SELECT @@session.time_zone, @@session.lock_wait_timeout, @@session.innodb_lock_wait_timeout").Scan(&s.tz, &s.lockWait, &s.innoWait); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// release restores the settings and returns the connection to the pool,
+// or discards it when that fails.
+func (s *session) release() {
+	if _, err := s.c.ExecContext(context.Background(), "SET SESSION time_zone = ?, lock_wait_timeout = ?, innodb_lock_wait_timeout = ?", s.tz, s.lockWait, s.innoWait); err != nil {
+		_ = s.c.Raw(func(any) error { return driver.ErrBadConn })
+	}
+	_ = s.c.Close()
+}
+
+func (b mysqlBackend) begin(ctx context.Context, mode txMode) (txConn, error) {
+	s, err := b.acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c := s.c
 	if _, err := c.ExecContext(ctx, "SET SESSION time_zone = '+00:00'"); err != nil {
-		release(c)
+		s.release()
 		return nil, err
 	}
 	opts := &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true}
@@ -268,28 +287,28 @@ func (b mysqlBackend) begin(ctx context.Context, mode txMode) (txConn, error) {
 	}
 	tx, err := c.BeginTx(ctx, opts)
 	if err != nil {
-		release(c)
+		s.release()
 		return nil, err
 	}
-	return &mysqlTx{mysqlConn: mysqlConn{tx}, tx: tx, c: c}, nil
+	return &mysqlTx{mysqlConn: mysqlConn{tx}, tx: tx, s: s}, nil
 }
 
 func (b mysqlBackend) session(ctx context.Context, f func(conn) error) error {
-	c, err := b.db.Conn(ctx)
+	s, err := b.acquire(ctx)
 	if err != nil {
 		return err
 	}
-	defer release(c)
-	if _, err := c.ExecContext(ctx, "SET SESSION lock_wait_timeout = ?", int(mysqlGuardLockWait/time.Second)); err != nil {
+	defer s.release()
+	if _, err := s.c.ExecContext(ctx, "SET SESSION lock_wait_timeout = ?", int(mysqlGuardLockWait/time.Second)); err != nil {
 		return err
 	}
-	return f(mysqlConn{c})
+	return f(mysqlConn{s.c})
 }
 
 type mysqlTx struct {
 	mysqlConn
 	tx   *sql.Tx
-	c    *sql.Conn
+	s    *session
 	done bool
 }
 
@@ -301,7 +320,7 @@ func (t *mysqlTx) rollback(context.Context) error {
 	}
 	t.done = true
 	err := t.tx.Rollback()
-	release(t.c)
+	t.s.release()
 	if errors.Is(err, sql.ErrTxDone) {
 		return nil
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/idemkit/idem/audit"
+	"github.com/idemkit/idem/mysqlinbox"
 )
 
 // mysqlDB opens a fresh database on the server IDEM_MYSQL_URL names
@@ -584,5 +585,47 @@ func TestMySQLVoidManyRows(t *testing.T) {
 	}
 	if g, err := a.Guard(ctx, ""); err != nil || !g.Created {
 		t.Fatalf("guard %+v %v", g, err)
+	}
+}
+
+// On a database opened for the inbox (mysqlinbox.Open: ANSI_QUOTES,
+// parseTime, time_zone +00:00 from the DSN) the audit works the same and
+// gives its connections back with the DSN's settings.
+func TestMySQLOnAnInboxDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	seeded := mysqlSeed(t)
+	var name string
+	if err := seeded.QueryRow("SELECT DATABASE()").Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	dsn := os.Getenv("IDEM_MYSQL_URL")
+	if dsn == "" {
+		dsn = "root@tcp(127.0.0.1:3306)/test"
+	}
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DBName = name
+	db, err := mysqlinbox.Open(cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1) // every statement below shares the audit's connection
+	a := newMySQLAuditor(t, db, spec())
+	rep, err := a.Duplicates(ctx, 0)
+	if err != nil || rep.Summary.Groups != 6 {
+		t.Fatalf("duplicates %+v %v", rep, err)
+	}
+	res, err := a.Void(ctx, audit.VoidOptions{Apply: true, Force: true, AddColumns: true, Reason: "r", Actor: "a", LockTimeout: 3 * time.Second})
+	if err != nil || len(res.Voided) != 6 {
+		t.Fatalf("void %+v %v", res, err)
+	}
+	var tz string
+	var wait int
+	if err := db.QueryRow("SELECT @@session.time_zone, @@session.innodb_lock_wait_timeout").Scan(&tz, &wait); err != nil || tz != "+00:00" || wait == 3 {
+		t.Fatalf("connection after the audit: time_zone %q innodb_lock_wait_timeout %d (%v), want the DSN's +00:00 and the server's wait", tz, wait, err)
 	}
 }
