@@ -13,6 +13,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/idemkit/idem/idemtest"
+	"github.com/idemkit/idem/mysqlinbox"
 )
 
 // mysqlDB opens a fresh database on the server IDEM_MYSQL_URL names
@@ -212,5 +213,56 @@ func TestMySQLSnapshotNamedTables(t *testing.T) {
 	}
 	if got := s.TableNames(); !slices.Equal(got, []string{"t"}) {
 		t.Errorf("tables of %s: %q", name, got)
+	}
+}
+
+// mysqlInboxDB is mysqlDB reopened as the inbox opens it
+// (mysqlinbox.Open: parseTime, ANSI_QUOTES, time_zone +00:00).
+func mysqlInboxDB(t *testing.T) *sql.DB {
+	t.Helper()
+	plain := mysqlDB(t)
+	var name string
+	if err := plain.QueryRow("SELECT DATABASE()").Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	dsn := os.Getenv("IDEM_MYSQL_URL")
+	if dsn == "" {
+		dsn = "root@tcp(127.0.0.1:3306)/test"
+	}
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DBName = name
+	db, err := mysqlinbox.Open(cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+func TestMySQLDeliverTwice(t *testing.T) {
+	t.Parallel()
+	db := mysqlInboxDB(t)
+	setup := sqlSetup(db, mysqlinbox.Dialect, idemtest.MySQL(db, nil),
+		`CREATE TABLE balances (account varchar(20) PRIMARY KEY, balance bigint NOT NULL, at datetime(6) NOT NULL); INSERT INTO balances VALUES ('acc-1', 0, '2026-01-01 00:00:00')`,
+		`UPDATE balances SET balance = balance + 12500 WHERE account = 'acc-1'`)
+	mustFail(t, func(tb testing.TB) {
+		proc, snap := setup(tb, nil)
+		idemtest.DeliverTwice(tb, proc, sample, snap)
+	}, "ledger-credit is not idempotent", "balances row account=acc-1 changed: balance 12500 → 25000")
+
+	// The store's own tables are left out; parseTime's time.Time reads as
+	// RFC 3339.
+	s, err := idemtest.MySQL(db, nil).Snapshot(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.TableNames(); !slices.Equal(got, []string{"balances"}) {
+		t.Fatalf("tables %q, want the inbox's own left out", got)
+	}
+	if r := s.Table("balances").Row("account=acc-1"); r["at"] != "2026-01-01T00:00:00Z" {
+		t.Errorf("at = %q", r["at"])
 	}
 }
