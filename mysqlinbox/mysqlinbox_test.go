@@ -90,15 +90,26 @@ func migrated(t testing.TB, db *sql.DB, cfg *sqlinbox.Config) *sqlinbox.Store {
 	return s
 }
 
-func env(t *testing.T) inboxtest.Env[*sql.Tx] {
-	e, _ := envDB(t, nil)
-	return e
+// dialects are the two claims, both run on the test server: MySQL's two
+// statements work on MariaDB too.
+var dialects = []sqlinbox.Dialect{sqlinbox.MySQL, sqlinbox.MariaDB}
+
+func migratedAs(t testing.TB, db *sql.DB, d sqlinbox.Dialect, cfg *sqlinbox.Config) *sqlinbox.Store {
+	t.Helper()
+	s, err := sqlinbox.New(db, d, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
-func envDB(t *testing.T, via func(string) string) (inboxtest.Env[*sql.Tx], *sql.DB) {
+func envDB(t *testing.T, d sqlinbox.Dialect, via func(string) string) (inboxtest.Env[*sql.Tx], *sql.DB) {
 	ctx := context.Background()
 	db, _ := freshDBVia(t, via)
-	store := migrated(t, db, nil)
+	store := migratedAs(t, db, d, nil)
 	if _, err := db.ExecContext(ctx, `CREATE TABLE effects (consumer VARBINARY(255), "key" VARBINARY(512), message_id VARBINARY(255))`); err != nil {
 		t.Fatal(err)
 	}
@@ -124,24 +135,28 @@ func envDB(t *testing.T, via func(string) string) (inboxtest.Env[*sql.Tx], *sql.
 
 // TestConformance runs the shared inbox suite on MySQL/MariaDB.
 func TestConformance(t *testing.T) {
-	inboxtest.Run(t, inboxtest.Harness[*sql.Tx]{
-		LockTimeout: true,
-		Open:        env,
-		OpenBehindFault: func(t *testing.T) (inboxtest.Env[*sql.Tx], inboxtest.Fault) {
-			var p *netfault.Proxy
-			e, _ := envDB(t, func(target string) string {
-				p = netfault.New(t, target)
-				return p.Addr()
+	for _, d := range dialects {
+		t.Run(d.Name(), func(t *testing.T) {
+			inboxtest.Run(t, inboxtest.Harness[*sql.Tx]{
+				LockTimeout: true,
+				Open:        func(t *testing.T) inboxtest.Env[*sql.Tx] { e, _ := envDB(t, d, nil); return e },
+				OpenBehindFault: func(t *testing.T) (inboxtest.Env[*sql.Tx], inboxtest.Fault) {
+					var p *netfault.Proxy
+					e, _ := envDB(t, d, func(target string) string {
+						p = netfault.New(t, target)
+						return p.Addr()
+					})
+					return e, p
+				},
 			})
-			return e, p
-		},
-	})
+		})
+	}
 }
 
 // TestRetentionConformance runs the shared retention checks on MySQL.
 func TestRetentionConformance(t *testing.T) {
 	inboxtest.RunRetention(t, inboxtest.RetentionHarness[*sql.Tx]{Open: func(t *testing.T) inboxtest.RetentionEnv[*sql.Tx] {
-		e, db := envDB(t, nil)
+		e, db := envDB(t, sqlinbox.MariaDB, nil)
 		return inboxtest.RetentionEnv[*sql.Tx]{
 			Env:   e,
 			Store: e.Store.(*sqlinbox.Store),
@@ -164,9 +179,15 @@ func TestRetentionConformance(t *testing.T) {
 // TestKeysAreBytes: keys that a case- or accent-insensitive collation would
 // take for one another are distinct markers.
 func TestKeysAreBytes(t *testing.T) {
+	for _, d := range dialects {
+		t.Run(d.Name(), func(t *testing.T) { keysAreBytes(t, d) })
+	}
+}
+
+func keysAreBytes(t *testing.T, d sqlinbox.Dialect) {
 	ctx := context.Background()
 	db := freshDB(t)
-	s := migrated(t, db, nil)
+	s := migratedAs(t, db, d, nil)
 	tx, err := s.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -195,7 +216,22 @@ func TestKeysAreBytes(t *testing.T) {
 			t.Errorf("key %q inserted twice", keys[i])
 		}
 	}
-	if !strings.Contains(s.Dialect().Name(), "mysql") {
-		t.Errorf("dialect %q", s.Dialect().Name())
+}
+
+// TestNewDetectsMariaDB: mysqlinbox.New picks the dialect the server's
+// version names.
+func TestNewDetectsMariaDB(t *testing.T) {
+	db := freshDB(t)
+	s := migrated(t, db, nil)
+	var v string
+	if err := db.QueryRow("SELECT VERSION()").Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	want := sqlinbox.MySQL
+	if strings.Contains(strings.ToLower(v), "mariadb") {
+		want = sqlinbox.MariaDB
+	}
+	if s.Dialect() != want {
+		t.Errorf("server %s: dialect %v, want %v", v, s.Dialect(), want)
 	}
 }

@@ -14,8 +14,10 @@
 package mysqlinbox
 
 import (
+	"context"
 	"database/sql"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -24,14 +26,37 @@ import (
 	"github.com/idemkit/idem/sqlinbox"
 )
 
-// Dialect is the MySQL dialect of package sqlinbox, for a database opened
-// with [Open].
+// Dialect is the MySQL dialect of package sqlinbox, which works on MySQL
+// and MariaDB alike; [New] picks sqlinbox.MariaDB on MariaDB.
 var Dialect = sqlinbox.MySQL
 
-// New returns a sqlinbox store on db, a database opened with [Open]:
-// sqlinbox.New(db, sqlinbox.MySQL, cfg).
+// New returns a sqlinbox store on db, a database opened with [Open], with
+// the dialect [Detect] finds: sqlinbox.New(db, dialect, cfg). Unlike
+// sqlinbox.New it asks the server its version, once.
 func New(db *sql.DB, cfg *sqlinbox.Config) (*sqlinbox.Store, error) {
-	return sqlinbox.New(db, sqlinbox.MySQL, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	d, err := Detect(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	return sqlinbox.New(db, d, cfg)
+}
+
+// Detect returns sqlinbox.MariaDB when the server says it is MariaDB (its
+// VERSION() ends so), sqlinbox.MySQL otherwise.
+func Detect(ctx context.Context, db *sql.DB) (sqlinbox.Dialect, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: mysqlinbox: db is nil", idem.ErrConfig)
+	}
+	var v string
+	if err := db.QueryRowContext(ctx, "SELECT VERSION()").Scan(&v); err != nil {
+		return nil, fmt.Errorf("mysqlinbox: asking the server its version: %w", err)
+	}
+	if strings.Contains(strings.ToLower(v), "mariadb") {
+		return sqlinbox.MariaDB, nil
+	}
+	return sqlinbox.MySQL, nil
 }
 
 // Config returns dsn parsed, with the options the store needs set:

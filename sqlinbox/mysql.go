@@ -1,6 +1,7 @@
 package sqlinbox
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"database/sql"
@@ -18,19 +19,32 @@ import (
 	"github.com/idemkit/idem/internal/inboxdb"
 )
 
-// MySQL is the MySQL/MariaDB dialect (InnoDB), for a *sql.DB opened with
-// github.com/go-sql-driver/mysql, best through mysqlinbox.Open (a package of
-// its own, so that other users of sqlinbox do not link the driver): the
-// session needs sql_mode ANSI_QUOTES, parseTime and a UTC loc. Its prune
-// deletes with DELETE ... RETURNING, which MariaDB (10.0 and later) has and
-// MySQL does not: on MySQL the store claims, looks up and extends, but
-// Prune fails.
+// MySQL is the MySQL dialect (InnoDB), for a *sql.DB opened with
+// github.com/go-sql-driver/mysql, best through mysqlinbox (a package of its
+// own, so that other users of sqlinbox do not link the driver): the session
+// needs sql_mode ANSI_QUOTES, parseTime and a UTC loc. Its claim is two
+// statements per batch (MySQL's INSERT has no RETURNING) after a SET of the
+// session's lock wait timeout. Its prune deletes with DELETE ... RETURNING,
+// which MySQL does not have: on MySQL the store claims, looks up and
+// extends, and Prune fails.
 var MySQL Dialect = mysqlDialect{}
 
-type mysqlDialect struct{}
+// MariaDB is [MySQL] for MariaDB (10.5 and later), which claims in one
+// statement per batch: SET STATEMENT bounds the INSERT's lock wait, and
+// INSERT ... ON DUPLICATE KEY UPDATE ... RETURNING returns every row of the
+// batch with its claim token after the statement, ours only where it
+// inserted. mysqlinbox.New picks it when the server says it is MariaDB.
+var MariaDB Dialect = mysqlDialect{mariadb: true}
 
-func (mysqlDialect) Name() string   { return "mysql" }
-func (mysqlDialect) String() string { return "mysql" }
+type mysqlDialect struct{ mariadb bool }
+
+func (d mysqlDialect) Name() string {
+	if d.mariadb {
+		return "mariadb"
+	}
+	return "mysql"
+}
+func (d mysqlDialect) String() string { return d.Name() }
 
 // maxParams is the protocol's limit on a prepared statement's placeholders.
 func (mysqlDialect) maxParams() int                              { return 65535 }
@@ -38,15 +52,37 @@ func (mysqlDialect) schemas() bool                               { return false 
 func (mysqlDialect) statements(t inboxdb.Table) *inboxdb.Dialect { return inboxdb.MySQL(t) }
 func (mysqlDialect) driver(db *sql.DB) inboxdb.Driver            { return inboxdb.SQL(db, false) }
 
-// setLockTimeout sets innodb_lock_wait_timeout, which MySQL and MariaDB take
-// in whole seconds only: the wait is d rounded up to the next second (at
-// least 1 s). MySQL has no transaction-scoped setting, so the value stays
-// with the session for its later transactions until the next claim with a
-// lock timeout sets it again.
+// lockWaitSeconds is d as innodb_lock_wait_timeout takes it: MySQL and
+// MariaDB accept whole seconds only (a fraction is refused, error 1232), so
+// the wait is d rounded up to the next second, at least 1 s.
+func lockWaitSeconds(d time.Duration) string {
+	return strconv.FormatInt(max(int64((d+time.Second-1)/time.Second), 1), 10)
+}
+
+// setLockTimeout sets innodb_lock_wait_timeout (see lockWaitSeconds).
+// MySQL has no transaction-scoped setting, so the value stays with the
+// session for its later transactions until a claim with a lock timeout sets
+// it again. (MariaDB's claim bounds its own INSERT instead.)
 func (mysqlDialect) setLockTimeout(ctx context.Context, tx *sql.Tx, d time.Duration) error {
-	s := max(int64((d+time.Second-1)/time.Second), 1)
-	_, err := tx.ExecContext(ctx, "SET SESSION innodb_lock_wait_timeout = "+strconv.FormatInt(s, 10))
+	_, err := tx.ExecContext(ctx, "SET SESSION innodb_lock_wait_timeout = "+lockWaitSeconds(d))
 	return err
+}
+
+// claim claims in chunks of the parameter limit.
+func (m mysqlDialect) claim(ctx context.Context, tx *sql.Tx, d *inboxdb.Dialect, consumer string, claims []idem.Claim, lockTimeout time.Duration, inserted []bool) error {
+	if lockTimeout > 0 && !m.mariadb {
+		if err := m.setLockTimeout(ctx, tx, lockTimeout); err != nil {
+			return fmt.Errorf("setting lock timeout: %w", err)
+		}
+	}
+	chunk := m.maxParams() / d.Claim.RowParams
+	for start := 0; start < len(claims); start += chunk {
+		end := min(start+chunk, len(claims))
+		if err := m.claimChunk(ctx, tx, d, consumer, claims[start:end], lockTimeout, inserted[start:end]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // claimChunk is the MySQL claim (see inboxdb.MySQL): an INSERT ... ON
@@ -56,7 +92,7 @@ func (mysqlDialect) setLockTimeout(ctx context.Context, tx *sql.Tx, d time.Durat
 // overlapping batches lock their rows in one order; a deadlock InnoDB still
 // detects (gap locks of inserts into one range) is classified busy and
 // retried, never taken for a duplicate.
-func (mysqlDialect) claimChunk(ctx context.Context, tx *sql.Tx, d *inboxdb.Dialect, consumer string, claims []idem.Claim, inserted []bool) error {
+func (m mysqlDialect) claimChunk(ctx context.Context, tx *sql.Tx, d *inboxdb.Dialect, consumer string, claims []idem.Claim, lockTimeout time.Duration, inserted []bool) error {
 	token := make([]byte, 16)
 	if _, err := rand.Read(token); err != nil {
 		return fmt.Errorf("making a claim token: %w", err)
@@ -69,26 +105,41 @@ func (mysqlDialect) claimChunk(ctx context.Context, tx *sql.Tx, d *inboxdb.Diale
 		}
 		args = append(args, []byte(consumer), []byte(c.Key), []byte(c.MessageID), body(c), et, et, token)
 	}
-	if _, err := tx.ExecContext(ctx, d.Claim.Build(len(claims)), args...); err != nil {
-		return fmt.Errorf("inserting inbox markers: %w", err)
-	}
-	sel := inboxdb.MySQLClaimed(d.Table)
-	args = append(args[:0], []byte(consumer), token)
-	for _, c := range claims {
-		args = append(args, []byte(c.Key))
-	}
-	rows, err := tx.QueryContext(ctx, sel.Build(len(claims)), args...)
-	if err != nil {
-		return fmt.Errorf("reading inserted keys: %w", err)
+	var rows *sql.Rows
+	var err error
+	if m.mariadb {
+		q := d.Claim.Build(len(claims)) + ` RETURNING "key", claim_token`
+		if lockTimeout > 0 {
+			q = "SET STATEMENT innodb_lock_wait_timeout = " + lockWaitSeconds(lockTimeout) + " FOR " + q
+		}
+		rows, err = tx.QueryContext(ctx, q, args...)
+		if err != nil {
+			return fmt.Errorf("inserting inbox markers: %w", err)
+		}
+	} else {
+		if _, err := tx.ExecContext(ctx, d.Claim.Build(len(claims)), args...); err != nil {
+			return fmt.Errorf("inserting inbox markers: %w", err)
+		}
+		sel := inboxdb.MySQLClaimed(d.Table)
+		args = append(args[:0], []byte(consumer), token)
+		for _, c := range claims {
+			args = append(args, []byte(c.Key))
+		}
+		rows, err = tx.QueryContext(ctx, sel.Build(len(claims)), args...)
+		if err != nil {
+			return fmt.Errorf("reading inserted keys: %w", err)
+		}
 	}
 	defer rows.Close()
 	fresh := make(map[string]bool, len(claims))
 	for rows.Next() {
-		var k []byte
-		if err := rows.Scan(&k); err != nil {
+		var k, tok []byte
+		if err := rows.Scan(&k, &tok); err != nil {
 			return fmt.Errorf("reading inserted keys: %w", err)
 		}
-		fresh[string(k)] = true
+		if bytes.Equal(tok, token) {
+			fresh[string(k)] = true
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("reading inserted keys: %w", err)

@@ -225,6 +225,9 @@ func (s *Store) Claim(ctx context.Context, tx *sql.Tx, consumer string, claims [
 	if len(claims) == 0 {
 		return inserted, nil
 	}
+	if m, ok := s.dialect.(mysqlDialect); ok {
+		return inserted, m.claim(ctx, tx, s.sql, consumer, claims, lockTimeout, inserted)
+	}
 	if lockTimeout > 0 {
 		if err := s.dialect.setLockTimeout(ctx, tx, lockTimeout); err != nil {
 			return nil, fmt.Errorf("setting lock timeout: %w", err)
@@ -244,9 +247,6 @@ func (s *Store) Claim(ctx context.Context, tx *sql.Tx, consumer string, claims [
 }
 
 func (s *Store) claimChunk(ctx context.Context, tx *sql.Tx, consumer string, claims []idem.Claim, inserted []bool) error {
-	if m, ok := s.dialect.(mysqlDialect); ok {
-		return m.claimChunk(ctx, tx, s.sql, consumer, claims, inserted)
-	}
 	var args []any
 	if s.sql.Claim.SQL != "" {
 		// PostgreSQL: one statement over arrays.

@@ -88,10 +88,11 @@ WHERE i.consumer = ? AND i.keep_until < LEAST(e.t, ` + mysqlAhead + `)`,
        MIN(keep_until),
        COALESCE(SUM(keep_until < ?), 0)
 FROM ` + q
-	// A named lock, held by the pruning session; named by a hash of the
-	// table, as the name is limited to 64 characters.
-	d.TryLock = `SELECT GET_LOCK(CONCAT('idem.prune.', SHA1(?)), 0) = 1`
-	d.Unlock = `SELECT RELEASE_LOCK(CONCAT('idem.prune.', SHA1(?)))`
+	// A named lock, held by the pruning session. Lock names are the
+	// server's, not a database's: the name is a hash of the database and
+	// the table, as it is limited to 64 characters.
+	d.TryLock = `SELECT GET_LOCK(CONCAT('idem.prune.', SHA1(CONCAT(DATABASE(), '.', ?))), 0) = 1`
+	d.Unlock = `SELECT RELEASE_LOCK(CONCAT('idem.prune.', SHA1(CONCAT(DATABASE(), '.', ?))))`
 
 	text := `VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin`
 	bin := `VARBINARY(1024)`
@@ -154,10 +155,10 @@ ON DUPLICATE KEY UPDATE horizon_ms = VALUES(horizon_ms), seen_at = ` + mysqlNow
 
 // MySQLClaimed is the second statement of a MySQL claim: the consumer, the
 // claim token, then one key per row → the keys of the batch this
-// transaction inserted.
+// transaction inserted, with the token.
 func MySQLClaimed(t Table) List {
 	return List{
-		Head:      `SELECT "key" FROM ` + t.Quoted() + ` WHERE consumer = ? AND claim_token = ? AND "key" IN (`,
+		Head:      `SELECT "key", claim_token FROM ` + t.Quoted() + ` WHERE consumer = ? AND claim_token = ? AND "key" IN (`,
 		Row:       `?`,
 		RowParams: 1,
 		Tail:      `)`,
