@@ -312,3 +312,32 @@ func splitScript(script string) []string {
 	}
 	return out
 }
+
+// TestConcurrentMigrate: migrators starting together on a new database all
+// succeed (MySQL DDL commits implicitly, so they are not serialized: every
+// statement is idempotent) and leave one table at the newest version.
+func TestConcurrentMigrate(t *testing.T) {
+	db := freshDB(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for range 4 {
+		wg.Go(func() {
+			s, err := mysqlinbox.New(db, nil)
+			if err == nil {
+				err = s.Migrate(context.Background())
+			}
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("concurrent migrate: %v", err)
+		}
+	}
+	s := migrated(t, db, nil)
+	if probs, err := s.Check(context.Background()); err != nil || len(probs) != 0 {
+		t.Errorf("Check after concurrent migrations: %v %v", probs, err)
+	}
+}

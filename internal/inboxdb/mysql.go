@@ -143,7 +143,11 @@ SET s."keys" = a.k, s.filter = a.f`
 ON DUPLICATE KEY UPDATE version = GREATEST(version, VALUES(version)), applied_at = ` + mysqlNow
 	d.ReadSettings = `SELECT layout, window_ms, previous_window_ms, TIMESTAMPDIFF(MICROSECOND, changed_at, ` + mysqlNow + `) DIV 1000
 FROM ` + settings + ` WHERE table_name = ?`
-	d.InsertSettings = `INSERT INTO ` + settings + ` (table_name, layout, window_ms) VALUES (?, ?, ?)`
+	// Migrators are not serialized on MySQL (its DDL commits implicitly,
+	// ending any lock a transaction held): the first to record settings
+	// wins, and one racing it keeps the recorded ones.
+	d.InsertSettings = `INSERT INTO ` + settings + ` (table_name, layout, window_ms) VALUES (?, ?, ?)
+ON DUPLICATE KEY UPDATE table_name = table_name`
 	d.UpdateWindow = `UPDATE ` + settings + ` s JOIN (SELECT ? AS t, ? AS w, ? AS p) a ON s.table_name = a.t
 SET s.window_ms = a.w, s.previous_window_ms = a.p,
     s.changed_at = CASE WHEN a.p IS NULL THEN NULL ELSE ` + mysqlNow + ` END`
