@@ -5,8 +5,8 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 .PHONY: test services bench bench-peers bench-growth lint demo
 
-# Runs every test with the race detector, after bringing up PostgreSQL and
-# RabbitMQ on 127.0.0.1 if they are down.
+# Runs every test with the race detector, after bringing up PostgreSQL,
+# RabbitMQ and MariaDB on 127.0.0.1 if they are down.
 test: services lint
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 	cd idemotel && $(GO) test -race -count=1 -timeout 15m ./...
