@@ -2,9 +2,7 @@ package audit_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -16,42 +14,15 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/idemkit/idem/audit"
+	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/mysqlinbox"
 )
 
 // mysqlDB opens a fresh database on the server IDEM_MYSQL_URL names
-// (default root@tcp(127.0.0.1:3306)/test), dropped when t ends.
+// (mysqltest), dropped when t ends.
 func mysqlDB(t *testing.T) *sql.DB {
 	t.Helper()
-	dsn := os.Getenv("IDEM_MYSQL_URL")
-	if dsn == "skip" {
-		t.Skip("IDEM_MYSQL_URL=skip: MySQL audit tests skipped")
-	}
-	if dsn == "" {
-		dsn = "root@tcp(127.0.0.1:3306)/test"
-	}
-	cfg, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		t.Fatalf("IDEM_MYSQL_URL: %v", err)
-	}
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	name := "idem_audit_" + hex.EncodeToString(b[:])
-	admin, err := sql.Open("mysql", cfg.FormatDSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	if _, err := admin.Exec("CREATE DATABASE " + name); err != nil {
-		t.Fatalf("creating database %s (set IDEM_MYSQL_URL, or IDEM_MYSQL_URL=skip): %v", name, err)
-	}
-	t.Cleanup(func() {
-		if a, err := sql.Open("mysql", cfg.FormatDSN()); err == nil {
-			_, _ = a.Exec("DROP DATABASE " + name)
-			_ = a.Close()
-		}
-	})
-	cfg.DBName = name
+	cfg := mysqltest.Database(t, "idem_audit_")
 	cfg.MultiStatements = true
 	db, err := sql.Open("mysql", cfg.FormatDSN())
 	if err != nil {

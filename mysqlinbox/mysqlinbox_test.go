@@ -2,37 +2,19 @@ package mysqlinbox_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-
 	"github.com/idemkit/idem"
 
 	"github.com/idemkit/idem/inboxtest"
+	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/netfault"
 	"github.com/idemkit/idem/mysqlinbox"
 	"github.com/idemkit/idem/sqlinbox"
 )
-
-// serverDSN is the MariaDB/MySQL server the tests use: IDEM_MYSQL_URL, or
-// root on 127.0.0.1:3306 (scripts/services.sh starts it); "skip" skips.
-func serverDSN(t testing.TB) string {
-	t.Helper()
-	dsn := os.Getenv("IDEM_MYSQL_URL")
-	if dsn == "skip" {
-		t.Skip("IDEM_MYSQL_URL=skip: MySQL tests skipped")
-	}
-	if dsn == "" {
-		dsn = "root@tcp(127.0.0.1:3306)/test"
-	}
-	return dsn
-}
 
 // freshDB opens a database of its own for t (MySQL has no schemas:
 // databases are the namespace), dropped when t ends.
@@ -46,24 +28,7 @@ func freshDB(t testing.TB) *sql.DB {
 // server when via is set.
 func freshDBVia(t testing.TB, via func(target string) string) (*sql.DB, string) {
 	t.Helper()
-	dsn := serverDSN(t)
-	admin, err := mysqlinbox.Open(dsn)
-	if err != nil {
-		t.Fatalf("opening MySQL (set IDEM_MYSQL_URL, or skip): %v", err)
-	}
-	t.Cleanup(func() { _ = admin.Close() })
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	name := "idem_t_" + hex.EncodeToString(b)
-	if _, err := admin.Exec("CREATE DATABASE " + name); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = admin.Exec("DROP DATABASE " + name) })
-	cfg, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.DBName = name
+	cfg := mysqltest.Database(t, "idem_t_")
 	if via != nil {
 		cfg.Addr = via(cfg.Addr)
 		// The driver's timeout bounds the dial only; a silent server is
@@ -75,7 +40,7 @@ func freshDBVia(t testing.TB, via func(target string) string) (*sql.DB, string) 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = db.Close() })
-	return db, name
+	return db, cfg.DBName
 }
 
 func migrated(t testing.TB, db *sql.DB, cfg *sqlinbox.Config) *sqlinbox.Store {
