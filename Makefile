@@ -3,7 +3,7 @@ PKGS ?= ./...
 # staticcheck at a pinned version, fetched and built by go run on first use.
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: test services bench bench-peers bench-growth lint demo
+.PHONY: test services bench bench-peers bench-growth lint demo cluster-faults
 
 # Runs every test with the race detector, after bringing up PostgreSQL,
 # RabbitMQ and MariaDB on 127.0.0.1 if they are down.
@@ -49,3 +49,11 @@ bench-growth: services
 
 demo:
 	$(GO) run ./cmd/idem demo
+
+# Faults of real clusters (not part of make test, which runs their smoke
+# cases): a 3-node RabbitMQ cluster, a PostgreSQL primary with a streaming
+# replica (asynchronous and synchronous), a 3-broker Kafka (kfake). Brings
+# the clusters up on 127.0.0.1 and tears them down; writes the figures to
+# docs/bench/cluster.json and prints them. See README, "Running on clusters".
+cluster-faults: services
+	IDEM_CLUSTER=1 IDEM_CLUSTER_REPORT=$(CURDIR)/docs/bench/cluster.json $(GO) test -race -count=1 -timeout 45m -v -run . ./internal/clusterfault/
