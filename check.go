@@ -36,6 +36,7 @@ func (p *Processor[TTx]) Check(ctx context.Context) error {
 	if err := p.ready(ctx, true); err != nil {
 		return p.notReady(err)
 	}
+	p.checkDurability(ctx)
 	if p.cfg.Natural {
 		return nil
 	}
@@ -121,4 +122,27 @@ func (p *Processor[TTx]) partitioned() bool { return p.partitionTime != nil }
 // window refuses): not the message's fault, so adapters hold it.
 func notReadyResult(msg Message, err error) Result {
 	return Result{Outcome: Retry, MessageID: msg.ID, Err: err, Blameless: true}
+}
+
+// checkDurability logs, once at start, every way the store's database
+// could lose a commit it acknowledged (see [DurabilityChecker]). It never
+// stops the consumer: a role that cannot read the settings is logged.
+func (p *Processor[TTx]) checkDurability(ctx context.Context) {
+	dc, ok := p.store.(DurabilityChecker)
+	if !ok {
+		return
+	}
+	if p.cfg.TxTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, p.cfg.TxTimeout)
+		defer cancel()
+	}
+	d, err := dc.Durability(ctx)
+	if err != nil {
+		p.cfg.Logger.Info("could not read the database's commit and replication settings", "consumer", p.cfg.Consumer, "error", err)
+		return
+	}
+	for _, r := range d.Risks {
+		p.cfg.Logger.Warn("acknowledged effects could be lost", "consumer", p.cfg.Consumer, "risk", r.What, "fix", r.Fix, "settings", d.Summary())
+	}
 }
