@@ -7,6 +7,13 @@
 //	...
 //	store, err := mysqlinbox.New(db, &sqlinbox.Config{})
 //
+// [Open] (through [Config]) fixes the session options the store relies on
+// (parseTime with UTC, server-side parameters, ANSI_QUOTES, a UTC
+// time_zone, rejectReadOnly) and, where the DSN does not set them, bounds
+// dialing, reading and writing ([DefaultDialTimeout], [DefaultReadTimeout],
+// [DefaultWriteTimeout]): a server that stops answering fails a claim as
+// unavailable instead of hanging it.
+//
 // Only the plain layout exists on MySQL: a partitioned table there needs
 // the partition key in every unique key, which the inbox's primary key
 // (consumer, key) cannot carry without losing its meaning, and dropping a
@@ -59,11 +66,39 @@ func Detect(ctx context.Context, db *sql.DB) (sqlinbox.Dialect, error) {
 	return sqlinbox.MySQL, nil
 }
 
+// Timeouts [Config] sets when the DSN does not set its own (timeout,
+// readTimeout, writeTimeout; 0 given in the DSN means no limit and is kept).
+// The driver has none by default, so a server that stops answering (a
+// frozen host, a dropped route without a reset) would hold a claim, a
+// prune or a Kafka rebalance on a read that never returns; with them the
+// statement fails with a connection error, which the store classifies
+// unavailable: held and retried, never dead-lettered.
+const (
+	// DefaultDialTimeout bounds establishing a connection.
+	DefaultDialTimeout = 10 * time.Second
+	// DefaultReadTimeout bounds each wait for the server's answer: longer
+	// than idem's default lock timeout (5 s, the longest a claim waits on
+	// a concurrent holder) and as long as its default transaction timeout.
+	// A statement that takes longer (an index build, a prune batch of a
+	// very large size) needs a larger readTimeout in the DSN.
+	DefaultReadTimeout = 30 * time.Second
+	// DefaultWriteTimeout bounds each write to the server.
+	DefaultWriteTimeout = 30 * time.Second
+)
+
 // Config returns dsn parsed, with the options the store needs set:
 //
 //   - parseTime and loc UTC: DATETIME columns scan as UTC time.Time.
 //   - interpolateParams false: arguments travel as prepared-statement
-//     parameters, never spliced into the SQL text.
+//     parameters, never spliced into the SQL text. Keys and message IDs
+//     are bytes bound to VARBINARY columns; as parameters they need no
+//     escaping, whatever the connection's character set or sql_mode (such
+//     as NO_BACKSLASH_ESCAPES), and a batch claim's statement text is the
+//     same for every batch of its size, which the server parses once per
+//     connection.
+//   - timeout, readTimeout and writeTimeout: [DefaultDialTimeout],
+//     [DefaultReadTimeout] and [DefaultWriteTimeout] unless the DSN names
+//     them.
 //   - sql_mode with ANSI_QUOTES added to the server's: idem's statements
 //     quote identifiers with double quotes, as on PostgreSQL and SQLite.
 //   - time_zone '+00:00': the server's NOW() agrees with the UTC the store
@@ -75,6 +110,16 @@ func Config(dsn string) (*mysql.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: mysqlinbox: %w", idem.ErrConfig, err)
 	}
+	given := dsnParams(dsn)
+	if !given["timeout"] {
+		cfg.Timeout = DefaultDialTimeout
+	}
+	if !given["readTimeout"] {
+		cfg.ReadTimeout = DefaultReadTimeout
+	}
+	if !given["writeTimeout"] {
+		cfg.WriteTimeout = DefaultWriteTimeout
+	}
 	cfg.ParseTime = true
 	cfg.Loc = time.UTC
 	cfg.InterpolateParams = false
@@ -85,6 +130,25 @@ func Config(dsn string) (*mysql.Config, error) {
 	cfg.Params["sql_mode"] = "CONCAT(@@sql_mode, ',ANSI_QUOTES')"
 	cfg.Params["time_zone"] = "'+00:00'"
 	return cfg, nil
+}
+
+// dsnParams is the set of parameters dsn names, as the driver reads them:
+// after the "?" that follows the last "/" (a password may hold either).
+func dsnParams(dsn string) map[string]bool {
+	out := map[string]bool{}
+	slash := strings.LastIndex(dsn, "/")
+	if slash < 0 {
+		return out
+	}
+	_, query, ok := strings.Cut(dsn[slash:], "?")
+	if !ok {
+		return out
+	}
+	for _, kv := range strings.Split(query, "&") {
+		k, _, _ := strings.Cut(kv, "=")
+		out[k] = true
+	}
+	return out
 }
 
 // Open opens the database at dsn (the driver's format,

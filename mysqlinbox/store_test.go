@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/netfault"
 	"github.com/idemkit/idem/mysqlinbox"
 	"github.com/idemkit/idem/retention"
@@ -239,9 +240,20 @@ func TestDDLMatchesMigrate(t *testing.T) {
 // TestPruneAndStats: the prune deletes expired markers in batches and the
 // stats and per-consumer stats read the table.
 func TestPruneAndStats(t *testing.T) {
+	for _, d := range dialects {
+		t.Run(d.Name(), func(t *testing.T) { testPruneAndStats(t, d) })
+	}
+}
+
+// testPruneAndStats prunes 20 of 25 markers in batches of 7 with dialect
+// d, on the test server: the MySQL dialect's batch (SELECT ... FOR UPDATE,
+// then DELETE of the keys it locked; MySQL has no DELETE ... RETURNING)
+// runs here on MariaDB, which accepts MySQL's syntax. The keys it deleted
+// are summarised, and the others are not.
+func testPruneAndStats(t *testing.T, d sqlinbox.Dialect) {
 	ctx := context.Background()
 	db := freshDB(t)
-	s := migrated(t, db, nil)
+	s := migratedAs(t, db, d, nil)
 	tx, err := s.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -278,12 +290,27 @@ func TestPruneAndStats(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Markers != 20 || res.Batches < 3 {
-		t.Errorf("prune: %+v, want 20 markers in at least 3 batches", res)
+	if res.Markers != 20 || res.Batches != 3 {
+		t.Errorf("prune: %+v, want 20 markers in 3 batches", res)
 	}
 	var n int
+	if err := db.QueryRow(`SELECT count(*) FROM idem_inbox WHERE "key" >= 'u'`).Scan(&n); err != nil || n != 5 {
+		t.Errorf("after the prune: %d live markers (%v), want the 5 inside the window", n, err)
+	}
 	if err := db.QueryRow(`SELECT count(*) FROM idem_inbox`).Scan(&n); err != nil || n != 5 {
 		t.Errorf("after the prune: %d markers (%v), want 5", n, err)
+	}
+	sums, err := s.PrunedSummaries(ctx, "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sums) != 1 {
+		t.Fatalf("%d summaries after the prune, want one", len(sums))
+	}
+	for _, k := range keys[:20] {
+		if !sums[0].Has(k) {
+			t.Errorf("the summary lacks pruned key %s", k)
+		}
 	}
 }
 
@@ -314,30 +341,141 @@ func splitScript(script string) []string {
 }
 
 // TestConcurrentMigrate: migrators starting together on a new database all
-// succeed (MySQL DDL commits implicitly, so they are not serialized: every
-// statement is idempotent) and leave one table at the newest version.
+// succeed and leave one table at the newest version, with either dialect.
 func TestConcurrentMigrate(t *testing.T) {
-	db := freshDB(t)
-	var wg sync.WaitGroup
-	errs := make(chan error, 4)
-	for range 4 {
-		wg.Go(func() {
-			s, err := mysqlinbox.New(db, nil)
-			if err == nil {
-				err = s.Migrate(context.Background())
+	for _, d := range dialects {
+		t.Run(d.Name(), func(t *testing.T) {
+			db := freshDB(t)
+			var wg sync.WaitGroup
+			errs := make(chan error, 6)
+			for range 6 {
+				wg.Go(func() {
+					s, err := sqlinbox.New(db, d, nil)
+					if err == nil {
+						err = s.Migrate(context.Background())
+					}
+					errs <- err
+				})
 			}
-			errs <- err
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				if err != nil {
+					t.Errorf("concurrent migrate: %v", err)
+				}
+			}
+			s := migratedAs(t, db, d, nil)
+			if probs, err := s.Check(context.Background()); err != nil || len(probs) != 0 {
+				t.Errorf("Check after concurrent migrations: %v %v", probs, err)
+			}
+			var versions, settings int
+			if err := db.QueryRow(`SELECT (SELECT count(*) FROM idem_migrations), (SELECT count(*) FROM idem_inbox_settings)`).Scan(&versions, &settings); err != nil {
+				t.Fatal(err)
+			}
+			if versions != 1 || settings != 1 {
+				t.Errorf("%d version rows and %d settings rows, want one each", versions, settings)
+			}
 		})
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Errorf("concurrent migrate: %v", err)
-		}
+}
+
+// TestMigrateWaitsForTheLock: a migrator waits while another session holds
+// the database's migration lock (GET_LOCK, which outlives the implicit
+// commits of DDL), gives up when its context ends, and migrates once the
+// lock is released.
+func TestMigrateWaitsForTheLock(t *testing.T) {
+	ctx := context.Background()
+	db := freshDB(t)
+	holder, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer holder.Close()
+	var got int
+	if err := holder.QueryRowContext(ctx, `SELECT GET_LOCK(CONCAT('idem.migrate.', SHA1(DATABASE())), 0)`).Scan(&got); err != nil || got != 1 {
+		t.Fatalf("taking the lock: %d %v", got, err)
+	}
+	s, err := sqlinbox.New(db, sqlinbox.MySQL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+	err = s.Migrate(short)
+	cancel()
+	if err == nil || !strings.Contains(err.Error(), "migration lock") {
+		t.Fatalf("Migrate while another session holds the lock: %v, want a wait for the migration lock", err)
+	}
+	var tables int
+	if err := db.QueryRow(`SELECT count(*) FROM information_schema.tables WHERE table_schema = DATABASE()`).Scan(&tables); err != nil || tables != 0 {
+		t.Errorf("%d tables (%v) after a migrator that did not get the lock, want none", tables, err)
+	}
+	if _, err := holder.ExecContext(ctx, `DO RELEASE_LOCK(CONCAT('idem.migrate.', SHA1(DATABASE())))`); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate after the lock was released: %v", err)
+	}
+}
+
+// TestConfigTimeouts: the dial, read and write timeouts are set when the
+// DSN does not name them, and a DSN's own, 0 (no limit) included, is kept.
+func TestConfigTimeouts(t *testing.T) {
+	cfg, err := mysqlinbox.Config("root@tcp(127.0.0.1:3306)/test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Timeout != mysqlinbox.DefaultDialTimeout || cfg.ReadTimeout != mysqlinbox.DefaultReadTimeout || cfg.WriteTimeout != mysqlinbox.DefaultWriteTimeout {
+		t.Errorf("without timeouts in the DSN: timeout %v, read %v, write %v; want the defaults", cfg.Timeout, cfg.ReadTimeout, cfg.WriteTimeout)
+	}
+	if !cfg.ParseTime || cfg.InterpolateParams {
+		t.Errorf("parseTime %v, interpolateParams %v: want true, false", cfg.ParseTime, cfg.InterpolateParams)
+	}
+	cfg, err = mysqlinbox.Config("u:p?/x@tcp(127.0.0.1:3306)/test?readTimeout=0&timeout=2s&parseTime=false")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Timeout != 2*time.Second || cfg.ReadTimeout != 0 || cfg.WriteTimeout != mysqlinbox.DefaultWriteTimeout || !cfg.ParseTime {
+		t.Errorf("with timeouts in the DSN: timeout %v, read %v, write %v, parseTime %v; want 2s, 0, the default, true", cfg.Timeout, cfg.ReadTimeout, cfg.WriteTimeout, cfg.ParseTime)
+	}
+}
+
+// TestFrozenServerFailsClaimUnavailable: a server that stops answering in
+// the middle of a transaction (a proxy that goes silent without cutting
+// anything) makes the claim fail with a connection error that the store
+// classifies unavailable, from the read timeout, rather than hang. The
+// context has no deadline: only the driver's timeout can end the wait.
+func TestFrozenServerFailsClaimUnavailable(t *testing.T) {
+	var p *netfault.Proxy
+	cfg := mysqltest.Database(t, "idem_t_")
+	p = netfault.New(t, cfg.Addr)
+	cfg.Addr = p.Addr()
+	// The DSN's own readTimeout, short for the test; TestConfigTimeouts
+	// pins the default a DSN without one gets.
+	dsn := cfg.FormatDSN()
+	if strings.Contains(dsn, "?") {
+		dsn += "&"
+	} else {
+		dsn += "?"
+	}
+	db, err := mysqlinbox.Open(dsn + "readTimeout=2s&writeTimeout=2s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
 	s := migrated(t, db, nil)
-	if probs, err := s.Check(context.Background()); err != nil || len(probs) != 0 {
-		t.Errorf("Check after concurrent migrations: %v %v", probs, err)
+	ctx := context.Background()
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
+	p.Freeze()
+	defer p.Restore()
+	_, err = claim(t, s, tx, time.Second, "k")
+	if err == nil {
+		t.Fatal("a claim on a frozen server succeeded")
+	}
+	if c := s.Classify(err); c != idem.ClassUnavailable {
+		t.Errorf("claim on a frozen server: %v, classified %v, want unavailable", err, c)
+	}
+	_ = tx.Rollback()
 }

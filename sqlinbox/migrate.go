@@ -10,8 +10,11 @@ import (
 // Migrate creates or upgrades the inbox table to the latest schema version
 // and records its settings (layout and window) beside it. All pending
 // migrations apply in one transaction, so a failure leaves the previous
-// version intact. Concurrent migrators are serialized (an advisory lock on
-// PostgreSQL, BEGIN IMMEDIATE on SQLite); running Migrate again is a no-op.
+// version intact (on PostgreSQL and SQLite; MySQL's DDL commits implicitly,
+// so each of its migrations is idempotent instead). Concurrent migrators are
+// serialized (an advisory lock on PostgreSQL, BEGIN IMMEDIATE on SQLite, a
+// named lock held by the migrating session on MySQL and MariaDB); running
+// Migrate again is a no-op.
 // On PostgreSQL the table, the migrations and the bookkeeping are those of
 // package pgxinbox's plain layout (package internal/inboxdb writes both).
 //

@@ -24,16 +24,20 @@ import (
 // own, so that other users of sqlinbox do not link the driver): the session
 // needs sql_mode ANSI_QUOTES, parseTime and a UTC loc. Its claim is two
 // statements per batch (MySQL's INSERT has no RETURNING) after a SET of the
-// session's lock wait timeout. Its prune deletes with DELETE ... RETURNING,
-// which MySQL does not have: on MySQL the store claims, looks up and
-// extends, and Prune fails.
+// session's lock wait timeout. A prune batch selects the oldest keys past
+// the cut-off FOR UPDATE and deletes them in one transaction (MySQL has no
+// DELETE ... RETURNING). Migrators are serialized by a named lock
+// (GET_LOCK), held by the migrating session across the implicit commits of
+// its DDL. Every statement is MySQL 8.0's syntax, which MariaDB also
+// accepts.
 var MySQL Dialect = mysqlDialect{}
 
 // MariaDB is [MySQL] for MariaDB (10.5 and later), which claims in one
 // statement per batch: SET STATEMENT bounds the INSERT's lock wait, and
 // INSERT ... ON DUPLICATE KEY UPDATE ... RETURNING returns every row of the
 // batch with its claim token after the statement, ours only where it
-// inserted. mysqlinbox.New picks it when the server says it is MariaDB.
+// inserted; a prune batch is one DELETE ... ORDER BY keep_until LIMIT ...
+// RETURNING. mysqlinbox.New picks it when the server says it is MariaDB.
 var MariaDB Dialect = mysqlDialect{mariadb: true}
 
 type mysqlDialect struct{ mariadb bool }
@@ -47,10 +51,20 @@ func (d mysqlDialect) Name() string {
 func (d mysqlDialect) String() string { return d.Name() }
 
 // maxParams is the protocol's limit on a prepared statement's placeholders.
-func (mysqlDialect) maxParams() int                              { return 65535 }
-func (mysqlDialect) schemas() bool                               { return false }
-func (mysqlDialect) statements(t inboxdb.Table) *inboxdb.Dialect { return inboxdb.MySQL(t) }
-func (mysqlDialect) driver(db *sql.DB) inboxdb.Driver            { return inboxdb.SQL(db, false) }
+func (mysqlDialect) maxParams() int                     { return 65535 }
+func (mysqlDialect) schemas() bool                      { return false }
+func (m mysqlDialect) driver(db *sql.DB) inboxdb.Driver { return newMySQLDriver(db, m.mariadb) }
+
+// statements is inboxdb's MySQL SQL; on MySQL (not MariaDB) the prune batch
+// is the SELECT ... FOR UPDATE that [mysqlPruneConn] runs with its DELETE,
+// since MySQL has no DELETE ... RETURNING.
+func (m mysqlDialect) statements(t inboxdb.Table) *inboxdb.Dialect {
+	d := inboxdb.MySQL(t)
+	if !m.mariadb {
+		d.PruneBatch = mysqlPruneBatch(t)
+	}
+	return d
+}
 
 // lockWaitSeconds is d as innodb_lock_wait_timeout takes it: MySQL and
 // MariaDB accept whole seconds only (a fraction is refused, error 1232), so

@@ -4,10 +4,13 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"reflect"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/inboxdb"
 )
 
 // MySQLError has the shape of the driver's error type, which this package
@@ -56,5 +59,58 @@ func TestMySQLClassify(t *testing.T) {
 		if got := MySQL.commitUnknown(c.err); got != c.unknown {
 			t.Errorf("commitUnknown(%v) = %v, want %v", c.err, got, c.unknown)
 		}
+	}
+}
+
+// mariadbOnly are constructs MariaDB accepts and MySQL 8.0 refuses (or,
+// for the last ones, MySQL 8.0 before 8.0.29 and 8.0.x refuse: IF [NOT]
+// EXISTS on indexes and columns).
+var mariadbOnly = []string{"RETURNING", "SET STATEMENT", "CREATE OR REPLACE", "SEQUENCE",
+	"INDEX IF NOT EXISTS", "INDEX IF EXISTS", "COLUMN IF NOT EXISTS", "COLUMN IF EXISTS", "INSERT IGNORE"}
+
+// TestMySQLStatementsAreMySQL8: no statement of the MySQL dialect, nor its
+// DDL script, uses MariaDB's syntax, so that what runs on MariaDB in the
+// tests (which run the MySQL dialect there too) is what MySQL 8.0 accepts.
+// The MariaDB dialect does use some, which this test sees, so that it can
+// fail.
+func TestMySQLStatementsAreMySQL8(t *testing.T) {
+	tab := inboxdb.Table{Name: "idem_inbox"}
+	texts := func(d Dialect) map[string]string {
+		out := map[string]string{}
+		st := d.statements(tab)
+		v := reflect.ValueOf(st).Elem()
+		for i := range v.NumField() {
+			f, name := v.Field(i), v.Type().Field(i).Name
+			if !v.Type().Field(i).IsExported() {
+				continue
+			}
+			switch x := f.Interface().(type) {
+			case string:
+				out[name] = x
+			case []string:
+				out[name] = strings.Join(x, ";\n")
+			case inboxdb.List:
+				out[name] = x.Build(3)
+			}
+		}
+		out["MySQLClaimed"] = inboxdb.MySQLClaimed(tab).Build(3)
+		out["MySQLExtend"] = inboxdb.MySQLExtend(st, 3)
+		out["pruneDelete"] = mysqlPruneDelete(tab, 3)
+		sc, err := st.Script(14*24*time.Hour, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out["Script"] = sc.UpSQL() + sc.DownSQL()
+		return out
+	}
+	for name, q := range texts(MySQL) {
+		for _, bad := range mariadbOnly {
+			if strings.Contains(strings.ToUpper(q), bad) {
+				t.Errorf("MySQL dialect's %s uses MariaDB's %s:\n%s", name, bad, q)
+			}
+		}
+	}
+	if q := texts(MariaDB)["PruneBatch"]; !strings.Contains(q, "RETURNING") {
+		t.Errorf("MariaDB's prune batch %q has no RETURNING: the check above would not see one", q)
 	}
 }

@@ -15,8 +15,8 @@ import (
 //
 // On PostgreSQL one instance prunes a table at a time: the others find the
 // advisory lock taken (the same lock as pgxinbox's) and return at once with
-// Result.Skipped. On SQLite, writers already take turns on the database
-// lock. The cut-off is the database's clock, which wrote keep_until.
+// Result.Skipped; on MySQL and MariaDB the same with a named lock
+// (GET_LOCK). On SQLite, writers already take turns on the database lock. The cut-off is the database's clock, which wrote keep_until.
 func (s *Store) Prune(ctx context.Context, opts retention.Options) (retention.Result, error) {
 	return s.inbox.Prune(ctx, opts)
 }

@@ -1,0 +1,285 @@
+package sqlinbox
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/idemkit/idem/internal/inboxdb"
+)
+
+// mysqlMigrateLock is the named lock that serializes migrators of one
+// database. Lock names are the server's, not a database's, and at most 64
+// characters: the name carries a hash of the database.
+const mysqlMigrateLock = `CONCAT('idem.migrate.', SHA1(DATABASE()))`
+
+// mysqlLockPoll is how long one GET_LOCK waits before the migrator looks at
+// its context again: short, so that neither a cancelled caller nor the
+// driver's read timeout is outlived by a lock wait.
+const mysqlLockPoll = 1
+
+// mysqlDriver is the database/sql driver of package inboxdb with what MySQL
+// needs besides:
+//
+//   - Migrations are serialized by a named lock (GET_LOCK), which belongs
+//     to the session rather than to a transaction, so it outlives the
+//     implicit commits of the DDL the migration runs: the migrator holds it
+//     on one connection from before it reads the schema version until after
+//     it has recorded the settings.
+//   - On MySQL (not MariaDB) a prune batch is a SELECT ... FOR UPDATE of
+//     the oldest keys by the keep_until index, then a DELETE of those keys,
+//     in one transaction: MySQL has no DELETE ... RETURNING, and the keys a
+//     prune deletes must be known to summarise them.
+type mysqlDriver struct {
+	inboxdb.Driver
+	db      *sql.DB
+	mariadb bool
+}
+
+func newMySQLDriver(db *sql.DB, mariadb bool) inboxdb.Driver {
+	return mysqlDriver{Driver: inboxdb.SQL(db, false), db: db, mariadb: mariadb}
+}
+
+// BeginMigration takes the migration lock on a connection of its own, then
+// begins the migration's transaction on it. Commit and Rollback end the
+// transaction, release the lock and give the connection back.
+func (m mysqlDriver) BeginMigration(ctx context.Context) (inboxdb.Tx, error) {
+	conn, err := m.db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		var got sql.NullInt64
+		if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(`+mysqlMigrateLock+`, ?)`, mysqlLockPoll).Scan(&got); err != nil {
+			_ = conn.Close()
+			return nil, fmt.Errorf("taking the migration lock: %w", err)
+		}
+		if got.Valid && got.Int64 == 1 {
+			break
+		}
+		if err := ctx.Err(); err != nil {
+			_ = conn.Close()
+			return nil, fmt.Errorf("waiting for the migration lock, held by another migrator: %w", err)
+		}
+	}
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		m.release(conn)
+		return nil, err
+	}
+	done := false
+	end := func(finish func() error) error {
+		if done {
+			return nil
+		}
+		done = true
+		err := finish()
+		if errors.Is(err, sql.ErrTxDone) {
+			err = nil
+		}
+		m.release(conn)
+		return err
+	}
+	return mysqlTx{Conn: inboxdb.SQLTxConn(tx), commit: func() error { return end(tx.Commit) }, rollback: func() error { return end(tx.Rollback) }}, nil
+}
+
+// release gives the migration lock up and the connection back; a
+// connection that may still hold the lock is discarded instead, which
+// ends its session and so the lock.
+func (m mysqlDriver) release(conn *sql.Conn) {
+	if _, err := conn.ExecContext(context.Background(), `DO RELEASE_LOCK(`+mysqlMigrateLock+`)`); err != nil {
+		_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+	}
+	_ = conn.Close()
+}
+
+type mysqlTx struct {
+	inboxdb.Conn
+	commit, rollback func() error
+}
+
+func (t mysqlTx) Commit(context.Context) error   { return t.commit() }
+func (t mysqlTx) Rollback(context.Context) error { return t.rollback() }
+
+// Lead is the prune election of package inboxdb (a named lock held by the
+// leader's session); on MySQL the session it returns runs a prune batch as
+// [mysqlPruneConn] does.
+func (m mysqlDriver) Lead(ctx context.Context, d *inboxdb.Dialect) (inboxdb.Conn, func(), bool, error) {
+	if m.mariadb {
+		return m.Driver.Lead(ctx, d)
+	}
+	conn, err := m.db.Conn(ctx)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	var ok bool
+	if err := conn.QueryRowContext(ctx, d.TryLock, d.Table.Quoted()).Scan(&ok); err != nil || !ok {
+		_ = conn.Close()
+		if err != nil {
+			return nil, nil, false, fmt.Errorf("taking the prune lock: %w", err)
+		}
+		return nil, nil, false, nil
+	}
+	release := func() {
+		if _, err := conn.ExecContext(context.WithoutCancel(ctx), d.Unlock, d.Table.Quoted()); err != nil {
+			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		}
+		_ = conn.Close()
+	}
+	return mysqlPruneConn{Conn: connOf{conn}, conn: conn, d: d}, release, true, nil
+}
+
+// mysqlPruneBatch is MySQL's prune batch (see [mysqlPruneConn]): the
+// cut-off and the batch size → the consumer and key of the oldest markers
+// past the cut-off, locked. It reads the keep_until index in its order, as
+// the DELETE ... ORDER BY keep_until LIMIT of MariaDB does.
+func mysqlPruneBatch(t inboxdb.Table) string {
+	return `SELECT consumer, "key" FROM ` + t.Quoted() + ` WHERE keep_until < ? ORDER BY keep_until LIMIT ? FOR UPDATE`
+}
+
+// mysqlPruneDelete deletes n locked markers, by primary key.
+func mysqlPruneDelete(t inboxdb.Table, n int) string {
+	var b strings.Builder
+	b.WriteString(`DELETE FROM ` + t.Quoted() + ` WHERE (consumer, "key") IN (`)
+	for i := range n {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("(?, ?)")
+	}
+	b.WriteString(")")
+	return b.String()
+}
+
+// mysqlPruneConn is the leader's session on MySQL. Every statement runs as
+// on any session, except the dialect's PruneBatch, which it runs as one
+// transaction: the SELECT ... FOR UPDATE of the batch's keys, a DELETE of
+// exactly those (in chunks of the parameter limit), COMMIT; then it hands
+// the deleted keys to the caller as rows, as DELETE ... RETURNING would. The
+// rows stay locked from the SELECT to the COMMIT, so no claim or extension
+// changes one in between, and the keys handed back are the keys deleted.
+type mysqlPruneConn struct {
+	inboxdb.Conn
+	conn *sql.Conn
+	d    *inboxdb.Dialect
+}
+
+func (c mysqlPruneConn) Query(ctx context.Context, query string, each func(inboxdb.Row) error, args ...any) error {
+	if query != c.d.PruneBatch {
+		return c.Conn.Query(ctx, query, each, args...)
+	}
+	keys, err := c.pruneBatch(ctx, args...)
+	if err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if err := each(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c mysqlPruneConn) pruneBatch(ctx context.Context, args ...any) ([]keyRow, error) {
+	tx, err := c.conn.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = tx.Rollback() }()
+	rows, err := tx.QueryContext(ctx, c.d.PruneBatch, args...)
+	if err != nil {
+		return nil, err
+	}
+	var keys []keyRow
+	for rows.Next() {
+		var k keyRow
+		if err := rows.Scan(&k.consumer, &k.key); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		keys = append(keys, k)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	chunk := mysqlDialect{}.maxParams() / 2
+	for start := 0; start < len(keys); start += chunk {
+		part := keys[start:min(start+chunk, len(keys))]
+		del := make([]any, 0, 2*len(part))
+		for _, k := range part {
+			del = append(del, k.consumer, k.key)
+		}
+		res, err := tx.ExecContext(ctx, mysqlPruneDelete(c.d.Table, len(part)), del...)
+		if err != nil {
+			return nil, err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return nil, err
+		} else if n != int64(len(part)) {
+			// The rows were locked: this cannot happen unless something
+			// bypassed the locks. Delete nothing rather than summarise keys
+			// that were not deleted.
+			return nil, fmt.Errorf("deleted %d of %d locked markers", n, len(part))
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, err
+	}
+	return keys, nil
+}
+
+// keyRow is one deleted marker, read as a row of DELETE ... RETURNING
+// consumer, "key" would be.
+type keyRow struct{ consumer, key []byte }
+
+func (k keyRow) Scan(dest ...any) error {
+	if len(dest) != 2 {
+		return fmt.Errorf("scanning a pruned key: %d destinations, want 2", len(dest))
+	}
+	for i, v := range [][]byte{k.consumer, k.key} {
+		switch p := dest[i].(type) {
+		case *string:
+			*p = string(v)
+		case *[]byte:
+			*p = append([]byte(nil), v...)
+		case *any:
+			*p = append([]byte(nil), v...)
+		default:
+			return fmt.Errorf("scanning a pruned key into %T", dest[i])
+		}
+	}
+	return nil
+}
+
+// connOf is the [inboxdb.Conn] of a pinned connection.
+type connOf struct{ c *sql.Conn }
+
+func (c connOf) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	r, err := c.c.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return r.RowsAffected()
+}
+
+func (c connOf) QueryRow(ctx context.Context, query string, args ...any) inboxdb.Row {
+	return c.c.QueryRowContext(ctx, query, args...)
+}
+
+func (c connOf) Query(ctx context.Context, query string, each func(inboxdb.Row) error, args ...any) error {
+	rows, err := c.c.QueryContext(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := each(rows); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
