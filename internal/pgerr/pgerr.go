@@ -27,7 +27,14 @@ import (
 // error: the schema or the role is not set up for the consumer (a deploy ran
 // before its migration), which no message caused.
 // A server that cannot be reached or is going away — no connection, class
-// 08, 57P01–57P03 shutdowns, 53300 too many connections — is unavailable.
+// 08, 57P01–57P03 shutdowns and startups, 53300 too many connections — is
+// unavailable, and so is a server that cannot write (25006
+// read_only_sql_transaction): a hot standby, or a primary demoted or fenced
+// read-only during a failover, which is where a session lands while the
+// promotion has not happened yet. The claim, a transaction's first write,
+// meets it before any handler runs; a handler that makes its transaction
+// read-only and then writes is held the same way, which fits a consumer
+// that cannot work on any message.
 // Serialization failures (40001), deadlocks (40P01) and lock timeouts
 // (55P03) are contention with another transaction: busy. Everything else —
 // a handler's own error included — may succeed on another try.
@@ -50,7 +57,7 @@ func Classify(err error) idem.ErrorClass {
 			// the handler's slowness, not an outage, though the session
 			// may end with it.
 			return idem.ClassTransient
-		case sessionEnding(pgErr), pgErr.Code == "53300":
+		case sessionEnding(pgErr), pgErr.Code == "53300", ReadOnly(pgErr):
 			return idem.ClassUnavailable
 		}
 		return idem.ClassTransient
@@ -89,6 +96,16 @@ func CommitUnknown(err error) bool {
 		return false
 	}
 	return true
+}
+
+// ReadOnly reports whether err is the server refusing a write because it
+// cannot write now (25006): a hot standby, or a server fenced with
+// default_transaction_read_only. The session is of no use to a writer: a
+// store drops it, so its pool dials again and target_session_attrs=read-write
+// finds the primary.
+func ReadOnly(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "25006"
 }
 
 func sessionEnding(e *pgconn.PgError) bool {

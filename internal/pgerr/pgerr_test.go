@@ -40,6 +40,7 @@ func TestClassifyAndCommitUnknown(t *testing.T) {
 		{"undefined column", pg("ERROR", "42703"), idem.ClassTransient, false},
 		{"idle in transaction timeout", pg("FATAL", "25P03"), idem.ClassTransient, true},
 		{"statement timeout", pg("ERROR", "57014"), idem.ClassTransient, false},
+		{"read-only server", pg("ERROR", "25006"), idem.ClassUnavailable, false},
 		{"admin shutdown", pg("FATAL", "57P01"), idem.ClassUnavailable, true},
 		{"connection failure", pg("FATAL", "08006"), idem.ClassUnavailable, true},
 		{"too many connections", pg("FATAL", "53300"), idem.ClassUnavailable, true},
@@ -139,5 +140,40 @@ func TestRealConfigAndTimeoutErrors(t *testing.T) {
 	}
 	if Classify(err) != idem.ClassUnavailable {
 		t.Fatalf("connect timeout %v: class %v, want unavailable", err, Classify(err))
+	}
+}
+
+// TestRealReadOnly classifies the error a server that cannot write gives: a
+// session with default_transaction_read_only (how a failover fences a
+// demoted primary, and what a hot standby answers alike) refuses an INSERT
+// with 25006, an outage rather than the message's fault; the COMMIT of the
+// failed transaction is a known rollback.
+func TestRealReadOnly(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cfg, err := pgx.ParseConfig(pgtest.Schema(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["default_transaction_read_only"] = "on"
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if got := conn.PgConn().ParameterStatus("default_transaction_read_only"); got != "on" {
+		t.Fatalf("server reports default_transaction_read_only=%q, want on", got)
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = tx.Exec(ctx, "CREATE TEMP TABLE ro (k int)")
+	if !ReadOnly(err) || Classify(err) != idem.ClassUnavailable {
+		t.Fatalf("write on a read-only session %v: class %v, want unavailable (25006)", err, Classify(err))
+	}
+	err = tx.Commit(ctx)
+	if err == nil || CommitUnknown(err) {
+		t.Fatalf("commit after 25006: %v, unknown %v; want a known rollback", err, CommitUnknown(err))
 	}
 }
