@@ -280,6 +280,9 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims []
 	}
 	inserted, err := s.claim(ctx, tx, consumer, claims, lockTimeout)
 	if err != nil {
+		if pt, ok := tx.(*pendingTx); ok && pgerr.ReadOnly(err) {
+			pt.readOnly = true // a standby or a fenced primary: dial again
+		}
 		if s.layout == Partitioned && missingPartition(err) {
 			// A day older than the window was dropped on purpose: its
 			// markers are gone, so such a message cannot be proven new

@@ -21,6 +21,9 @@ type pendingTx struct {
 	release func() // gives a pooled connection back; nil for a lone one
 	inner   pgx.Tx // pgx's transaction, once begun
 	ended   bool   // committed or rolled back
+	// readOnly: a statement failed because the server cannot write
+	// (25006); the connection is dropped at the end (see drop).
+	readOnly bool
 }
 
 // beginTx returns a transaction on db whose BEGIN waits for its first
@@ -76,6 +79,7 @@ func (t *pendingTx) begin(ctx context.Context) (pgx.Tx, error) {
 // end gives the connection back, once.
 func (t *pendingTx) end() {
 	t.ended = true
+	t.drop()
 	if t.release != nil {
 		t.release() // a connection left in a transaction is destroyed
 		t.release = nil
