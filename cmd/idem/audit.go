@@ -36,6 +36,11 @@ status column: --status-column - (or ''), and every row is live. A table with
 no id column: --id - (or ''); rows are then told apart by their physical
 address, so duplicates, check and guard work, and void refuses.
 
+The database is PostgreSQL (--database URL) or MySQL/MariaDB (--mysql DSN, the
+driver's form user:password@tcp(host:3306)/database; the table needs an id column
+there, and the guard is a virtual idem_live column with a unique index on the key
+and it, built with ALGORITHM=INPLACE, LOCK=NONE).
+
 Run 'idem audit <subcommand> -h' for its flags.
 `
 
@@ -66,6 +71,7 @@ func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 type auditFlags struct {
 	fs          *cmdFlags
 	db          dbFlags
+	mysql       string
 	jsonOut     bool
 	table       string
 	key         string
@@ -84,6 +90,7 @@ func newAuditFlags(sub, summary string, stdout io.Writer) *auditFlags {
 	f := &auditFlags{fs: newCmdFlags("audit "+sub, "--table T --key c1,c2 [flags]", summary, stdout)}
 	fs := f.fs
 	f.db.add(fs.FlagSet)
+	fs.StringVar(&f.mysql, "mysql", "", mysqlFlagHelp)
 	fs.BoolVar(&f.jsonOut, "json", false, "print the result as JSON")
 	fs.StringVar(&f.table, "table", "", "business table, optionally schema.table (required)")
 	fs.StringVar(&f.key, "key", "", "comma-separated business key columns that must be unique among live rows (required)")
@@ -128,6 +135,16 @@ func (f *auditFlags) parse(args []string) error {
 	for _, c := range []struct{ flag, v string }{{"reason-column", f.reasonColumn}, {"by-column", f.byColumn}, {"at-column", f.atColumn}} {
 		if f.fs.Lookup(c.flag) != nil && c.v == "" {
 			return f.fs.usagef("--%s must name a column", c.flag)
+		}
+	}
+	switch {
+	case f.mysql != "" && f.db.database != "":
+		return f.fs.usagef("--mysql and --database name two databases: give one")
+	case looksLikeMySQL(f.db.database):
+		return f.fs.usagef("--database takes a PostgreSQL URL; for MySQL or MariaDB give the DSN with --mysql (%s)", mysqlForm)
+	case f.mysql != "":
+		if _, err := checkMySQL(f.mysql); err != nil {
+			return f.fs.usagef("%s", err)
 		}
 	}
 	return f.db.validate()
@@ -175,6 +192,9 @@ func auditSplit(s string) []string {
 // auditor validates the spec (a refused name is a usage error, exit 2)
 // and, unless offline, opens the database.
 func (f *auditFlags) auditor(ctx context.Context, offline bool) (*audit.Auditor, func(), error) {
+	if f.mysql != "" {
+		return f.mysqlAuditor(ctx, offline)
+	}
 	if _, err := audit.New(nil, f.spec()); err != nil {
 		return nil, nil, f.fs.usagef("%s", auditFlagTerms(err.Error()))
 	}
@@ -192,6 +212,27 @@ func (f *auditFlags) auditor(ctx context.Context, offline bool) (*audit.Auditor,
 		return nil, nil, f.fs.usagef("%s", auditFlagTerms(err.Error()))
 	}
 	return a, pool.Close, nil
+}
+
+// mysqlAuditor is auditor on the --mysql database.
+func (f *auditFlags) mysqlAuditor(ctx context.Context, offline bool) (*audit.Auditor, func(), error) {
+	a, err := audit.NewMySQL(nil, f.spec())
+	if err != nil {
+		return nil, nil, f.fs.usagef("%s", auditFlagTerms(err.Error()))
+	}
+	if offline {
+		return a, func() {}, nil
+	}
+	db, err := openMySQL(ctx, f.mysql, &f.db)
+	if err != nil {
+		return nil, nil, err
+	}
+	a, err = audit.NewMySQL(db, f.spec())
+	if err != nil {
+		_ = db.Close()
+		return nil, nil, f.fs.usagef("%s", auditFlagTerms(err.Error()))
+	}
+	return a, func() { _ = db.Close() }, nil
 }
 
 // auditFlagTerms names the flags in a spec error, whose terms are the
@@ -451,7 +492,7 @@ func auditPrintVoid(w io.Writer, spec audit.Spec, opt audit.VoidOptions, res *au
 }
 
 func auditGuard(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f := newAuditFlags("guard", "Builds the partial unique index on the key over rows that are not voided, with\nCREATE UNIQUE INDEX CONCURRENTLY, after checking that no live duplicates remain.\nWriters are not blocked; the build waits for every older transaction in the database.", stdout)
+	f := newAuditFlags("guard", "Builds the partial unique index on the key over rows that are not voided, with\nCREATE UNIQUE INDEX CONCURRENTLY, after checking that no live duplicates remain.\nWriters are not blocked; the build waits for every older transaction in the database.\nOn MySQL/MariaDB (--mysql): a virtual idem_live column and a unique index on the key\nand it, each built INPLACE without blocking writes.", stdout)
 	index := f.fs.String("index", "", "index name (default ux_<table>_<key columns>)")
 	printOnly := f.fs.Bool("print", false, "print the DDL and exit, without connecting")
 	if err := f.parse(args); err != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/pgtest"
 )
 
@@ -316,5 +318,93 @@ func TestAuditCLICheckEveryServesGauge(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("check --every did not stop after cancel")
+	}
+}
+
+// auditSeedMySQL is auditSeedSQL on MySQL: five duplicated invoices out of
+// seven customers, c-3's and c-5's copies charged, three days old.
+var auditSeedMySQL = []string{
+	`CREATE TABLE invoices (
+	id                BIGINT AUTO_INCREMENT PRIMARY KEY,
+	customer_id       VARCHAR(64) NOT NULL,
+	period            VARCHAR(7) NOT NULL,
+	amount            DECIMAL(14,2) NOT NULL,
+	status            VARCHAR(32) NOT NULL,
+	created_at        DATETIME(6) NOT NULL,
+	source_message_id VARCHAR(64)
+)`,
+	`INSERT INTO invoices (customer_id, period, amount, status, created_at, source_message_id) VALUES
+	('c-1', '2026-03', 100.00, 'Issued', UTC_TIMESTAMP(6) - INTERVAL 3 DAY, 'm-1'),
+	('c-1', '2026-03', 100.00, 'Issued', UTC_TIMESTAMP(6) - INTERVAL 3 DAY + INTERVAL 7 MINUTE, 'm-1'),
+	('c-2', '2026-03', 200.00, 'Paid',   UTC_TIMESTAMP(6) - INTERVAL 3 DAY, 'm-2'),
+	('c-2', '2026-03', 200.00, 'Issued', UTC_TIMESTAMP(6) - INTERVAL 3 DAY + INTERVAL 7 MINUTE, 'm-2'),
+	('c-3', '2026-03', 300.00, 'Paid',   UTC_TIMESTAMP(6) - INTERVAL 3 DAY, 'm-3'),
+	('c-3', '2026-03', 300.00, 'Paid',   UTC_TIMESTAMP(6) - INTERVAL 3 DAY + INTERVAL 7 MINUTE, 'm-3'),
+	('c-4', '2026-03', 400.00, 'Issued', UTC_TIMESTAMP(6) - INTERVAL 3 DAY, 'm-4'),
+	('c-4', '2026-03', 400.00, 'Issued', UTC_TIMESTAMP(6) - INTERVAL 3 DAY + INTERVAL 7 MINUTE, 'm-4'),
+	('c-4', '2026-03', 400.00, 'Issued', UTC_TIMESTAMP(6) - INTERVAL 3 DAY + INTERVAL 9 MINUTE, 'm-4'),
+	('c-5', '2026-03', 500.00, 'Issued', UTC_TIMESTAMP(6) - INTERVAL 3 DAY, 'm-5'),
+	('c-5', '2026-03', 500.00, 'Paid',   UTC_TIMESTAMP(6) - INTERVAL 3 DAY + INTERVAL 7 MINUTE, 'm-5'),
+	('c-6', '2026-03', 600.00, 'Paid',   UTC_TIMESTAMP(6) - INTERVAL 3 DAY, 'm-6'),
+	('c-7', '2026-03', 700.00, 'Issued', UTC_TIMESTAMP(6) - INTERVAL 3 DAY, 'm-7')`,
+}
+
+// TestAuditCLIMySQL is the repair session of TestAuditCLIRepairSession on
+// MariaDB with --mysql: check, duplicates, void (dry run, apply, paid
+// rows), guard (the virtual idem_live column and its unique index) and
+// check again, with the same numbers as on PostgreSQL.
+func TestAuditCLIMySQL(t *testing.T) {
+	t.Parallel()
+	cfg := mysqltest.Database(t, "idem_cli_")
+	db, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for _, q := range auditSeedMySQL {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatalf("seeding: %v", err)
+		}
+	}
+	common := []string{"--mysql", cfg.FormatDSN(), "--table", "invoices", "--key", "customer_id,period"}
+	with := func(sub string, more ...string) []string {
+		return append(append([]string{"audit", sub}, common...), more...)
+	}
+	auditExpect(t, 1, []string{"DUPLICATES", "5 duplicate groups, 6 extra rows", "no unique index"}, with("check")...)
+	auditExpect(t, 0, []string{
+		"duplicate groups: 5", "rows in them:    11  amount 3400.00",
+		"extra rows:       6  amount 1900.00", "unpaid:          4  amount 1100.00", "paid:            2  amount 800.00",
+		"verdict: not being created any more",
+	}, with("duplicates", "--amount", "amount")...)
+	auditExpect(t, 1, []string{"duplicate groups remain", "void them first"}, with("guard")...)
+	auditExpect(t, 0, []string{"DRY RUN", "rows to void: 4, amount 1100.00", "paid rows skipped: 2, amount 800.00"},
+		with("void", "--amount", "amount", "--add-columns")...)
+	auditExpect(t, 0, []string{"APPLIED", "rows voided: 4"},
+		with("void", "--apply", "--add-columns", "--reason", "redelivery", "--by", "ops")...)
+	auditExpect(t, 0, []string{"rows voided: 2"},
+		with("void", "--apply", "--include-paid", "--reason", "refunded", "--by", "acct")...)
+	auditExpect(t, 0, []string{"idem_live", "ALGORITHM=INPLACE"}, with("guard", "--print")...)
+	auditExpect(t, 0, []string{"created index ux_invoices_customer_id_period"}, with("guard")...)
+	auditExpect(t, 0, []string{"OK", "0 duplicate groups", "guarded by ux_invoices_customer_id_period"}, with("check")...)
+	var voided int
+	if err := db.QueryRow(`SELECT count(*) FROM invoices WHERE status = 'VoidedDuplicate'`).Scan(&voided); err != nil || voided != 6 {
+		t.Fatalf("%d voided rows (%v), want 6", voided, err)
+	}
+	// The index fences the table: a second live invoice is refused.
+	if _, err := db.Exec(`INSERT INTO invoices (customer_id, period, amount, status, created_at) VALUES ('c-1', '2026-03', 100, 'Issued', UTC_TIMESTAMP(6))`); err == nil {
+		t.Error("a duplicate live invoice was accepted after the guard")
+	}
+
+	// Wrong flags are refused before connecting.
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"audit", "check", "--mysql", "mysql://root@h/db", "--table", "t", "--key", "k"}, "not a URL"},
+		{[]string{"audit", "check", "--mysql", cfg.FormatDSN(), "--database", "postgres://h/db", "--table", "t", "--key", "k"}, "--mysql and --database name two databases"},
+		{[]string{"audit", "check", "--database", cfg.FormatDSN(), "--table", "t", "--key", "k"}, "give the DSN with --mysql"},
+		{[]string{"audit", "check", "--mysql", cfg.FormatDSN(), "--table", "invoices", "--key", "customer_id", "--id", "-"}, "needs an id column"},
+	} {
+		auditExpect(t, 2, []string{c.want}, c.args...)
 	}
 }

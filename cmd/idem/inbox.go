@@ -2,23 +2,27 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"regexp"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/inboxdb"
+	"github.com/idemkit/idem/mysqlinbox"
 	"github.com/idemkit/idem/pgxinbox"
 	"github.com/idemkit/idem/retention"
 	"github.com/idemkit/idem/sqlinbox"
@@ -134,6 +138,7 @@ type inboxFlags struct {
 	fs      *cmdFlags
 	db      dbFlags
 	sqlite  string
+	mysql   string
 	table   string
 	window  time.Duration
 	jsonOut bool
@@ -141,7 +146,8 @@ type inboxFlags struct {
 }
 
 // newInboxFlags returns the flags of `idem inbox <name>`, documented by
-// doc; sqliteOK adds --sqlite. Help goes to stdout, the store's log lines
+// doc; sqliteOK adds --sqlite and --mysql, the databases of package
+// sqlinbox beside PostgreSQL's --database. Help goes to stdout, the store's log lines
 // to stderr.
 func newInboxFlags(name, doc string, stdout, stderr io.Writer, sqliteOK bool) *inboxFlags {
 	synopsis := "[flags]"
@@ -152,6 +158,7 @@ func newInboxFlags(name, doc string, stdout, stderr io.Writer, sqliteOK bool) *i
 	f.db.add(f.fs.FlagSet)
 	if sqliteOK {
 		f.fs.StringVar(&f.sqlite, "sqlite", "", "SQLite database file, instead of --database")
+		f.fs.StringVar(&f.mysql, "mysql", "", mysqlFlagHelp)
 	}
 	f.fs.StringVar(&f.table, "table", "idem_inbox", "inbox table, optionally schema-qualified")
 	f.fs.DurationVar(&f.window, "window", 0, "retention window to remove markers by (default the window stored with the table; a shorter one is refused)")
@@ -183,6 +190,23 @@ func (f *inboxFlags) validate() error {
 	}
 	if f.sqlite != "" && f.db.database != "" {
 		return f.fs.usagef("--sqlite and --database name two databases: give one")
+	}
+	if f.mysql != "" && f.db.database != "" {
+		return f.fs.usagef("--mysql and --database name two databases: give one")
+	}
+	if f.mysql != "" && f.sqlite != "" {
+		return f.fs.usagef("--mysql and --sqlite name two databases: give one")
+	}
+	if looksLikeMySQL(f.db.database) {
+		return f.fs.usagef("--database takes a PostgreSQL URL; for MySQL or MariaDB give the DSN with --mysql (%s)", mysqlForm)
+	}
+	if f.mysql != "" {
+		if _, err := checkMySQL(f.mysql); err != nil {
+			return f.fs.usagef("%s", err)
+		}
+		if strings.Contains(f.table, ".") {
+			return f.fs.usagef("--table %q: MySQL tables take no schema (the DSN names the database)", f.table)
+		}
 	}
 	if f.table == "" {
 		return f.fs.usagef("--table must not be empty")
@@ -245,7 +269,7 @@ func (f *inboxFlags) requireInbox(ctx context.Context, store settingsReader) err
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, idem.ErrConfig), errors.As(err, &pgErr) && pgErr.Code == "42P01", isSQLiteNoTable(err):
+	case errors.Is(err, idem.ErrConfig), errors.As(err, &pgErr) && pgErr.Code == "42P01", isSQLiteNoTable(err), isMySQLNoTable(err):
 		// 42P01: the settings table beside it does not exist either.
 		if probs, cerr := store.Check(ctx); cerr == nil {
 			for _, p := range probs {
@@ -282,6 +306,9 @@ func (f *inboxFlags) migrateHint() string {
 	hint := "idem inbox migrate --table " + f.table
 	if f.sqlite != "" {
 		hint += " --sqlite " + f.sqlite
+	}
+	if f.mysql != "" {
+		hint += " --mysql '<DSN>'"
 	}
 	return hint
 }
@@ -323,8 +350,8 @@ func inboxPrune(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	var res retention.Result
 	var table string
 	partitioned := false
-	if f.sqlite != "" {
-		store, closeDB, err := f.sqliteStore(ctx)
+	if f.sqlite != "" || f.mysql != "" {
+		store, closeDB, err := f.sqlStore(ctx)
 		if err != nil {
 			return err
 		}
@@ -463,8 +490,8 @@ func inboxStats(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	var st retention.Stats
 	layout := "plain"
-	if f.sqlite != "" {
-		store, closeDB, err := f.sqliteStore(ctx)
+	if f.sqlite != "" || f.mysql != "" {
+		store, closeDB, err := f.sqlStore(ctx)
 		if err != nil {
 			return err
 		}
@@ -519,8 +546,8 @@ type windowStore interface {
 
 // openWindowStore opens the store the flags name, for the window commands.
 func (f *inboxFlags) openWindowStore(ctx context.Context) (windowStore, string, func(), error) {
-	if f.sqlite != "" {
-		s, closeDB, err := f.sqliteStore(ctx)
+	if f.sqlite != "" || f.mysql != "" {
+		s, closeDB, err := f.sqlStore(ctx)
 		if err != nil {
 			return nil, "", nil, err
 		}
@@ -666,7 +693,23 @@ func inboxMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return f.fs.usagef("--layout %q: want plain or partitioned", *layout)
 	}
 	var rep idem.MigrateReport
-	if f.sqlite != "" {
+	if f.mysql != "" {
+		if l != pgxinbox.Plain {
+			return f.fs.usagef("--layout partitioned is for PostgreSQL; MySQL and MariaDB inboxes have the plain layout")
+		}
+		db, err := openMySQL(ctx, f.mysql, &f.db)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		store, err := mysqlinbox.New(db, &sqlinbox.Config{Table: f.table, Window: f.window, Logger: f.logger})
+		if err != nil {
+			return err
+		}
+		if rep, err = store.MigrateReport(ctx); err != nil {
+			return migrateError(err)
+		}
+	} else if f.sqlite != "" {
 		if l != pgxinbox.Plain {
 			return f.fs.usagef("--layout partitioned is for PostgreSQL; SQLite inboxes have the plain layout")
 		}
@@ -757,4 +800,128 @@ func migrateError(err error) error {
 		return fmt.Errorf("table %s has the %s layout; --layout %s applies only to a new table", layout.Table, layout.Has, layout.Want)
 	}
 	return err
+}
+
+// mysqlFlagHelp documents a --mysql flag.
+const mysqlFlagHelp = "MySQL or MariaDB database, as the Go driver's DSN user:password@tcp(host:3306)/database (the form mysqlinbox.Open takes), instead of --database"
+
+// mysqlForm is the form a --mysql value takes, for error messages.
+const mysqlForm = "user:password@tcp(host:3306)/database"
+
+// looksLikeMySQL reports whether a --database value is a MySQL DSN or URL,
+// so that the refusal can name --mysql.
+func looksLikeMySQL(v string) bool {
+	return strings.HasPrefix(v, "mysql://") || strings.HasPrefix(v, "mariadb://") || strings.Contains(v, "@tcp(") || strings.Contains(v, "@unix(")
+}
+
+// checkMySQL validates a --mysql value: the driver's DSN naming a
+// database. A URL (mysql://, postgres://) is refused with the form wanted.
+func checkMySQL(v string) (*mysql.Config, error) {
+	switch {
+	case strings.HasPrefix(v, "postgres://"), strings.HasPrefix(v, "postgresql://"):
+		return nil, fmt.Errorf("--mysql %s is a PostgreSQL URL: give it with --database", redactURL(v))
+	case strings.Contains(v, "://"):
+		return nil, fmt.Errorf("--mysql takes the MySQL driver's DSN, not a URL: %s (such as root@tcp(127.0.0.1:3306)/test)", mysqlForm)
+	}
+	cfg, err := mysql.ParseDSN(v)
+	if err != nil {
+		return nil, fmt.Errorf("--mysql is not a MySQL DSN (want %s): %s", mysqlForm, strings.TrimPrefix(err.Error(), "invalid DSN: "))
+	}
+	if cfg.DBName == "" {
+		return nil, fmt.Errorf("--mysql names no database: want %s", mysqlForm)
+	}
+	return cfg, nil
+}
+
+// mysqlWhere names a --mysql database without its password.
+func mysqlWhere(cfg *mysql.Config) string {
+	return fmt.Sprintf("MySQL %s@%s/%s", cfg.User, cfg.Addr, cfg.DBName)
+}
+
+// openMySQL opens the --mysql database for a command, with the session
+// options of mysqlinbox.Config. Dialing is bounded by --connect-timeout
+// (a timeout in the DSN is kept unless the flag is given); reads and writes
+// are not bounded unless the DSN says so (readTimeout, writeTimeout): a
+// command's statements (an index build, a scan of a large table) may run
+// long, as the PostgreSQL commands set no statement timeout either.
+func openMySQL(ctx context.Context, dsn string, d *dbFlags) (*sql.DB, error) {
+	parsed, err := checkMySQL(dsn)
+	if err != nil {
+		return nil, usagef("%s", err)
+	}
+	cfg, err := mysqlinbox.Config(dsn)
+	if err != nil {
+		return nil, usagef("--mysql is not a MySQL DSN (want %s)", mysqlForm)
+	}
+	if cfg.ReadTimeout == mysqlinbox.DefaultReadTimeout && parsed.ReadTimeout == 0 {
+		cfg.ReadTimeout = 0
+	}
+	if cfg.WriteTimeout == mysqlinbox.DefaultWriteTimeout && parsed.WriteTimeout == 0 {
+		cfg.WriteTimeout = 0
+	}
+	source := "--connect-timeout"
+	if d.timeoutGiven() || parsed.Timeout == 0 {
+		cfg.Timeout = d.connectTimeout
+	} else {
+		source = "timeout in --mysql"
+	}
+	conn, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, usagef("--mysql: %v", err)
+	}
+	db := sql.OpenDB(conn)
+	pingCtx := ctx
+	if cfg.Timeout > 0 {
+		// The driver's timeout bounds the dial; a server that accepts and
+		// then says nothing is bounded here.
+		var cancel context.CancelFunc
+		pingCtx, cancel = context.WithTimeout(ctx, cfg.Timeout)
+		defer cancel()
+	}
+	if err := db.PingContext(pingCtx); err != nil {
+		_ = db.Close()
+		var netErr net.Error
+		if ctx.Err() == nil && cfg.Timeout > 0 && (errors.Is(err, context.DeadlineExceeded) || errors.As(err, &netErr) && netErr.Timeout()) {
+			return nil, fmt.Errorf("connecting to %s: no answer within %s (%s): the server is unreachable or not answering", mysqlWhere(cfg), cfg.Timeout, source)
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("connecting to %s: %w", mysqlWhere(cfg), ctx.Err())
+		}
+		return nil, fmt.Errorf("connecting to %s: %w", mysqlWhere(cfg), err)
+	}
+	return db, nil
+}
+
+// isMySQLNoTable reports MySQL's "table doesn't exist" (1146).
+func isMySQLNoTable(err error) bool {
+	var my *mysql.MySQLError
+	return errors.As(err, &my) && my.Number == 1146
+}
+
+// mysqlStore opens the --mysql inbox named by the flags, with the dialect
+// of the server (MySQL or MariaDB), and checks that the table is an idem
+// inbox.
+func (f *inboxFlags) mysqlStore(ctx context.Context) (*sqlinbox.Store, func(), error) {
+	db, err := openMySQL(ctx, f.mysql, &f.db)
+	if err != nil {
+		return nil, nil, err
+	}
+	store, err := mysqlinbox.New(db, &sqlinbox.Config{Table: f.table, Logger: f.logger})
+	if err != nil {
+		_ = db.Close()
+		return nil, nil, err
+	}
+	if err := f.requireInbox(ctx, store); err != nil {
+		_ = db.Close()
+		return nil, nil, err
+	}
+	return store, func() { _ = db.Close() }, nil
+}
+
+// sqlStore opens the --sqlite or --mysql inbox the flags name.
+func (f *inboxFlags) sqlStore(ctx context.Context) (*sqlinbox.Store, func(), error) {
+	if f.mysql != "" {
+		return f.mysqlStore(ctx)
+	}
+	return f.sqliteStore(ctx)
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/inboxdb"
+	"github.com/idemkit/idem/mysqlinbox"
 	"github.com/idemkit/idem/pgxinbox"
 	"github.com/idemkit/idem/retention"
 	"github.com/idemkit/idem/sqlinbox"
@@ -44,8 +45,10 @@ Upgrading idem: migrations are only ever added. On PostgreSQL the DDL is safe to
 again on a table of any older version (each migration runs only where the recorded
 version is below it, and a newer table is refused), so render it into a new migration
 file of your tool; --from-version N renders only what is newer than version N (the
-version 'idem inbox check' and the DDL's header report). SQLite has no conditional
-DDL: apply each rendered file once, and upgrade with --from-version N. Or let
+version 'idem inbox check' and the DDL's header report). On MySQL and MariaDB
+(--dialect mysql) every statement is idempotent, as DDL there commits implicitly:
+safe to run again too. SQLite has no conditional DDL: apply each rendered file
+once, and upgrade with --from-version N. Or let
 'idem inbox migrate' upgrade the table on deploy instead.`
 
 // ddlFormats are the --format values and what they write.
@@ -55,7 +58,7 @@ func inboxDDL(_ context.Context, args []string, stdout, _ io.Writer) error {
 	fs := newCmdFlags("inbox ddl", "[flags]", ddlDoc, stdout)
 	table := fs.String("table", "idem_inbox", "inbox table, optionally schema-qualified (PostgreSQL)")
 	layout := fs.String("layout", "plain", "layout: plain or partitioned (PostgreSQL)")
-	dialect := fs.String("dialect", "postgres", "database: postgres or sqlite")
+	dialect := fs.String("dialect", "postgres", "database: postgres, sqlite or mysql (MySQL 8.0 and MariaDB)")
 	window := fs.Duration("window", retention.DefaultWindow, "retention window recorded for a new table (an existing one keeps its own)")
 	format := fs.String("format", "plain", "output: "+strings.Join(ddlFormats, ", "))
 	out := fs.String("out", "", "directory to write the migration files into (golang-migrate: required)")
@@ -90,8 +93,14 @@ func inboxDDL(_ context.Context, args []string, stdout, _ io.Writer) error {
 			return fs.usagef("SQLite inboxes have the plain layout")
 		}
 		_, err = sqlinbox.DDL(sqlinbox.SQLite, *table, *window)
+	case "mysql", "mariadb":
+		if l != idem.LayoutPlain {
+			return fs.usagef("MySQL and MariaDB inboxes have the plain layout")
+		}
+		*dialect = "mysql"
+		_, err = sqlinbox.DDL(sqlinbox.MySQL, *table, *window)
 	default:
-		return fs.usagef("--dialect %q: want postgres or sqlite", *dialect)
+		return fs.usagef("--dialect %q: want postgres, sqlite or mysql", *dialect)
 	}
 	if err != nil {
 		return fs.usagef("--table: %v", err)
@@ -150,8 +159,11 @@ func ddlScript(dialect, table string, l idem.Layout, window time.Duration, from 
 		t.Name = table
 	}
 	d := inboxdb.SQLite(t)
-	if dialect == "postgres" {
+	switch dialect {
+	case "postgres":
 		d = inboxdb.Postgres(t, l)
+	case "mysql":
+		d = inboxdb.MySQL(t)
 	}
 	return d.Script(window, from)
 }
@@ -273,7 +285,21 @@ func inboxCheck(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return f.fs.usagef("--layout %q: want plain or partitioned", *layout)
 	}
 	var checker idem.SchemaChecker
-	if f.sqlite != "" {
+	if f.mysql != "" {
+		if *layout == "partitioned" {
+			return f.fs.usagef("MySQL and MariaDB inboxes have the plain layout")
+		}
+		db, err := openMySQL(ctx, f.mysql, &f.db)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		store, err := mysqlinbox.New(db, &sqlinbox.Config{Table: f.table, Logger: f.logger})
+		if err != nil {
+			return err
+		}
+		checker = store
+	} else if f.sqlite != "" {
 		if *layout == "partitioned" {
 			return f.fs.usagef("SQLite inboxes have the plain layout")
 		}

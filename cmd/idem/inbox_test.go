@@ -13,7 +13,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/mysqlinbox"
 	"github.com/idemkit/idem/pgxinbox"
 	"github.com/idemkit/idem/sqlinbox"
 	"github.com/idemkit/idem/sqliteinbox"
@@ -415,5 +417,102 @@ func TestInboxMigrateKeepsLayout(t *testing.T) {
 	if !errors.Is(err, idem.ErrConfig) || !strings.Contains(err.Error(), "table t has the partitioned layout") ||
 		strings.Contains(err.Error(), "relkind") || strings.Contains(err.Error(), "invalid idem configuration") {
 		t.Fatalf("pgxinbox Migrate, plain, of a partitioned table: %v", err)
+	}
+}
+
+// TestInboxMySQL runs the inbox subcommands on MariaDB with --mysql: a
+// database of the test's own, migrated by the command, checked, three of
+// four markers pruned, the window shown and set; the DDL for MySQL is the
+// one migrate applies (check finds nothing to fix on a database it built).
+func TestInboxMySQL(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg := mysqltest.Database(t, "idem_cli_")
+	dsn := cfg.FormatDSN()
+	out := inboxRun(t, 0, "migrate", "--mysql", dsn, "--window", "336h")
+	if !strings.Contains(out, "created") {
+		t.Fatalf("migrate: %s", out)
+	}
+	if out := inboxRun(t, 0, "migrate", "--mysql", dsn); !strings.Contains(out, "up to date") {
+		t.Fatalf("migrate again: %s", out)
+	}
+	if out := inboxRun(t, 0, "check", "--mysql", dsn); !strings.Contains(out, "idem_inbox: OK") {
+		t.Fatalf("check: %s", out)
+	}
+	db, err := mysqlinbox.Open(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, `INSERT INTO idem_inbox (consumer, "key", message_id, body_sha256, event_time, processed_at, keep_until) VALUES
+('ledger', 'old-1', 'old-1', x'00', UTC_TIMESTAMP(6) - INTERVAL 20 DAY, UTC_TIMESTAMP(6) - INTERVAL 20 DAY, UTC_TIMESTAMP(6) - INTERVAL 20 DAY),
+('ledger', 'old-2', 'old-2', x'00', NULL, UTC_TIMESTAMP(6) - INTERVAL 19 DAY, UTC_TIMESTAMP(6) - INTERVAL 19 DAY),
+('ledger', 'old-3', 'old-3', x'00', NULL, UTC_TIMESTAMP(6) - INTERVAL 18 DAY, UTC_TIMESTAMP(6) - INTERVAL 18 DAY),
+('ledger', 'young', 'young', x'00', NULL, UTC_TIMESTAMP(6) - INTERVAL 1 DAY, UTC_TIMESTAMP(6) - INTERVAL 1 DAY)`); err != nil {
+		t.Fatal(err)
+	}
+	if out := inboxRun(t, 0, "stats", "--mysql", dsn); !strings.Contains(out, "rows       4") || !strings.Contains(out, "prunable   3") {
+		t.Fatalf("stats: %s", out)
+	}
+	if out := inboxRun(t, 0, "prune", "--mysql", dsn, "--dry-run"); !strings.Contains(out, "would delete 3 markers") {
+		t.Fatalf("prune --dry-run: %s", out)
+	}
+	if out := inboxRun(t, 0, "prune", "--mysql", dsn, "--batch", "2"); !strings.Contains(out, "deleted 3 markers") || !strings.Contains(out, "in 2 transactions") {
+		t.Fatalf("prune: %s", out)
+	}
+	var n int
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM idem_inbox`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("rows after prune: %d %v", n, err)
+	}
+	if out := inboxRun(t, 0, "window", "set", "720h", "--mysql", dsn); !strings.Contains(out, "window 336h0m0s -> 720h0m0s") {
+		t.Fatalf("window set: %s", out)
+	}
+	if out := inboxRun(t, 0, "window", "show", "--mysql", dsn); !strings.Contains(out, "window   720h0m0s") {
+		t.Fatalf("window show: %s", out)
+	}
+	// A table that is not an inbox: the command says how to make one.
+	_, errOut := inboxRunErr(t, 3, "stats", "--mysql", dsn, "--table", "other_inbox")
+	if !strings.Contains(errOut, "idem inbox migrate --table other_inbox --mysql") || strings.Contains(errOut, "root@") {
+		t.Errorf("stats of a missing table: %s", errOut)
+	}
+
+	// The DDL for MySQL, applied to another database, is what migrate
+	// built: check finds it up to date.
+	ddl := inboxRun(t, 0, "ddl", "--dialect", "mysql")
+	other := mysqltest.Database(t, "idem_cli_")
+	odb, err := mysqlinbox.Open(other.FormatDSN() + "?multiStatements=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer odb.Close()
+	if _, err := odb.ExecContext(ctx, ddl); err != nil {
+		t.Fatalf("applying idem inbox ddl --dialect mysql: %v\n%s", err, ddl)
+	}
+	if out := inboxRun(t, 0, "check", "--mysql", other.FormatDSN()); !strings.Contains(out, "idem_inbox: OK") {
+		t.Fatalf("check after the DDL: %s", out)
+	}
+}
+
+// TestInboxMySQLFlagErrors: a wrong database flag is refused before any
+// connection, saying which flag takes what.
+func TestInboxMySQLFlagErrors(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"stats", "--mysql", "mysql://root@127.0.0.1:3306/test"}, "not a URL: user:password@tcp(host:3306)/database"},
+		{[]string{"stats", "--mysql", "postgres://u:secret@h/db"}, "is a PostgreSQL URL: give it with --database"},
+		{[]string{"stats", "--mysql", "root@tcp(127.0.0.1:3306)/"}, "--mysql names no database"},
+		{[]string{"stats", "--mysql", "root@tcp(127.0.0.1:3306)/test", "--database", "postgres://h/db"}, "--mysql and --database name two databases"},
+		{[]string{"stats", "--mysql", "root@tcp(127.0.0.1:3306)/test", "--table", "s.t"}, "MySQL tables take no schema"},
+		{[]string{"prune", "--database", "root@tcp(127.0.0.1:3306)/test"}, "for MySQL or MariaDB give the DSN with --mysql"},
+		{[]string{"migrate", "--mysql", "root@tcp(127.0.0.1:3306)/test", "--layout", "partitioned"}, "plain layout"},
+		{[]string{"ddl", "--dialect", "oracle"}, "want postgres, sqlite or mysql"},
+	} {
+		_, errOut := inboxRunErr(t, 2, c.args...)
+		if !strings.Contains(errOut, c.want) || strings.Contains(errOut, "secret") {
+			t.Errorf("idem inbox %s: %s, want %q", strings.Join(c.args, " "), errOut, c.want)
+		}
 	}
 }
