@@ -3,12 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/netfault"
 	"github.com/idemkit/idem/sqliteinbox"
 )
@@ -315,6 +317,99 @@ func TestOneLine(t *testing.T) {
 	} {
 		if got := oneLine(in); got != want {
 			t.Errorf("oneLine(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// TestDemoCommandMySQL runs the demo with --mysql on the test server
+// (MariaDB here): the idem side ends with no duplicate effect and every
+// event applied once, and the report says so; the naive side, on the same
+// deliveries, shows the doubles.
+func TestDemoCommandMySQL(t *testing.T) {
+	dsn := mysqltest.ServerDSN(t)
+	t.Cleanup(func() {
+		db, err := sql.Open("mysql", dsn)
+		if err != nil {
+			return
+		}
+		defer db.Close()
+		for _, name := range []string{"idem_demo_naive", "idem_demo_idem"} {
+			_, _ = db.Exec("DROP DATABASE IF EXISTS " + name)
+		}
+	})
+	var out, errb bytes.Buffer
+	code := run(context.Background(), []string{"demo", "--events", "200", "--seed", "3", "--quiet", "--json", "--mysql", dsn}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d; stderr:\n%s\nstdout:\n%s", code, errb.String(), out.String())
+	}
+	var rep struct {
+		OK       bool   `json:"ok"`
+		Database string `json:"database"`
+		Naive    struct {
+			DuplicateInvoices int `json:"duplicate_invoices"`
+		} `json:"naive"`
+		Idem struct {
+			DuplicateInvoices int `json:"duplicate_invoices"`
+			DuplicateRows     int `json:"duplicate_query_rows"`
+			Invoices          int `json:"invoices"`
+			Charges           int `json:"charges"`
+			MerchantsOff      int `json:"merchants_off"`
+			ProductsOff       int `json:"products_off"`
+		} `json:"idem"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("stdout is not JSON: %v\n%s", err, out.String())
+	}
+	if !rep.OK || rep.Idem.DuplicateInvoices != 0 || rep.Idem.DuplicateRows != 0 || rep.Idem.Invoices != 200 || rep.Idem.Charges != 200 ||
+		rep.Idem.MerchantsOff != 0 || rep.Idem.ProductsOff != 0 {
+		t.Errorf("idem side on MySQL: %+v (ok %v)", rep.Idem, rep.OK)
+	}
+	if rep.Database != "MariaDB" && rep.Database != "MySQL" {
+		t.Errorf("database %q, want MariaDB or MySQL", rep.Database)
+	}
+	if rep.Naive.DuplicateInvoices == 0 {
+		t.Errorf("the naive side shows no duplicate on MySQL: the run did not redeliver")
+	}
+	// The text report of the same databases says it in words.
+	out.Reset()
+	errb.Reset()
+	if code := run(context.Background(), []string{"demo", "--events", "200", "--seed", "3", "--quiet", "--mysql", dsn}, &out, &errb); code != 0 {
+		t.Fatalf("text run: exit %d; stderr:\n%s", code, errb.String())
+	}
+	for _, want := range []string{"idem: 0 rows", "applied exactly once", "database idem_demo_idem"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("text report lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// TestDemoCommandMySQLSilent: a MySQL server that accepts the connection
+// and never answers fails the demo within --connect-timeout, in one line.
+func TestDemoCommandMySQLSilent(t *testing.T) {
+	cfg := mysqltest.Database(t, "idem_demo_")
+	p := netfault.New(t, cfg.Addr)
+	p.Freeze()
+	cfg.Addr = p.Addr()
+	failsInOneLine(t, "did not answer within 1s", "--connect-timeout", "1s", "--mysql", cfg.FormatDSN())
+	if p.Accepted() == 0 {
+		t.Error("the demo never connected to the silent server")
+	}
+}
+
+func TestDemoCommandBadMySQL(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--mysql", "mysql://root@127.0.0.1:3306/test"}, "not a URL"},
+		{[]string{"--mysql", "root@tcp(127.0.0.1:3306)/test", "--postgres", "postgres://127.0.0.1/x"}, "choose PostgreSQL or MySQL"},
+		{[]string{"--mysql", "root@tcp(127.0.0.1:3306)/test", "--sqlite-dir", t.TempDir()}, "choose MySQL or a SQLite directory"},
+		{[]string{"--mysql", "root@tcp(127.0.0.1:3306"}, "user:password@tcp(host:3306)/database"},
+	} {
+		var out, errb bytes.Buffer
+		code := run(context.Background(), append([]string{"demo", "--quiet"}, c.args...), &out, &errb)
+		if code != 2 || !strings.Contains(errb.String(), c.want) {
+			t.Errorf("%v: exit %d, want 2 naming %q; stderr:\n%s", c.args, code, c.want, errb.String())
 		}
 	}
 }

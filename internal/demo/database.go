@@ -14,12 +14,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/demo/billing"
+	"github.com/idemkit/idem/mysqlinbox"
 	"github.com/idemkit/idem/sqlinbox"
 	"github.com/idemkit/idem/sqliteinbox"
 )
@@ -30,6 +32,7 @@ type side struct {
 	name    string
 	naive   bool
 	db      *sql.DB
+	dialect sqlinbox.Dialect
 	store   *sqlinbox.Store
 	gateway *billing.Gateway
 	obs     *observer
@@ -58,6 +61,7 @@ func (o *observer) count(out idem.Outcome) int {
 // openSides creates the naive and the idem databases, fresh: two SQLite
 // files in opts.SQLiteDir (a temporary directory when empty), or two schemas
 // (prefix_naive, prefix_idem) of the PostgreSQL database at opts.Postgres,
+// or two databases of those names on the MySQL server at opts.MySQL,
 // dropped first if they exist. closeAll closes them and removes a temporary
 // directory; on error, openSides has already done so.
 func openSides(ctx context.Context, opts *Options, p *plan) (naive, safe *side, closeAll func(), err error) {
@@ -73,19 +77,25 @@ func openSides(ctx context.Context, opts *Options, p *plan) (naive, safe *side, 
 		}
 	}()
 	dir := opts.SQLiteDir
-	if opts.Postgres == "" && dir == "" {
+	server := opts.Postgres != "" || opts.MySQL != ""
+	if !server && dir == "" {
 		tmp, err := os.MkdirTemp("", "idem-demo-")
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("creating a directory for SQLite: %w", err)
 		}
 		dir = tmp
 		closers = append(closers, func() { _ = os.RemoveAll(tmp) })
-	} else if opts.Postgres == "" {
+	} else if !server {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, nil, nil, fmt.Errorf("creating the SQLite directory: %w", err)
 		}
 	}
 	open := func(name string) (*sql.DB, sqlinbox.Dialect, string, error) {
+		if opts.MySQL != "" {
+			database := opts.SchemaPrefix + "_" + name
+			db, d, err := mysqlDatabase(ctx, opts.MySQL, database, opts.ConnectTimeout)
+			return db, d, "database " + database, err
+		}
 		if opts.Postgres == "" {
 			path := filepath.Join(dir, name+".db")
 			if opts.SQLiteDir != "" {
@@ -118,7 +128,7 @@ func openSides(ctx context.Context, opts *Options, p *plan) (naive, safe *side, 
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		s := &side{name: name, naive: name == "naive", db: db, store: store, gateway: billing.NewGateway(),
+		s := &side{name: name, naive: name == "naive", db: db, dialect: dialect, store: store, gateway: billing.NewGateway(),
 			obs: &observer{n: map[idem.Outcome]int{}}, procs: map[string]*idem.Processor[*sql.Tx]{}, where: where}
 		if s.naive {
 			err = billing.MigrateNaive(ctx, db, dialect)
@@ -126,7 +136,7 @@ func openSides(ctx context.Context, opts *Options, p *plan) (naive, safe *side, 
 			err = billing.Migrate(ctx, db, dialect)
 		}
 		if err == nil {
-			err = billing.SeedStock(ctx, db, p.initialStock)
+			err = billing.For(dialect).SeedStock(ctx, db, p.initialStock)
 		}
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("preparing the %s database: %w", name, err)
@@ -140,16 +150,17 @@ func openSides(ctx context.Context, opts *Options, p *plan) (naive, safe *side, 
 }
 
 func (s *side) processors(opts *Options) error {
+	svc := billing.For(s.dialect)
 	cfgs := map[string]*idem.Config[*sql.Tx]{
-		streamRenewals: billing.InvoicesConfig(),
-		streamPaid:     billing.LedgerConfig(),
-		streamPlaced:   billing.InventoryConfig(),
+		streamRenewals: svc.InvoicesConfig(),
+		streamPaid:     svc.LedgerConfig(),
+		streamPlaced:   svc.InventoryConfig(),
 	}
 	if s.naive {
 		cfgs = map[string]*idem.Config[*sql.Tx]{
-			streamRenewals: billing.NaiveInvoicesConfig(s.gateway),
-			streamPaid:     billing.NaiveLedgerConfig(),
-			streamPlaced:   billing.NaiveInventoryConfig(),
+			streamRenewals: svc.NaiveInvoicesConfig(s.gateway),
+			streamPaid:     svc.NaiveLedgerConfig(),
+			streamPlaced:   svc.NaiveInventoryConfig(),
 		}
 	}
 	for stream, cfg := range cfgs {
@@ -207,6 +218,77 @@ func postgresSchema(ctx context.Context, rawURL, schema string, timeout time.Dur
 		return nil, fmt.Errorf("creating schema %s on %s: %w", schema, where, err)
 	}
 	return db, nil
+}
+
+// mysqlDatabase drops and creates database on the MySQL or MariaDB server
+// at dsn (the driver's form, user:password@tcp(host:3306)/database, as
+// mysqlinbox.Open takes it) and returns a *sql.DB on it, opened as
+// mysqlinbox.Open does, with the dialect of the server. Dialing gives up
+// after timeout (0: no limit), and so does the first answer, so that a
+// server that accepts connections but never answers fails the demo
+// instead of hanging it.
+func mysqlDatabase(ctx context.Context, dsn, database string, timeout time.Duration) (*sql.DB, sqlinbox.Dialect, error) {
+	cfg, err := mysqlinbox.Config(dsn)
+	if err != nil {
+		return nil, nil, fmt.Errorf("the MySQL DSN: %w", err)
+	}
+	where := "MySQL at " + cfg.Addr
+	if timeout > 0 {
+		cfg.Timeout = timeout
+	}
+	ping := func(db *sql.DB) error {
+		pctx := ctx
+		if timeout > 0 {
+			var cancel context.CancelFunc
+			pctx, cancel = context.WithTimeout(ctx, timeout)
+			defer cancel()
+		}
+		err := db.PingContext(pctx)
+		var netErr net.Error
+		if err != nil && ctx.Err() == nil && timeout > 0 && (errors.Is(err, context.DeadlineExceeded) || errors.As(err, &netErr) && netErr.Timeout()) {
+			return fmt.Errorf("%s did not answer within %v: the server is unreachable or not answering", where, timeout)
+		}
+		if err != nil {
+			return fmt.Errorf("connecting to %s: %w", where, err)
+		}
+		return nil
+	}
+	admin := *cfg
+	admin.DBName = ""
+	conn, err := mysql.NewConnector(&admin)
+	if err != nil {
+		return nil, nil, fmt.Errorf("the MySQL DSN: %w", err)
+	}
+	adb := sql.OpenDB(conn)
+	defer adb.Close()
+	if err := ping(adb); err != nil {
+		return nil, nil, err
+	}
+	q := "`" + database + "`"
+	if _, err := adb.ExecContext(ctx, "DROP DATABASE IF EXISTS "+q); err != nil {
+		return nil, nil, fmt.Errorf("dropping database %s on %s: %w", database, where, err)
+	}
+	if _, err := adb.ExecContext(ctx, "CREATE DATABASE "+q); err != nil {
+		return nil, nil, fmt.Errorf("creating database %s on %s: %w", database, where, err)
+	}
+	cfg.DBName = database
+	if conn, err = mysql.NewConnector(cfg); err != nil {
+		return nil, nil, fmt.Errorf("the MySQL DSN: %w", err)
+	}
+	db := sql.OpenDB(conn)
+	// As on PostgreSQL: room for each side's consumers and their workers.
+	db.SetMaxOpenConns(24)
+	db.SetMaxIdleConns(24)
+	if err := ping(db); err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	d, err := mysqlinbox.Detect(ctx, db)
+	if err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	return db, d, nil
 }
 
 // connectCause is the part of a failed connection's error that says why:

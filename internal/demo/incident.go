@@ -6,8 +6,9 @@
 // what each did to its database and to the payment gateway.
 //
 // The default run needs no services: Kafka in process (kfake) and SQLite
-// files in a temporary directory. Options name a real PostgreSQL, RabbitMQ
-// or Kafka instead. `idem demo` is the command line of this package.
+// files in a temporary directory. Options name a real PostgreSQL, RabbitMQ,
+// MySQL/MariaDB or Kafka instead. `idem demo` is the command line of this
+// package.
 package demo
 
 import (
@@ -17,10 +18,14 @@ import (
 	"io"
 	"log/slog"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/idemkit/idem/internal/demo/billing"
+	"github.com/idemkit/idem/sqlinbox"
 )
 
 // Options configures [Run]. The zero value replays the incident at its size
@@ -43,7 +48,13 @@ type Options struct {
 	// schemas <SchemaPrefix>_naive and <SchemaPrefix>_idem there and leaves
 	// them for inspection. Empty uses SQLite.
 	Postgres string
-	// SQLiteDir, without Postgres, is the directory of the two SQLite files
+	// MySQL is a MySQL or MariaDB DSN in the driver's form,
+	// user:password@tcp(host:3306)/database (as mysqlinbox.Open takes it;
+	// the database is the one connected to first). The demo drops and
+	// recreates the databases <SchemaPrefix>_naive and <SchemaPrefix>_idem
+	// on that server and leaves them for inspection.
+	MySQL string
+	// SQLiteDir, without Postgres or MySQL, is the directory of the two SQLite files
 	// (naive.db and idem.db, replaced if they exist), kept after the run for
 	// inspection. Empty uses a temporary directory removed at the end.
 	SQLiteDir string
@@ -51,7 +62,8 @@ type Options struct {
 	// RabbitMQ: a server that accepts connections but never answers fails
 	// the run after it. Defaults to 10 seconds; negative means no limit.
 	ConnectTimeout time.Duration
-	// SchemaPrefix names the PostgreSQL schemas. Defaults to "idem_demo".
+	// SchemaPrefix names the PostgreSQL schemas, or the MySQL databases.
+	// Defaults to "idem_demo".
 	SchemaPrefix string
 	// RabbitMQ is an amqp:// URL. The demo declares its exchanges and queues
 	// (names with a random suffix) and deletes them at the end.
@@ -173,6 +185,19 @@ func (o *Options) validate() error {
 	if o.Postgres != "" && o.SQLiteDir != "" {
 		errs = append(errs, errors.New("choose PostgreSQL or a SQLite directory, not both"))
 	}
+	if o.MySQL != "" {
+		if o.Postgres != "" {
+			errs = append(errs, errors.New("choose PostgreSQL or MySQL, not both"))
+		}
+		if o.SQLiteDir != "" {
+			errs = append(errs, errors.New("choose MySQL or a SQLite directory, not both"))
+		}
+		if strings.Contains(o.MySQL, "://") {
+			errs = append(errs, errors.New("the MySQL DSN takes the driver's form user:password@tcp(host:3306)/database, not a URL"))
+		} else if _, err := mysql.ParseDSN(o.MySQL); err != nil {
+			errs = append(errs, fmt.Errorf("the MySQL DSN must be user:password@tcp(host:3306)/database: %w", err))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -237,7 +262,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	// sees those charges again and answers them from their keys.
 	relayDone := make(chan struct{})
 	var killOnce sync.Once
-	relay := &billing.ChargeRelay{DB: safe.db, Gateway: safe.gateway, BeforeMark: func(int) error {
+	relay := &billing.ChargeRelay{DB: safe.db, Dialect: safe.dialect, Gateway: safe.gateway, BeforeMark: func(int) error {
 		err := error(nil)
 		killOnce.Do(func() { err = errors.New("relay killed mid-pass") })
 		return err
@@ -311,8 +336,13 @@ wait:
 		Renewals: p.renewals, Orders: p.orders, OrderLines: p.lines, Merchants: p.merchants, Products: p.products,
 		Published: p.total(), Republished: p.republished, Query: DuplicateInvoiceQuery,
 	}
-	if opts.Postgres != "" {
+	switch {
+	case opts.Postgres != "":
 		rep.Database = "PostgreSQL"
+	case opts.MySQL != "" && safe.dialect == sqlinbox.MariaDB:
+		rep.Database = "MariaDB"
+	case opts.MySQL != "":
+		rep.Database = "MySQL"
 	}
 	for _, s := range []*side{naive, safe} {
 		sr, err := measure(context.WithoutCancel(ctx), s, p)

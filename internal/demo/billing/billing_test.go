@@ -68,7 +68,7 @@ func setup(t testing.TB, db *sql.DB, d sqlinbox.Dialect, naive bool, snap idemte
 	if err := migrate(ctx, db, d); err != nil {
 		t.Fatal(err)
 	}
-	if err := billing.SeedStock(ctx, db, map[string]int64{"sku-1": 100}); err != nil {
+	if err := billing.For(d).SeedStock(ctx, db, map[string]int64{"sku-1": 100}); err != nil {
 		t.Fatal(err)
 	}
 	return &env{db: db, store: store, snap: snap}

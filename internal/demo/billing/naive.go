@@ -25,6 +25,11 @@ const (
 // no unique index either: see [MigrateNaive]) and charges the gateway
 // without an idempotency key, as the incident's consumer did.
 func NaiveInvoicesConfig(gw *Gateway) *idem.Config[*sql.Tx] {
+	return Services{}.NaiveInvoicesConfig(gw)
+}
+
+// NaiveInvoicesConfig is [NaiveInvoicesConfig] in the services' SQL.
+func (s Services) NaiveInvoicesConfig(gw *Gateway) *idem.Config[*sql.Tx] {
 	return &idem.Config[*sql.Tx]{
 		Consumer: NaiveInvoicesConsumer,
 		Natural:  true,
@@ -32,11 +37,8 @@ func NaiveInvoicesConfig(gw *Gateway) *idem.Config[*sql.Tx] {
 			if err := e.validate(); err != nil {
 				return idem.Permanent(err)
 			}
-			var id int64
-			if err := tx.QueryRowContext(ctx, `INSERT INTO invoices
-				(customer_id, subscription_id, period, amount, status, source_message_id)
-				VALUES ($1, $2, $3, $4, 'Issued', $5) RETURNING id`,
-				e.CustomerID, e.SubscriptionID, e.Period, e.Amount, msg.ID).Scan(&id); err != nil {
+			id, err := s.insertNaiveInvoice(ctx, tx, msg, e)
+			if err != nil {
 				return fmt.Errorf("inserting invoice: %w", err)
 			}
 			if _, err := gw.Charge(ctx, "", e.CustomerID, e.Amount); err != nil {
@@ -48,7 +50,10 @@ func NaiveInvoicesConfig(gw *Gateway) *idem.Config[*sql.Tx] {
 }
 
 // NaiveLedgerConfig credits the merchant for every delivery.
-func NaiveLedgerConfig() *idem.Config[*sql.Tx] {
+func NaiveLedgerConfig() *idem.Config[*sql.Tx] { return Services{}.NaiveLedgerConfig() }
+
+// NaiveLedgerConfig is [NaiveLedgerConfig] in the services' SQL.
+func (s Services) NaiveLedgerConfig() *idem.Config[*sql.Tx] {
 	return &idem.Config[*sql.Tx]{
 		Consumer: NaiveLedgerConsumer,
 		Natural:  true,
@@ -56,13 +61,16 @@ func NaiveLedgerConfig() *idem.Config[*sql.Tx] {
 			if err := e.validate(); err != nil {
 				return idem.Permanent(err)
 			}
-			return credit(ctx, tx, msg.ID, e)
+			return s.credit(ctx, tx, msg.ID, e)
 		}),
 	}
 }
 
 // NaiveInventoryConfig takes stock for every delivery.
-func NaiveInventoryConfig() *idem.Config[*sql.Tx] {
+func NaiveInventoryConfig() *idem.Config[*sql.Tx] { return Services{}.NaiveInventoryConfig() }
+
+// NaiveInventoryConfig is [NaiveInventoryConfig] in the services' SQL.
+func (s Services) NaiveInventoryConfig() *idem.Config[*sql.Tx] {
 	return &idem.Config[*sql.Tx]{
 		Consumer: NaiveInventoryConsumer,
 		Natural:  true,
@@ -70,7 +78,27 @@ func NaiveInventoryConfig() *idem.Config[*sql.Tx] {
 			if err := e.validate(); err != nil {
 				return idem.Permanent(err)
 			}
-			return take(ctx, tx, msg.ID, e)
+			return s.take(ctx, tx, msg.ID, e)
 		}),
 	}
+}
+
+// insertNaiveInvoice inserts an invoice whatever exists, and returns its id.
+func (s Services) insertNaiveInvoice(ctx context.Context, tx *sql.Tx, msg idem.Message, e SubscriptionRenewed) (int64, error) {
+	if s.f.mysql {
+		res, err := tx.ExecContext(ctx, `INSERT INTO invoices
+			(customer_id, subscription_id, period, amount, status, source_message_id)
+			VALUES (?, ?, ?, ?, 'Issued', ?)`,
+			e.CustomerID, e.SubscriptionID, e.Period, e.Amount, msg.ID)
+		if err != nil {
+			return 0, err
+		}
+		return res.LastInsertId()
+	}
+	var id int64
+	err := tx.QueryRowContext(ctx, `INSERT INTO invoices
+		(customer_id, subscription_id, period, amount, status, source_message_id)
+		VALUES ($1, $2, $3, $4, 'Issued', $5) RETURNING id`,
+		e.CustomerID, e.SubscriptionID, e.Period, e.Amount, msg.ID).Scan(&id)
+	return id, err
 }

@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"fmt"
 	"time"
+
+	"github.com/idemkit/idem/sqlinbox"
 )
 
 // ChargeRelay sends the charges queued in charge_outbox to the gateway after
@@ -17,6 +19,9 @@ type ChargeRelay struct {
 	DB *sql.DB
 	// Gateway receives the charges. Required.
 	Gateway *Gateway
+	// Dialect is DB's (for its SQL: MySQL's differs). nil means
+	// PostgreSQL or SQLite.
+	Dialect sqlinbox.Dialect
 	// Batch is the most charges sent per pass. Defaults to 200.
 	Batch int
 	// BeforeMark, when set, is called after a pass charged and before it
@@ -32,8 +37,9 @@ func (r *ChargeRelay) SendPending(ctx context.Context) (int, error) {
 	if batch <= 0 {
 		batch = 200
 	}
-	rows, err := r.DB.QueryContext(ctx, `SELECT id, idempotency_key, customer_id, amount
-		FROM charge_outbox WHERE charge_id IS NULL ORDER BY id LIMIT $1`, batch)
+	f := flavorOf(r.Dialect)
+	rows, err := r.DB.QueryContext(ctx, f.q(`SELECT id, idempotency_key, customer_id, amount
+		FROM charge_outbox WHERE charge_id IS NULL ORDER BY id LIMIT $1`), batch)
 	if err != nil {
 		return 0, fmt.Errorf("reading charge outbox: %w", err)
 	}
@@ -77,7 +83,7 @@ func (r *ChargeRelay) SendPending(ctx context.Context) (int, error) {
 	}
 	defer func() { _ = tx.Rollback() }()
 	for i, p := range todo {
-		if _, err := tx.ExecContext(ctx, `UPDATE charge_outbox SET charge_id = $1 WHERE id = $2`, chargeIDs[i], p.id); err != nil {
+		if _, err := tx.ExecContext(ctx, f.q(`UPDATE charge_outbox SET charge_id = $1 WHERE id = $2`), chargeIDs[i], p.id); err != nil {
 			return 0, fmt.Errorf("marking charge %s sent: %w", p.key, err)
 		}
 	}

@@ -8,7 +8,9 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemtest"
 	"github.com/idemkit/idem/internal/demo/billing"
+	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/mysqlinbox"
 	"github.com/idemkit/idem/sqlinbox"
 	"github.com/idemkit/idem/sqliteinbox"
 )
@@ -28,11 +30,15 @@ func TestEveryConsumer(t *testing.T) {
 		billing.InventoryConsumer: billing.OrderPlaced{EventID: "evt-2", OrderID: "ord-1", ProductID: "sku-1", Quantity: 3},
 		billing.StatsConsumer:     renewal,
 	}
-	for _, dbName := range []string{"sqlite", "postgres"} {
+	for _, dbName := range []string{"sqlite", "postgres", "mysql"} {
 		t.Run(dbName, func(t *testing.T) {
 			t.Parallel()
 			var suite idemtest.Suite[*sql.Tx]
-			for _, cfg := range billing.Consumers() {
+			services := billing.For(nil)
+			if dbName == "mysql" {
+				services = billing.For(sqlinbox.MySQL)
+			}
+			for _, cfg := range services.Consumers() {
 				suite.Register(cfg.Consumer, idemtest.Case[*sql.Tx]{
 					Sample: message(t, cfg.Consumer+"-sample", samples[cfg.Consumer]),
 					Setup: func(t testing.TB, faults idem.FaultFunc) (*idem.Processor[*sql.Tx], idemtest.Snapshotter) {
@@ -61,10 +67,17 @@ func openEnv(t testing.TB, kind string) *env {
 		d    sqlinbox.Dialect
 		snap func(*sql.DB) idemtest.Snapshotter
 	)
-	if kind == "sqlite" {
+	switch kind {
+	case "sqlite":
 		db, err = sqliteinbox.Open(filepath.Join(t.TempDir(), "billing.db"))
 		d, snap = sqlinbox.SQLite, func(db *sql.DB) idemtest.Snapshotter { return idemtest.SQLite(db, nil) }
-	} else {
+	case "mysql":
+		db, err = mysqlinbox.Open(mysqltest.Database(t, "idem_billing_").FormatDSN())
+		if err == nil {
+			d, err = mysqlinbox.Detect(t.Context(), db)
+		}
+		snap = func(db *sql.DB) idemtest.Snapshotter { return idemtest.MySQL(db, nil) }
+	default:
 		db, err = sql.Open("pgx", pgtest.Schema(t))
 		d, snap = sqlinbox.Postgres, func(db *sql.DB) idemtest.Snapshotter { return idemtest.PostgresSQL(db, nil) }
 	}
