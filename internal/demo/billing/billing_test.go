@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"path/filepath"
+	"regexp"
 	"testing"
 
 	_ "github.com/jackc/pgx/v5/stdlib"
@@ -13,7 +14,9 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemtest"
 	"github.com/idemkit/idem/internal/demo/billing"
+	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/mysqlinbox"
 	"github.com/idemkit/idem/sqlinbox"
 	"github.com/idemkit/idem/sqliteinbox"
 )
@@ -21,11 +24,14 @@ import (
 // env is one real database with the billing tables and an inbox.
 type env struct {
 	db    *sql.DB
+	d     sqlinbox.Dialect
+	svc   billing.Services // the services in d's SQL
 	store *sqlinbox.Store
 	snap  idemtest.Snapshotter
 }
 
-// databases runs f on SQLite and on PostgreSQL, each on a fresh database.
+// databases runs f on SQLite, on PostgreSQL and on MySQL (MariaDB here),
+// each on a fresh database.
 func databases(t *testing.T, f func(t *testing.T, open func(t *testing.T, naive bool) *env)) {
 	t.Run("sqlite", func(t *testing.T) {
 		t.Parallel()
@@ -47,6 +53,21 @@ func databases(t *testing.T, f func(t *testing.T, open func(t *testing.T, naive 
 			}
 			t.Cleanup(func() { _ = db.Close() })
 			return setup(t, db, sqlinbox.Postgres, naive, idemtest.PostgresSQL(db, nil))
+		})
+	})
+	t.Run("mysql", func(t *testing.T) {
+		t.Parallel()
+		f(t, func(t *testing.T, naive bool) *env {
+			db, err := mysqlinbox.Open(mysqltest.Database(t, "idem_billing_").FormatDSN())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = db.Close() })
+			d, err := mysqlinbox.Detect(t.Context(), db)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return setup(t, db, d, naive, idemtest.MySQL(db, nil))
 		})
 	})
 }
@@ -71,7 +92,7 @@ func setup(t testing.TB, db *sql.DB, d sqlinbox.Dialect, naive bool, snap idemte
 	if err := billing.For(d).SeedStock(ctx, db, map[string]int64{"sku-1": 100}); err != nil {
 		t.Fatal(err)
 	}
-	return &env{db: db, store: store, snap: snap}
+	return &env{db: db, d: d, svc: billing.For(d), store: store, snap: snap}
 }
 
 func (e *env) processor(t *testing.T, cfg *idem.Config[*sql.Tx]) *idem.Processor[*sql.Tx] {
@@ -86,6 +107,9 @@ func (e *env) processor(t *testing.T, cfg *idem.Config[*sql.Tx]) *idem.Processor
 func (e *env) count(t *testing.T, query string, args ...any) int64 {
 	t.Helper()
 	var n int64
+	if e.svc != billing.For(nil) {
+		query = regexp.MustCompile(`\$[0-9]+`).ReplaceAllString(query, "?")
+	}
 	if err := e.db.QueryRowContext(t.Context(), query, args...).Scan(&n); err != nil {
 		t.Fatalf("%s: %v", query, err)
 	}
@@ -109,7 +133,7 @@ func TestInvoicesDeliveredTwice(t *testing.T) {
 	databases(t, func(t *testing.T, open func(*testing.T, bool) *env) {
 		e := open(t, false)
 		msg := message(t, renewal.EventID, renewal)
-		idemtest.DeliverTwice(t, e.processor(t, billing.InvoicesConfig()), msg, e.snap)
+		idemtest.DeliverTwice(t, e.processor(t, e.svc.InvoicesConfig()), msg, e.snap)
 		if n := e.count(t, `SELECT COUNT(*) FROM invoices WHERE customer_id = $1 AND period = $2 AND source_message_id = $3`,
 			renewal.CustomerID, renewal.Period, renewal.EventID); n != 1 {
 			t.Errorf("invoices of %s %s recording %s: %d, want 1", renewal.CustomerID, renewal.Period, renewal.EventID, n)
@@ -125,7 +149,7 @@ func TestInvoicesDeliveredTwice(t *testing.T) {
 func TestInvoicesSameRenewalTwoMessageIDs(t *testing.T) {
 	databases(t, func(t *testing.T, open func(*testing.T, bool) *env) {
 		e := open(t, false)
-		p := e.processor(t, billing.InvoicesConfig())
+		p := e.processor(t, e.svc.InvoicesConfig())
 		r1 := p.Process(t.Context(), message(t, "msg-1", renewal))
 		r2 := p.Process(t.Context(), message(t, "msg-2", renewal))
 		if r1.Outcome != idem.Applied || r2.Outcome != idem.Duplicate {
@@ -153,7 +177,7 @@ func TestInvoicesUniqueIndexGuards(t *testing.T) {
 		if err == nil {
 			t.Fatal("a second live invoice for cus-8421 2026-03 was accepted; the unique index is missing")
 		}
-		r := e.processor(t, billing.InvoicesConfig()).Process(ctx, message(t, "msg-1", renewal))
+		r := e.processor(t, e.svc.InvoicesConfig()).Process(ctx, message(t, "msg-1", renewal))
 		if r.Outcome != idem.Applied {
 			t.Fatalf("outcome %v (%v), want applied", r.Outcome, r.Err)
 		}
@@ -177,7 +201,7 @@ func TestLedgerDeliveredTwice(t *testing.T) {
 	databases(t, func(t *testing.T, open func(*testing.T, bool) *env) {
 		e := open(t, false)
 		paid := billing.OrderPaid{EventID: "evt-1", OrderID: "ord-1", MerchantID: "mer-1", Amount: 12_500}
-		idemtest.DeliverTwice(t, e.processor(t, billing.LedgerConfig()), message(t, paid.EventID, paid), e.snap)
+		idemtest.DeliverTwice(t, e.processor(t, e.svc.LedgerConfig()), message(t, paid.EventID, paid), e.snap)
 		if n := e.count(t, `SELECT balance FROM merchant_balances WHERE merchant_id = 'mer-1'`); n != 12_500 {
 			t.Errorf("balance of mer-1: %d, want 12500", n)
 		}
@@ -188,11 +212,11 @@ func TestInventoryDeliveredTwice(t *testing.T) {
 	databases(t, func(t *testing.T, open func(*testing.T, bool) *env) {
 		e := open(t, false)
 		line := billing.OrderPlaced{EventID: "evt-2", OrderID: "ord-1", ProductID: "sku-1", Quantity: 3}
-		idemtest.DeliverTwice(t, e.processor(t, billing.InventoryConfig()), message(t, line.EventID, line), e.snap)
+		idemtest.DeliverTwice(t, e.processor(t, e.svc.InventoryConfig()), message(t, line.EventID, line), e.snap)
 		if n := e.count(t, `SELECT quantity FROM stock WHERE product_id = 'sku-1'`); n != 97 {
 			t.Errorf("stock of sku-1: %d, want 97", n)
 		}
-		r := e.processor(t, billing.InventoryConfig()).Process(t.Context(),
+		r := e.processor(t, e.svc.InventoryConfig()).Process(t.Context(),
 			message(t, "evt-3", billing.OrderPlaced{EventID: "evt-3", OrderID: "ord-2", ProductID: "sku-404", Quantity: 1}))
 		if r.Outcome != idem.DeadLettered || !errors.Is(r.Err, billing.ErrInvalidEvent) {
 			t.Errorf("unknown product: outcome %v (%v), want dead_lettered with ErrInvalidEvent", r.Outcome, r.Err)
@@ -203,10 +227,10 @@ func TestInventoryDeliveredTwice(t *testing.T) {
 func TestStatsDeliveredTwice(t *testing.T) {
 	databases(t, func(t *testing.T, open func(*testing.T, bool) *env) {
 		e := open(t, false)
-		if r := e.processor(t, billing.InvoicesConfig()).Process(t.Context(), message(t, renewal.EventID, renewal)); r.Outcome != idem.Applied {
+		if r := e.processor(t, e.svc.InvoicesConfig()).Process(t.Context(), message(t, renewal.EventID, renewal)); r.Outcome != idem.Applied {
 			t.Fatalf("invoice: %v (%v)", r.Outcome, r.Err)
 		}
-		idemtest.DeliverTwice(t, e.processor(t, billing.StatsConfig()), message(t, renewal.EventID, renewal), e.snap)
+		idemtest.DeliverTwice(t, e.processor(t, e.svc.StatsConfig()), message(t, renewal.EventID, renewal), e.snap)
 		if n := e.count(t, `SELECT total FROM revenue_monthly WHERE period = '2026-03'`); n != 5_000_000 {
 			t.Errorf("revenue of 2026-03: %d, want 5000000", n)
 		}
@@ -219,8 +243,8 @@ func TestNaiveConsumersApplyTwice(t *testing.T) {
 		e := open(t, true)
 		ctx := t.Context()
 		gw := billing.NewGateway()
-		inv := e.processor(t, billing.NaiveInvoicesConfig(gw))
-		led := e.processor(t, billing.NaiveLedgerConfig())
+		inv := e.processor(t, e.svc.NaiveInvoicesConfig(gw))
+		led := e.processor(t, e.svc.NaiveLedgerConfig())
 		paid := billing.OrderPaid{EventID: "evt-1", OrderID: "ord-1", MerchantID: "mer-1", Amount: 12_500}
 		for range 2 {
 			inv.Process(ctx, message(t, renewal.EventID, renewal))
@@ -244,12 +268,12 @@ func TestChargeRelayResendIsReplayed(t *testing.T) {
 	databases(t, func(t *testing.T, open func(*testing.T, bool) *env) {
 		e := open(t, false)
 		ctx := t.Context()
-		if r := e.processor(t, billing.InvoicesConfig()).Process(ctx, message(t, renewal.EventID, renewal)); r.Outcome != idem.Applied {
+		if r := e.processor(t, e.svc.InvoicesConfig()).Process(ctx, message(t, renewal.EventID, renewal)); r.Outcome != idem.Applied {
 			t.Fatalf("invoice: %v (%v)", r.Outcome, r.Err)
 		}
 		gw := billing.NewGateway()
 		crash := true
-		relay := &billing.ChargeRelay{DB: e.db, Gateway: gw, BeforeMark: func(int) error {
+		relay := &billing.ChargeRelay{DB: e.db, Dialect: e.d, Gateway: gw, BeforeMark: func(int) error {
 			if crash {
 				crash = false
 				return errors.New("relay killed")
