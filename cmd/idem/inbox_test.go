@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/mysqltest"
+	"github.com/idemkit/idem/internal/netfault"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/mysqlinbox"
 	"github.com/idemkit/idem/pgxinbox"
@@ -514,5 +515,23 @@ func TestInboxMySQLFlagErrors(t *testing.T) {
 		if !strings.Contains(errOut, c.want) || strings.Contains(errOut, "secret") {
 			t.Errorf("idem inbox %s: %s, want %q", strings.Join(c.args, " "), errOut, c.want)
 		}
+	}
+}
+
+// TestInboxMySQLSilent: a MySQL server that accepts the connection and
+// never answers fails the command within --connect-timeout (exit 3),
+// naming the timeout.
+func TestInboxMySQLSilent(t *testing.T) {
+	t.Parallel()
+	cfg := mysqltest.Database(t, "idem_cli_")
+	p := netfault.New(t, cfg.Addr)
+	p.Freeze()
+	cfg.Addr = p.Addr()
+	_, errOut := inboxRunErr(t, 3, "stats", "--mysql", cfg.FormatDSN(), "--connect-timeout", "1s")
+	if !strings.Contains(errOut, "no answer within 1s (--connect-timeout)") {
+		t.Errorf("stats on a silent server: %s", errOut)
+	}
+	if p.Accepted() == 0 {
+		t.Error("the command never connected to the silent server")
 	}
 }
