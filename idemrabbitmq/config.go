@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -15,9 +16,20 @@ import (
 // Config configures a [Consumer]. Pass it to [NewConsumer], which applies
 // the defaults below and refuses an invalid configuration.
 type Config struct {
-	// URL is the broker's AMQP URI, e.g. amqp://guest:guest@127.0.0.1:5672/.
-	// Required.
+	// URL is the broker's AMQP URI, e.g. amqp://guest:guest@127.0.0.1:5672/:
+	// the one-node form of URLs. Set URL or URLs, not both.
 	URL string
+	// URLs are the AMQP URIs of a cluster's nodes, e.g. one per node of a
+	// 3-node cluster. A connection goes to one node at a time: when it is
+	// lost (the node died, or the network cut it), the consumer reconnects
+	// to the next node of the list, round-robin, so a node that died is not
+	// dialled first again; a node that refuses a connection (or does not
+	// answer within the dial timeout, 30s unless AMQP.Dial says otherwise)
+	// is skipped for the next one at once, and only when every node failed
+	// does the consumer wait its reconnect backoff. A quorum queue is
+	// reachable from every node, so consumption goes on on any survivor.
+	// URL or URLs is required.
+	URLs []string
 	// Queue is the queue to consume. Required. The consumer does not declare
 	// it; see [DeclareQuorumWithDLQ] for a topology that ends crash-looping
 	// messages in a dead-letter queue.
@@ -75,12 +87,17 @@ type Config struct {
 	// [DeclareQuorumWithDLQ] binds.
 	DeadLetterRoutingKey string
 	// DeadLetterURL is the broker URI of the connection dead letters are
-	// published on; defaults to URL. Dead letters always go out on a
-	// connection of their own: under a memory or disk alarm the broker
-	// blocks every connection that publishes, and the consuming connection,
-	// which never publishes, keeps delivering and acking while dead letters
-	// wait, unacked, for the alarm to clear.
+	// published on, the one-node form of DeadLetterURLs; set one or neither.
+	// Dead letters always go out on a connection of their own: under a
+	// memory or disk alarm the broker blocks every connection that
+	// publishes, and the consuming connection, which never publishes, keeps
+	// delivering and acking while dead letters wait, unacked, for the alarm
+	// to clear.
 	DeadLetterURL string
+	// DeadLetterURLs are the nodes of the dead-letter connection, chosen as
+	// for URLs (each connection keeps its own turn). Defaults to the
+	// consumer's URLs (or URL) when neither is set.
+	DeadLetterURLs []string
 	// ReconnectBackoff is the first wait before reconnecting after the
 	// connection or channel was lost; it doubles up to MaxReconnectBackoff,
 	// with jitter ([idem.RetryPolicy.Backoff]), and resets once a session
@@ -184,8 +201,11 @@ func (c *Config) setDefaults(consumer string) {
 	if c.DeadLetterRoutingKey == "" {
 		c.DeadLetterRoutingKey = c.Queue
 	}
-	if c.DeadLetterURL == "" {
-		c.DeadLetterURL = c.URL
+	if c.DeadLetterURL == "" && len(c.DeadLetterURLs) == 0 {
+		c.DeadLetterURLs = c.URLs
+		if len(c.URLs) == 0 {
+			c.DeadLetterURL = c.URL
+		}
 	}
 	if c.ReconnectBackoff == 0 {
 		c.ReconnectBackoff = 100 * time.Millisecond
@@ -206,11 +226,7 @@ func (c *Config) setDefaults(consumer string) {
 
 func (c *Config) validate() error {
 	var errs []error
-	if c.URL == "" {
-		errs = append(errs, errors.New("URL is required"))
-	} else if _, err := amqp.ParseURI(c.URL); err != nil {
-		errs = append(errs, fmt.Errorf("parsing URL: %w", err))
-	}
+	errs = append(errs, validateURLs("", c.URL, c.URLs)...)
 	if c.Queue == "" {
 		errs = append(errs, errors.New("queue is required"))
 	}
@@ -226,8 +242,8 @@ func (c *Config) validate() error {
 	if c.Workers < 1 {
 		errs = append(errs, fmt.Errorf("workers %d must be at least 1", c.Workers))
 	}
-	if _, err := amqp.ParseURI(c.DeadLetterURL); c.DeadLetterURL != "" && err != nil {
-		errs = append(errs, fmt.Errorf("parsing dead-letter URL: %w", err))
+	if c.URL != "" || len(c.URLs) > 0 {
+		errs = append(errs, validateURLs("dead-letter ", c.DeadLetterURL, c.DeadLetterURLs)...)
 	}
 	if c.Queue != "" && c.DeadLetterQueue == c.Queue {
 		errs = append(errs, fmt.Errorf("dead-letter queue %q must not be the consumed queue", c.DeadLetterQueue))
@@ -245,4 +261,38 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: %w", ErrConfig, errors.Join(errs...))
 	}
 	return nil
+}
+
+// validateURLs checks the one-node and the list form of a connection's
+// nodes: exactly one form set, and every URI parsable.
+func validateURLs(what, url string, urls []string) []error {
+	switch {
+	case url == "" && len(urls) == 0:
+		return []error{fmt.Errorf("%sURL or URLs is required", what)}
+	case url != "" && len(urls) > 0:
+		return []error{fmt.Errorf("%sURL and URLs are both set: set one", what)}
+	}
+	var errs []error
+	if url != "" {
+		urls = []string{url}
+	}
+	for i, u := range urls {
+		if _, err := amqp.ParseURI(u); err != nil {
+			// The URI's own text may hold a password: say which one.
+			if len(urls) == 1 {
+				errs = append(errs, fmt.Errorf("parsing %sURL: %w", what, err))
+			} else {
+				errs = append(errs, fmt.Errorf("parsing %sURL %d of %d: %w", what, i+1, len(urls), err))
+			}
+		}
+	}
+	return errs
+}
+
+// nodeURLs is a connection's nodes, from the one-node or the list form.
+func nodeURLs(url string, urls []string) []string {
+	if len(urls) > 0 {
+		return slices.Clone(urls)
+	}
+	return []string{url}
 }

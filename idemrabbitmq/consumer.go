@@ -31,6 +31,9 @@ type Consumer[TTx any] struct {
 	// exponential backoff with jitter, so consumers that failed together
 	// do not come back together.
 	reconnectBackoff idem.RetryPolicy
+	// brokers and dlBrokers choose the node of the consuming and of the
+	// dead-letter connection.
+	brokers, dlBrokers *nodes
 
 	running atomic.Bool
 	mu      sync.Mutex
@@ -84,6 +87,8 @@ func NewConsumer[TTx any](proc *idem.Processor[TTx], cfg *Config) (*Consumer[TTx
 		proc: proc, cfg: c, hooks: append(slices.Clip(proc.Hooks()), c.Hooks...),
 		reconnectBackoff: idem.RetryPolicy{InitialBackoff: c.ReconnectBackoff, MaxBackoff: c.MaxReconnectBackoff},
 		health:           idem.NewHealthState(proc.Consumer(), c.Queue),
+		brokers:          newNodes(nodeURLs(c.URL, c.URLs)),
+		dlBrokers:        newNodes(nodeURLs(c.DeadLetterURL, c.DeadLetterURLs)),
 	}, nil
 }
 
@@ -129,8 +134,8 @@ func (c *Consumer[TTx]) DropConnection() bool {
 // waited for, with the reconnect backoff. It also returns an error when
 // the broker refuses the queue (404 not found, 403 access refused) before
 // the first successful consume. Any other lost connection or channel is
-// re-established with backoff; tags of the lost channel are forgotten,
-// never acked on the new one.
+// re-established with backoff, on the next node of [Config.URLs]; tags of
+// the lost channel are forgotten, never acked on the new one.
 //
 // What becomes of each message is the processor's decision
 // ([idem.Processor.Dispose]), mapped to broker verbs by [VerbFor]. A
@@ -299,11 +304,21 @@ func (c *Consumer[TTx]) session(ctx context.Context, log *slog.Logger) (consumed
 	if err != nil {
 		return false, err
 	}
-	conn, sock, err := c.dial(c.cfg.URL, c.cfg.ConnectionName)
+	conn, sock, node, err := c.brokers.dial(func(url string) (*amqp.Connection, net.Conn, error) {
+		return c.dial(url, c.cfg.ConnectionName)
+	})
 	if err != nil {
 		dl.close()
 		return false, fmt.Errorf("connecting: %w", err)
 	}
+	defer func() {
+		if err != nil {
+			// The next session starts on the nodes after these: when
+			// one died, the reconnect goes to a survivor first.
+			c.brokers.ended(node)
+			c.dlBrokers.ended(dl.node)
+		}
+	}()
 	c.mu.Lock()
 	c.sock = sock
 	c.mu.Unlock()
@@ -336,7 +351,7 @@ func (c *Consumer[TTx]) session(ctx context.Context, log *slog.Logger) (consumed
 		return false, fmt.Errorf("starting consumer: %w", err)
 	}
 	c.health.Connect(time.Now())
-	log.Info("consuming", slog.String("consumer_tag", tag), slog.Int("prefetch", c.cfg.Prefetch),
+	log.Info("consuming", slog.String("consumer_tag", tag), slog.String("node", c.brokers.addr(node)), slog.Int("prefetch", c.cfg.Prefetch),
 		slog.String("dead_letter_queue", c.cfg.DeadLetterQueue))
 
 	l := &loop[TTx]{

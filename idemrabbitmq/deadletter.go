@@ -47,6 +47,7 @@ const maxLetters = 256
 type deadLetters struct {
 	conn     *amqp.Connection
 	sock     net.Conn
+	node     int // index of the node in the dead-letter connection's nodes
 	ch       *amqp.Channel
 	returns  chan amqp.Return
 	closed   <-chan *amqp.Error // the channel or its connection closed
@@ -64,11 +65,13 @@ type deadLetters struct {
 // broker refuses any of it.
 func (c *Consumer[TTx]) openDeadLetters(log *slog.Logger) (*deadLetters, error) {
 	cfg := &c.cfg
-	conn, sock, err := c.dial(cfg.DeadLetterURL, cfg.ConnectionName+"-dead-letters")
+	conn, sock, node, err := c.dlBrokers.dial(func(url string) (*amqp.Connection, net.Conn, error) {
+		return c.dial(url, cfg.ConnectionName+"-dead-letters")
+	})
 	if err != nil {
 		return nil, fmt.Errorf("connecting the dead-letter connection: %w", err)
 	}
-	dl := &deadLetters{conn: conn, sock: sock, exchange: cfg.DeadLetterExchange, key: cfg.DeadLetterRoutingKey,
+	dl := &deadLetters{conn: conn, sock: sock, node: node, exchange: cfg.DeadLetterExchange, key: cfg.DeadLetterRoutingKey,
 		consumer: c.proc.Consumer(), queue: cfg.Queue}
 	fail := func(err error) (*deadLetters, error) {
 		dl.close()

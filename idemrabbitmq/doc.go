@@ -114,6 +114,26 @@
 // committed batch's acks by blocking there, then returns an error to cut
 // the connection.
 //
+// # Clusters
+//
+// On a RabbitMQ cluster, consume a quorum queue (x-queue-type=quorum, as
+// [DeclareQuorumWithDLQ] declares it), publish with publisher confirms,
+// and give [Config.URLs] every node:
+//
+//	URLs: []string{"amqp://app:secret@rmq-1:5672/", "amqp://app:secret@rmq-2:5672/", "amqp://app:secret@rmq-3:5672/"},
+//
+// The consuming and the dead-letter connection are each on one node. When
+// that node dies, the session ends as on any lost connection and the
+// consumer reconnects to the next node of the list, round-robin, skipping
+// the nodes that refuse; the broker returns the deliveries that were not
+// acked, and the inbox turns those whose batch had committed into
+// Duplicates. When the queue's leader dies and the consumer's node lives,
+// the queue elects a new leader among the survivors and the consumer goes
+// on, its deliveries still held and acked on the same channel. A quorum
+// queue counts each return of a delivery in x-delivery-count (it becomes
+// [idem.Message].Attempt): every loss of the consumer's connection spends
+// one delivery of the queue's delivery limit for each message in flight.
+//
 // # Publishing
 //
 // [Publisher] publishes persistent messages with publisher confirms and

@@ -33,7 +33,7 @@ func newTestConsumer(t *testing.T, cfg *Config) *Consumer[struct{}] {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.URL == "" {
+	if cfg.URL == "" && len(cfg.URLs) == 0 {
 		cfg.URL = "amqp://guest:guest@127.0.0.1:5672/"
 	}
 	if cfg.Queue == "" {

@@ -79,6 +79,11 @@ func TestNewConsumerRefusesBadConfig(t *testing.T) {
 		"negative workers":  {URL: "amqp://127.0.0.1", Queue: "q", Workers: -1},
 		"library recovery":  {URL: "amqp://127.0.0.1", Queue: "q", AMQP: &amqp.Config{Recovery: &amqp.Recovery{}}},
 		"bad backoff range": {URL: "amqp://127.0.0.1", Queue: "q", ReconnectBackoff: time.Minute, MaxReconnectBackoff: time.Second},
+		"url and urls":      {URL: "amqp://127.0.0.1", URLs: []string{"amqp://127.0.0.2"}, Queue: "q"},
+		"bad url in list":   {URLs: []string{"amqp://127.0.0.1", "http://127.0.0.2"}, Queue: "q"},
+		"empty url in list": {URLs: []string{"amqp://127.0.0.1", ""}, Queue: "q"},
+		"dead-letter both":  {URL: "amqp://127.0.0.1", Queue: "q", DeadLetterURL: "amqp://127.0.0.2", DeadLetterURLs: []string{"amqp://127.0.0.3"}},
+		"bad dead-letter":   {URL: "amqp://127.0.0.1", Queue: "q", DeadLetterURLs: []string{"ftp://127.0.0.3"}},
 	}
 	for name, cfg := range cases {
 		if _, err := NewConsumer(proc, &cfg); !errors.Is(err, ErrConfig) {
