@@ -240,7 +240,7 @@ func TestDDLMatchesMigrate(t *testing.T) {
 // TestPruneAndStats: the prune deletes expired markers in batches and the
 // stats and per-consumer stats read the table.
 func TestPruneAndStats(t *testing.T) {
-	for _, d := range dialects {
+	for _, d := range dialects(t) {
 		t.Run(d.Name(), func(t *testing.T) { testPruneAndStats(t, d) })
 	}
 }
@@ -343,7 +343,7 @@ func splitScript(script string) []string {
 // TestConcurrentMigrate: migrators starting together on a new database all
 // succeed and leave one table at the newest version, with either dialect.
 func TestConcurrentMigrate(t *testing.T) {
-	for _, d := range dialects {
+	for _, d := range dialects(t) {
 		t.Run(d.Name(), func(t *testing.T) {
 			db := freshDB(t)
 			var wg sync.WaitGroup
