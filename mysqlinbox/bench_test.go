@@ -10,18 +10,24 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/mysqlinbox"
 	"github.com/idemkit/idem/sqlinbox"
 )
 
 // BenchmarkClaim measures messages per second for claim plus a one-row
 // business write on the test server (MariaDB) with the MySQL dialect (two
 // statements per claim after a SET) and the MariaDB one (one statement),
-// next to PostgreSQL in the same run, all through sqlinbox: one transaction per message and batches of 100, and the
-// same write without a claim (noclaim) as each database's own baseline.
+// next to PostgreSQL in the same run, all through sqlinbox: one transaction
+// per message and batches of 100, and the same write without a claim
+// (noclaim) as each database's own baseline. The +interpolate variants open
+// the database with interpolateParams=true, the driver option Open turns
+// off, to show what that choice costs or saves.
 //
 //	go test -run '^$' -bench Claim -benchtime 2s ./mysqlinbox/
 func BenchmarkClaim(b *testing.B) {
@@ -40,6 +46,11 @@ func BenchmarkClaim(b *testing.B) {
 		}},
 		{"mysql", sqlinbox.MySQL, func(b *testing.B) *sql.DB { return freshDB(b) }},
 		{"mariadb", sqlinbox.MariaDB, func(b *testing.B) *sql.DB { return freshDB(b) }},
+		// interpolateParams=true: the driver splices escaped arguments into
+		// the text, one round trip per statement instead of a prepare and
+		// an execute; measured beside Open's default (false).
+		{"mysql+interpolate", sqlinbox.MySQL, interpolatedDB},
+		{"mariadb+interpolate", sqlinbox.MariaDB, interpolatedDB},
 	}
 	onServer := dialects(b)
 	for _, be := range backends {
@@ -128,4 +139,20 @@ func benchProcessor(b *testing.B, store *sqlinbox.Store, consumer string, natura
 		b.Fatal(err)
 	}
 	return p
+}
+
+// interpolatedDB is freshDB with interpolateParams=true.
+func interpolatedDB(b *testing.B) *sql.DB {
+	cfg, err := mysqlinbox.Config(mysqltest.Database(b, "idem_t_").FormatDSN())
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.InterpolateParams = true
+	conn, err := mysql.NewConnector(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	db := sql.OpenDB(conn)
+	b.Cleanup(func() { _ = db.Close() })
+	return db
 }
