@@ -10,9 +10,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // Consumer reads records from a Kafka consumer group and applies each once in
@@ -37,6 +35,7 @@ type Consumer[TTx any] struct {
 	running atomic.Bool
 	health  *idem.HealthState
 	lag     lagTracker
+	marks   commitMarks
 	// pollFailed is set after a poll that brought only errors, and
 	// cleared by one the broker served.
 	pollFailed atomic.Bool
@@ -266,57 +265,6 @@ func (c *Consumer[TTx]) start(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// commit commits the offset after r, the last settled record of its
-// partition, and reports whether the commit was sent: not when the
-// consumer crashed, before or at the fault point. A failed commit is
-// logged and left: the records will be redelivered to whoever owns the
-// partition next and found in the inbox.
-func (c *Consumer[TTx]) commit(ctx context.Context, r *kgo.Record) bool {
-	if c.crashing() {
-		return false
-	}
-	offset := r.Offset + 1
-	if c.cfg.Faults != nil {
-		if err := c.cfg.Faults(ctx, BeforeOffsetCommit, r.Topic, r.Partition, offset); err != nil {
-			c.crash(fmt.Errorf("fault at %s: %w", BeforeOffsetCommit, err))
-			return false
-		}
-	}
-	// The commit outlives a cancelled ctx: at shutdown it is the commit that
-	// matters most.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.CommitTimeout)
-	defer cancel()
-	var cerr error
-	c.cl.CommitOffsetsSync(cctx,
-		map[string]map[int32]kgo.EpochOffset{r.Topic: {r.Partition: {Epoch: r.LeaderEpoch, Offset: offset}}},
-		func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
-			if err != nil {
-				cerr = err
-				return
-			}
-			for _, t := range resp.Topics {
-				for _, p := range t.Partitions {
-					if e := kerr.ErrorForCode(p.ErrorCode); e != nil {
-						cerr = e
-					}
-				}
-			}
-		})
-	idem.Each(c.hooks, func(h CommitHook) { h.OnCommit(r.Topic, r.Partition, offset, cerr) })
-	if cerr == nil {
-		c.stats.commits.Add(1)
-		c.lag.commit(r.Topic, r.Partition, offset)
-	} else {
-		c.stats.commitErrors.Add(1)
-		c.health.Fail(fmt.Errorf("committing offset %d of %s: %w", offset, source(r.Topic, r.Partition), cerr), time.Now())
-	}
-	if cerr != nil {
-		c.cfg.Logger.Warn("offset commit failed; the records will be redelivered and deduplicated",
-			"consumer", c.proc.Consumer(), "source", source(r.Topic, r.Partition), "offset", offset, "error", cerr)
-	}
-	return true
 }
 
 // sleep waits d or until ctx ends.

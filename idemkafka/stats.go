@@ -21,8 +21,10 @@ type Stats struct {
 	DeadLettered uint64
 	// Commits counts offset commits the broker accepted; CommitErrors those
 	// it refused or that timed out (their records are redelivered and
-	// found in the inbox).
-	Commits, CommitErrors uint64
+	// found in the inbox). CommitRetries counts commits sent again after
+	// the coordinator refused them while it moved, loaded or completed a
+	// rebalance.
+	Commits, CommitErrors, CommitRetries uint64
 	// Rebalances counts rebalances that waited for this consumer; at each
 	// it stopped retrying and gave up the records it had not settled.
 	Rebalances uint64
@@ -33,22 +35,23 @@ type Stats struct {
 
 type counters struct {
 	delivered, applied, duplicates, retried, held, deadLettered atomic.Uint64
-	commits, commitErrors, rebalances, givenUp                  atomic.Uint64
+	commits, commitErrors, commitRetries, rebalances, givenUp   atomic.Uint64
 }
 
 // Stats returns the consumer's counters.
 func (c *Consumer[TTx]) Stats() Stats {
 	s := &c.stats
 	return Stats{
-		Delivered:    s.delivered.Load(),
-		Applied:      s.applied.Load(),
-		Duplicates:   s.duplicates.Load(),
-		Retried:      s.retried.Load(),
-		Held:         s.held.Load(),
-		DeadLettered: s.deadLettered.Load(),
-		Commits:      s.commits.Load(),
-		CommitErrors: s.commitErrors.Load(),
-		Rebalances:   s.rebalances.Load(),
-		GivenUp:      s.givenUp.Load(),
+		Delivered:     s.delivered.Load(),
+		Applied:       s.applied.Load(),
+		Duplicates:    s.duplicates.Load(),
+		Retried:       s.retried.Load(),
+		Held:          s.held.Load(),
+		DeadLettered:  s.deadLettered.Load(),
+		Commits:       s.commits.Load(),
+		CommitErrors:  s.commitErrors.Load(),
+		CommitRetries: s.commitRetries.Load(),
+		Rebalances:    s.rebalances.Load(),
+		GivenUp:       s.givenUp.Load(),
 	}
 }
