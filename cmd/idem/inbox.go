@@ -86,7 +86,7 @@ subcommands:
 	for _, n := range inboxNames() {
 		fmt.Fprintf(w, "  %-*s  %s\n", width, n, inboxCommands[n].summary)
 	}
-	fmt.Fprint(w, "\nThe layout is read from the database. Run 'idem inbox <subcommand> -h' for flags.\n")
+	fmt.Fprint(w, "\nThe database: --database URL (PostgreSQL), --sqlite FILE, or --mysql DSN (MySQL or\nMariaDB, the driver's form "+mysqlForm+"); partitions and\nthe partitioned layout are PostgreSQL's. The layout is read from the database.\nRun 'idem inbox <subcommand> -h' for flags.\n")
 }
 
 func isHelp(arg string) bool {
