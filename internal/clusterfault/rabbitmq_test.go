@@ -240,10 +240,14 @@ func TestRabbitMQClusterKills(t *testing.T) {
 	for i, u := range all {
 		addrs[i] = rabbitHost(t, u)
 	}
-	restart := func(i *int) func(t *testing.T) string {
+	restart := func(i *int, pids *[4]int) func(t *testing.T) string {
 		return func(t *testing.T) string {
 			s := time.Now()
-			rabbitCluster{t: t}.must("start", strconv.Itoa(*i))
+			cl := rabbitCluster{t: t}
+			cl.must("start", strconv.Itoa(*i))
+			if pid := cl.pid(*i); pid == pids[*i] {
+				t.Fatalf("%s still has the killed pid %d after start", rabbitNodeName(*i), pid)
+			}
 			return fmt.Sprintf("%s restarted in %v", rabbitNodeName(*i), time.Since(s).Round(100*time.Millisecond))
 		}
 	}
@@ -289,11 +293,14 @@ func TestRabbitMQClusterKills(t *testing.T) {
 					// rabbitmq.sh kill does, without a shell's start-up
 					// in between: the fault lands mid-stream.
 					err := syscall.Kill(pids[killed], syscall.SIGKILL)
+					if err == nil {
+						err = rabbitAwaitDeath(pids[killed])
+					}
 					return fmt.Sprintf("leader %s, consumer on %s: killed %s", rabbitNodeName(leader), rabbitNodeName(on), rabbitNodeName(killed)), err
 				},
 			}
 			if sc.restart {
-				s.restart = restart(&killed)
+				s.restart = restart(&killed, &pids)
 			}
 			runRabbitScenario(t, s)
 			if !sc.restart {
@@ -338,4 +345,25 @@ func (l *rabbitLog) close() {
 	l.mu.Lock()
 	l.closed = true
 	l.mu.Unlock()
+}
+
+// rabbitAwaitDeath waits until process pid is gone or a zombie: a killed
+// node still exiting holds its ports for a moment, and a start then would
+// take it for running.
+func rabbitAwaitDeath(pid int) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return nil // gone
+		}
+		// The state follows the command, which is in parentheses.
+		if i := strings.LastIndexByte(string(b), ')'); i > 0 && i+2 < len(b) && b[i+2] == 'Z' {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("process %d still alive 30s after kill -9", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

@@ -167,7 +167,7 @@ boot() {
 # it died at boot (once, so a node that cannot start still fails).
 restart() {
 	local i=$1
-	running "$i" && { await "$i"; return; }
+	if running "$i" && (await "$i"); then return; fi
 	boot "$i"
 	if ! (await "$i"); then
 		echo "rabbitmq.sh: booting $(name "$i") once more" >&2
