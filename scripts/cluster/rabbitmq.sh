@@ -135,9 +135,7 @@ prepare() {
 			esac
 			ln -sfn "$d" "$DIR/plugins/$(basename "$d")"
 		done
-	else
-		unset RABBITMQ_PLUGINS_DIR # another layout: the broker's default
-	fi
+	fi # else another layout: boot leaves the broker its default
 	for i in "${NODES[@]}"; do mkdir -p "$DIR/idem$i"; done
 }
 
