@@ -267,7 +267,11 @@ func timestamptz(t time.Time) pgtype.Timestamptz {
 }
 
 // Claim inserts the markers with one statement, which also sets the lock
-// timeout. On the partitioned layout a claim without a partition time is
+// timeout. When it finds markers it did not insert, on a server with
+// synchronous standbys, it returns only once the standbys hold them
+// (durable.go), so that no Duplicate is acknowledged on a marker a
+// failover could lose; that wait takes a second connection of the pool.
+// On the partitioned layout a claim without a partition time is
 // refused with a permanent error wrapping idem.ErrNoPartitionTime.
 func (s *Store) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims []idem.Claim, lockTimeout time.Duration) ([]bool, error) {
 	if s.layout == Partitioned {
@@ -299,6 +303,12 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims []
 			return nil, fmt.Errorf("%w: %v", ErrNoPartition, err)
 		}
 		return nil, err
+	}
+	if anyFound(inserted) {
+		// A marker found may be on the primary alone (see durable.go).
+		if err := s.awaitStandbys(ctx, tx); err != nil {
+			return nil, err
+		}
 	}
 	return inserted, nil
 }
