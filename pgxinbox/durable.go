@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // With synchronous replication a marker can be visible on the primary
@@ -37,11 +38,17 @@ const standbyBarrierSQL = `SELECT pg_logical_emit_message(true, 'idem', '')`
 // awaitStandbys returns once the synchronous standbys, if the server has
 // any, hold every transaction committed before the call: the markers tx
 // found among them. The wait runs on another connection of the pool; on a
-// lone connection ([DB] is a *pgx.Conn) it cannot, and the store relies on
-// the markers' own commits.
+// lone connection ([DB] is a *pgx.Conn) or a pool of one it cannot (it
+// would wait for the connection tx holds), and the store relies on the
+// markers' own commits.
 func (s *Store) awaitStandbys(ctx context.Context, tx pgx.Tx) error {
-	if _, lone := s.db.(*pgx.Conn); lone {
+	switch d := s.db.(type) {
+	case *pgx.Conn:
 		return nil
+	case *pgxpool.Pool:
+		if d.Config().MaxConns < 2 {
+			return nil
+		}
 	}
 	var sync bool
 	if err := tx.QueryRow(ctx, syncStandbysSQL).Scan(&sync); err != nil {
