@@ -9,6 +9,9 @@
 #   postgres.sh pause-wal        stop the primary's walsender (SIGSTOP): the
 #                                standby falls behind, as on a slow link
 #   postgres.sh kill-primary     kill -9 the primary's postmaster and children
+#   postgres.sh cold-standby     restart the standby with hot_standby=off: it
+#                                refuses every connection (57P03), as a standby
+#                                does until it reaches a consistent state
 #   postgres.sh promote          promote the standby (pg_ctl promote -w)
 #   postgres.sh status           each node: running, primary or standby
 #   postgres.sh down             stop both and remove their data
@@ -175,6 +178,13 @@ pause_wal() {
 	echo "postgres: walsender (pid $pid) stopped"
 }
 
+cold_standby() {
+	[ "$(role_at "$RPORT")" = standby ] || die "cold-standby: no hot standby on $RPORT"
+	psql_at "$RPORT" "ALTER SYSTEM SET hot_standby = off" >/dev/null
+	as "$BIN/pg_ctl" -D "$REPLICA" -l "$REPLICA.log" -m fast -w -t 60 -o "-p $RPORT" restart >/dev/null
+	echo "postgres: standby on 127.0.0.1:$RPORT restarted without hot standby"
+}
+
 promote() {
 	[ "$(role_at "$RPORT")" = primary ] && { echo "postgres: 127.0.0.1:$RPORT is already primary"; return 0; }
 	as "$BIN/pg_ctl" -D "$REPLICA" -w -t 60 promote >/dev/null
@@ -195,7 +205,8 @@ up) up "${2:-async}" ;;
 down) down ;;
 kill-primary) kill_primary ;;
 pause-wal) pause_wal ;;
+cold-standby) cold_standby ;;
 promote) promote ;;
 status) status ;;
-*) die "usage: postgres.sh up [async|sync]|down|kill-primary|pause-wal|promote|status" ;;
+*) die "usage: postgres.sh up [async|sync]|down|kill-primary|pause-wal|cold-standby|promote|status" ;;
 esac
