@@ -3,6 +3,7 @@ package mysqlinbox_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -84,8 +85,13 @@ func migratedAs(t testing.TB, db *sql.DB, d sqlinbox.Dialect, cfg *sqlinbox.Conf
 }
 
 func envDB(t *testing.T, d sqlinbox.Dialect, via func(string) string) (inboxtest.Env[*sql.Tx], *sql.DB) {
-	ctx := context.Background()
 	db, _ := freshDBVia(t, via)
+	return envOn(t, d, db), db
+}
+
+// envOn is the conformance suite's environment on db.
+func envOn(t *testing.T, d sqlinbox.Dialect, db *sql.DB) inboxtest.Env[*sql.Tx] {
+	ctx := context.Background()
 	store := migratedAs(t, db, d, nil)
 	if _, err := db.ExecContext(ctx, `CREATE TABLE effects (consumer VARBINARY(255), "key" VARBINARY(512), message_id VARBINARY(255))`); err != nil {
 		t.Fatal(err)
@@ -107,7 +113,31 @@ func envDB(t *testing.T, d sqlinbox.Dialect, via func(string) string) (inboxtest
 		Begin:    store.Begin,
 		Commit:   func(_ context.Context, tx *sql.Tx) error { return tx.Commit() },
 		Rollback: func(_ context.Context, tx *sql.Tx) error { return tx.Rollback() },
-	}, db
+	}
+}
+
+// TestConformanceInterpolated runs the shared inbox suite with the MySQL
+// dialect on a database opened with interpolateParams=true, which Open
+// keeps when the DSN asks for it: keys and IDs spliced into the text by the
+// driver's escaping must claim exactly as parameters do.
+func TestConformanceInterpolated(t *testing.T) {
+	inboxtest.Run(t, inboxtest.Harness[*sql.Tx]{
+		LockTimeout: true,
+		Open: func(t *testing.T) inboxtest.Env[*sql.Tx] {
+			dsn := mysqltest.Database(t, "idem_t_").FormatDSN()
+			if strings.Contains(dsn, "?") {
+				dsn += "&interpolateParams=true"
+			} else {
+				dsn += "?interpolateParams=true"
+			}
+			db, err := mysqlinbox.Open(dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = db.Close() })
+			return envOn(t, sqlinbox.MySQL, db)
+		},
+	})
 }
 
 // TestConformance runs the shared inbox suite on MySQL/MariaDB.
@@ -161,23 +191,39 @@ func TestRetentionConformance(t *testing.T) {
 }
 
 // TestKeysAreBytes: keys that a case- or accent-insensitive collation would
-// take for one another are distinct markers.
+// take for one another are distinct markers, and keys with quotes,
+// backslashes and bytes that are not UTF-8 are stored as they are, whether
+// the driver sends them as parameters or splices them in
+// (interpolateParams=true).
 func TestKeysAreBytes(t *testing.T) {
 	for _, d := range dialects(t) {
-		t.Run(d.Name(), func(t *testing.T) { keysAreBytes(t, d) })
+		for _, interpolate := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/interpolate=%v", d.Name(), interpolate), func(t *testing.T) {
+				db := freshDB(t)
+				if interpolate {
+					cfg := mysqltest.Database(t, "idem_t_")
+					cfg.InterpolateParams = true
+					var err error
+					if db, err = mysqlinbox.Open(cfg.FormatDSN()); err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { _ = db.Close() })
+				}
+				keysAreBytes(t, d, db)
+			})
+		}
 	}
 }
 
-func keysAreBytes(t *testing.T, d sqlinbox.Dialect) {
+func keysAreBytes(t *testing.T, d sqlinbox.Dialect, db *sql.DB) {
 	ctx := context.Background()
-	db := freshDB(t)
 	s := migratedAs(t, db, d, nil)
 	tx, err := s.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback() }()
-	keys := []string{"A", "a", "e", "é", "x ", "x"}
+	keys := []string{"A", "a", "e", "é", "x ", "x", `a'b`, `a\'b`, `\`, `"q"`, "%_", "\x00\xff\xfe", "k\x00"}
 	claims := make([]idem.Claim, len(keys))
 	for i, k := range keys {
 		claims[i] = idem.Claim{Key: k, MessageID: "m" + k}
@@ -198,6 +244,15 @@ func keysAreBytes(t *testing.T, d sqlinbox.Dialect) {
 	for i, ok := range again {
 		if ok {
 			t.Errorf("key %q inserted twice", keys[i])
+		}
+	}
+	ms, err := s.Lookup(ctx, tx, "c", keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if m, ok := ms[k]; !ok || m.MessageID != "m"+k {
+			t.Errorf("lookup of %q: %+v, %v; want its marker", k, m, ok)
 		}
 	}
 }

@@ -89,13 +89,17 @@ const (
 // Config returns dsn parsed, with the options the store needs set:
 //
 //   - parseTime and loc UTC: DATETIME columns scan as UTC time.Time.
-//   - interpolateParams false: arguments travel as prepared-statement
-//     parameters, never spliced into the SQL text. Keys and message IDs
-//     are bytes bound to VARBINARY columns; as parameters they need no
-//     escaping, whatever the connection's character set or sql_mode (such
-//     as NO_BACKSLASH_ESCAPES), and a batch claim's statement text is the
-//     same for every batch of its size, which the server parses once per
-//     connection.
+//   - interpolateParams false unless the DSN sets interpolateParams=true:
+//     arguments travel as prepared-statement parameters, never spliced
+//     into the SQL text, so keys and message IDs (bytes, bound to
+//     VARBINARY columns) need no escaping whatever the connection's
+//     character set or sql_mode. It costs a round trip per statement with
+//     arguments (database/sql prepares, executes and closes each one):
+//     BenchmarkClaim measured per-message claims 25-50% faster with the
+//     MySQL dialect and up to 40% with MariaDB's when interpolated, and
+//     batches of 100 about the same. A DSN that asks for interpolation
+//     gets it: the driver escapes for the session's character set and
+//     refuses the character sets where that is unsafe.
 //   - timeout, readTimeout and writeTimeout: [DefaultDialTimeout],
 //     [DefaultReadTimeout] and [DefaultWriteTimeout] unless the DSN names
 //     them.
@@ -122,7 +126,7 @@ func Config(dsn string) (*mysql.Config, error) {
 	}
 	cfg.ParseTime = true
 	cfg.Loc = time.UTC
-	cfg.InterpolateParams = false
+	cfg.InterpolateParams = given["interpolateParams"] && cfg.InterpolateParams
 	cfg.RejectReadOnly = true
 	if cfg.Params == nil {
 		cfg.Params = map[string]string{}

@@ -430,12 +430,13 @@ func TestConfigTimeouts(t *testing.T) {
 	if !cfg.ParseTime || cfg.InterpolateParams {
 		t.Errorf("parseTime %v, interpolateParams %v: want true, false", cfg.ParseTime, cfg.InterpolateParams)
 	}
-	cfg, err = mysqlinbox.Config("u:p?/x@tcp(127.0.0.1:3306)/test?readTimeout=0&timeout=2s&parseTime=false")
+	cfg, err = mysqlinbox.Config("u:p?/x@tcp(127.0.0.1:3306)/test?readTimeout=0&timeout=2s&parseTime=false&interpolateParams=true")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Timeout != 2*time.Second || cfg.ReadTimeout != 0 || cfg.WriteTimeout != mysqlinbox.DefaultWriteTimeout || !cfg.ParseTime {
-		t.Errorf("with timeouts in the DSN: timeout %v, read %v, write %v, parseTime %v; want 2s, 0, the default, true", cfg.Timeout, cfg.ReadTimeout, cfg.WriteTimeout, cfg.ParseTime)
+	if cfg.Timeout != 2*time.Second || cfg.ReadTimeout != 0 || cfg.WriteTimeout != mysqlinbox.DefaultWriteTimeout || !cfg.ParseTime || !cfg.InterpolateParams {
+		t.Errorf("with timeouts in the DSN: timeout %v, read %v, write %v, parseTime %v, interpolateParams %v; want 2s, 0, the default, true, true",
+			cfg.Timeout, cfg.ReadTimeout, cfg.WriteTimeout, cfg.ParseTime, cfg.InterpolateParams)
 	}
 }
 
