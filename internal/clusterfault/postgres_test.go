@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"strings"
 	"testing"
 	"time"
 
@@ -92,6 +93,16 @@ func pgFailover(t *testing.T, mode string, behind bool, n int) {
 		t.Fatal(err)
 	}
 	waitReplayed(t)
+	// The durability check warns of exactly the hazard this test shows:
+	// asynchronous standbys, and none with a synchronous one.
+	d, err := store.Durability(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	warned := len(d.Risks) == 1 && strings.Contains(d.Risks[0].What, "replicate asynchronously")
+	if (mode == "async") != warned || (mode == "sync" && len(d.Risks) != 0) {
+		t.Fatalf("durability on the %s pair: risks %v (%s)", mode, d.Risks, d.Summary())
+	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	handler := func(ctx context.Context, tx pgx.Tx, m idem.Message) error {
 		_, err := tx.Exec(ctx, `INSERT INTO ledger (message_id) VALUES ($1)`, m.ID)
