@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"sync"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
