@@ -8,9 +8,9 @@
 //	store, err := mysqlinbox.New(db, &sqlinbox.Config{})
 //
 // [Open] (through [Config]) fixes the session options the store relies on
-// (parseTime with UTC, server-side parameters, ANSI_QUOTES, a UTC
-// time_zone, rejectReadOnly) and, where the DSN does not set them, bounds
-// dialing, reading and writing ([DefaultDialTimeout], [DefaultReadTimeout],
+// (parseTime with UTC, server-side parameters unless the DSN asks for
+// interpolateParams, ANSI_QUOTES, a UTC time_zone, rejectReadOnly) and,
+// where the DSN does not set them, bounds dialing, reading and writing ([DefaultDialTimeout], [DefaultReadTimeout],
 // [DefaultWriteTimeout]): a server that stops answering fails a claim as
 // unavailable instead of hanging it.
 //
