@@ -267,6 +267,10 @@ binary is older than the one that migrated it); partitioned: today and tomorrow 
 partition. Prints OK, or each problem with its fix. A schema newer than this build is
 reported, but consumers of this build still start on it and log it, so that a rolling
 deploy, which migrates while older consumers run, is not stopped by their restarts.
+It also reads the database's commit and replication settings (PostgreSQL:
+synchronous_commit, synchronous_standby_names, fsync, the streaming standbys) and warns
+when a commit the database acknowledged could be lost in a crash or a failover, with
+its fix: such a warning, which consumers log at start too, leaves the exit status as it is.
 
 exit status: 0 no problem, 1 problems found, 3 the check could not run.`
 
@@ -345,6 +349,7 @@ func inboxCheck(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
+	dur, durErr := readDurability(ctx, checker)
 	if f.jsonOut {
 		type problem struct {
 			What     string `json:"what"`
@@ -355,18 +360,24 @@ func inboxCheck(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		for i, p := range probs {
 			ps[i] = problem{p.What, p.Fix, p.Advisory}
 		}
-		if err := printJSON(stdout, map[string]any{"table": f.table, "ok": len(probs) == 0, "problems": ps}); err != nil {
+		doc := map[string]any{"table": f.table, "ok": len(probs) == 0, "problems": ps}
+		if d := durabilityJSON(dur, durErr); d != nil {
+			doc["durability"] = d
+		}
+		if err := printJSON(stdout, doc); err != nil {
 			return err
 		}
-	} else if len(probs) == 0 {
-		fmt.Fprintf(stdout, "%s: OK\n", f.table)
 	} else {
+		if len(probs) == 0 {
+			fmt.Fprintf(stdout, "%s: OK\n", f.table)
+		}
 		for _, p := range probs {
 			fmt.Fprintf(stdout, "%s\n  fix: %s\n", p.What, p.Fix)
 			if p.Advisory {
 				fmt.Fprintln(stdout, "  (advisory: consumers of this build still start and log it, so a rolling deploy is not stopped)")
 			}
 		}
+		printDurability(stdout, dur, durErr)
 	}
 	if len(probs) > 0 {
 		return &exitError{code: exitFindings}
