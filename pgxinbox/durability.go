@@ -3,9 +3,9 @@ package pgxinbox
 import (
 	"context"
 	"fmt"
-	"strconv"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/inboxdb"
 )
 
 // Durability reads the settings that decide whether a commit the server
@@ -36,42 +36,8 @@ func (s *Store) Durability(ctx context.Context) (idem.Durability, error) {
 	var syncCommit, standbyNames, fsync string
 	var recovery bool
 	var standbys, syncStandbys int
-	err = tx.QueryRow(ctx, `SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names'),
-	current_setting('fsync'), pg_is_in_recovery(),
-	(SELECT count(*) FROM pg_stat_replication),
-	(SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum'))`).
-		Scan(&syncCommit, &standbyNames, &fsync, &recovery, &standbys, &syncStandbys)
-	if err != nil {
+	if err := tx.QueryRow(ctx, inboxdb.PostgresDurabilitySQL).Scan(&syncCommit, &standbyNames, &fsync, &recovery, &standbys, &syncStandbys); err != nil {
 		return idem.Durability{}, fmt.Errorf("pgxinbox: reading durability settings: %w", err)
 	}
-	return durability(syncCommit, standbyNames, fsync, recovery, standbys, syncStandbys), nil
-}
-
-// durability turns the settings read into risks.
-func durability(syncCommit, standbyNames, fsync string, recovery bool, standbys, syncStandbys int) idem.Durability {
-	d := idem.Durability{Settings: map[string]string{
-		"synchronous_commit":        syncCommit,
-		"synchronous_standby_names": strconv.Quote(standbyNames),
-		"fsync":                     fsync,
-		"in_recovery":               strconv.FormatBool(recovery),
-		"streaming_standbys":        strconv.Itoa(standbys),
-		"synchronous_standbys":      strconv.Itoa(syncStandbys),
-	}}
-	risk := func(what, fix string) { d.Risks = append(d.Risks, idem.DurabilityRisk{What: what, Fix: fix}) }
-	if fsync == "off" {
-		risk("fsync is off: a crash of the server can lose commits it acknowledged, whose messages idem has acked",
-			"set fsync = on in postgresql.conf")
-	}
-	switch {
-	case syncCommit == "off":
-		risk("synchronous_commit is off: the server acknowledges a commit before its WAL is flushed, so a crash loses the last acknowledged effects while their messages stay acked",
-			"ALTER ROLE <consumer role> SET synchronous_commit = on (or remove the override from the connection URL)")
-	case standbyNames == "" && standbys > 0:
-		risk(fmt.Sprintf("%d streaming standby(s) replicate asynchronously (synchronous_standby_names is empty): a failover to a standby that had not received the last commits loses their effects while their messages stay acked", standbys),
-			"set synchronous_standby_names to the standbys' application_name (e.g. 'ANY 1 (replica1, replica2)') and synchronous_commit = on or remote_apply; see the README, Running on clusters")
-	case standbyNames != "" && syncCommit == "local":
-		risk("synchronous_commit is local: commits are acknowledged before the synchronous standby has them, so a failover can lose acknowledged effects",
-			"ALTER ROLE <consumer role> SET synchronous_commit = on (or remote_apply)")
-	}
-	return d
+	return inboxdb.PostgresDurability(syncCommit, standbyNames, fsync, recovery, standbys, syncStandbys), nil
 }

@@ -37,6 +37,8 @@ type Dialect interface {
 	commitUnknown(err error) bool
 	// classify implements [idem.Store.Classify].
 	classify(err error) idem.ErrorClass
+	// durability implements [Store.Durability].
+	durability(ctx context.Context, db *sql.DB) (idem.Durability, error)
 }
 
 // Postgres is the PostgreSQL dialect, for a *sql.DB opened with the pgx
@@ -70,6 +72,27 @@ func (postgres) setLockTimeout(ctx context.Context, tx *sql.Tx, d time.Duration)
 func (postgres) commitUnknown(err error) bool { return pgerr.CommitUnknown(err) }
 
 func (postgres) classify(err error) idem.ErrorClass { return pgerr.Classify(err) }
+
+func (postgres) durability(ctx context.Context, db *sql.DB) (idem.Durability, error) {
+	var syncCommit, standbyNames, fsync string
+	var recovery bool
+	var standbys, syncStandbys int
+	if err := db.QueryRowContext(ctx, inboxdb.PostgresDurabilitySQL).Scan(&syncCommit, &standbyNames, &fsync, &recovery, &standbys, &syncStandbys); err != nil {
+		return idem.Durability{}, err
+	}
+	return inboxdb.PostgresDurability(syncCommit, standbyNames, fsync, recovery, standbys, syncStandbys), nil
+}
+
+// durability reads the pragmas of one pooled connection: sqliteinbox.Open
+// sets them on every connection alike.
+func (sqlite) durability(ctx context.Context, db *sql.DB) (idem.Durability, error) {
+	var synchronous int
+	var journal string
+	if err := db.QueryRowContext(ctx, "SELECT synchronous, journal_mode FROM pragma_synchronous, pragma_journal_mode").Scan(&synchronous, &journal); err != nil {
+		return idem.Durability{}, err
+	}
+	return inboxdb.SQLiteDurability(synchronous, journal), nil
+}
 
 type sqlite struct{}
 

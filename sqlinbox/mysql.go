@@ -292,3 +292,29 @@ func (mysqlDialect) classify(err error) idem.ErrorClass {
 	}
 	return idem.ClassTransient
 }
+
+func (mysqlDialect) durability(ctx context.Context, db *sql.DB) (idem.Durability, error) {
+	var flushLog, syncBinlog string
+	var logBin bool
+	var replicas int
+	if err := db.QueryRowContext(ctx, inboxdb.MySQLDurabilitySQL).Scan(&flushLog, &syncBinlog, &logBin, &replicas); err != nil {
+		return idem.Durability{}, err
+	}
+	rows, err := db.QueryContext(ctx, inboxdb.MySQLSemiSyncSQL)
+	if err != nil {
+		return idem.Durability{}, err
+	}
+	defer rows.Close()
+	semiSync := map[string]string{}
+	for rows.Next() {
+		var name, value string
+		if err := rows.Scan(&name, &value); err != nil {
+			return idem.Durability{}, err
+		}
+		semiSync[name] = value
+	}
+	if err := rows.Err(); err != nil {
+		return idem.Durability{}, err
+	}
+	return inboxdb.MySQLDurability(flushLog, syncBinlog, logBin, replicas, semiSync), nil
+}

@@ -415,6 +415,23 @@ func extensions(ext []idem.Extension) ([]string, []time.Time) {
 	return keys, times
 }
 
+// Durability reads the settings that decide whether a commit the database
+// acknowledged survives a crash or a failover ([idem.DurabilityChecker]);
+// a consumer logs each risk at start and idem inbox check prints it.
+// PostgreSQL: synchronous_commit, synchronous_standby_names, fsync and the
+// streaming standbys (see pgxinbox's Store.Durability). MySQL and MariaDB:
+// innodb_flush_log_at_trx_commit, sync_binlog with the binary log on, the
+// replicas connected (seen with the PROCESS privilege) and
+// semi-synchronous replication with its fallback timeout. SQLite: the
+// synchronous pragma.
+func (s *Store) Durability(ctx context.Context) (idem.Durability, error) {
+	d, err := s.dialect.durability(ctx, s.db)
+	if err != nil {
+		return idem.Durability{}, fmt.Errorf("sqlinbox: reading durability settings: %w", err)
+	}
+	return d, nil
+}
+
 // Classify tells transient from permanent errors by driver error type and
 // code: on PostgreSQL by SQLSTATE (see package internal/pgerr); on SQLite
 // SQLITE_CONSTRAINT, SQLITE_MISMATCH and SQLITE_TOOBIG are permanent.

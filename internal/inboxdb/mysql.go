@@ -80,7 +80,9 @@ WHERE i.consumer = ? AND i.keep_until < LEAST(e.t, ` + mysqlAhead + `)`,
 	}
 
 	d.Now = `SELECT ` + mysqlNow
-	// DELETE ... RETURNING is MariaDB's (10.0 and later); MySQL has none.
+	// DELETE ... RETURNING is MariaDB's (10.0 and later); MySQL has none,
+	// and sqlinbox's MySQL driver runs this batch as a SELECT ... FOR
+	// UPDATE of the keys and a DELETE of them in one transaction instead.
 	d.PruneBatch = `DELETE FROM ` + q + ` WHERE keep_until < ? ORDER BY keep_until LIMIT ? RETURNING consumer, "key"`
 	d.Prunable = `SELECT count(*) FROM ` + q + ` WHERE keep_until < ?`
 	d.Stats = `SELECT count(*),
@@ -143,9 +145,10 @@ SET s."keys" = a.k, s.filter = a.f`
 ON DUPLICATE KEY UPDATE version = GREATEST(version, VALUES(version)), applied_at = ` + mysqlNow
 	d.ReadSettings = `SELECT layout, window_ms, previous_window_ms, TIMESTAMPDIFF(MICROSECOND, changed_at, ` + mysqlNow + `) DIV 1000
 FROM ` + settings + ` WHERE table_name = ?`
-	// Migrators are not serialized on MySQL (its DDL commits implicitly,
-	// ending any lock a transaction held): the first to record settings
-	// wins, and one racing it keeps the recorded ones.
+	// Migrators are serialized on MySQL by a named lock (GET_LOCK) the
+	// migrating session holds across DDL's implicit commits (sqlinbox's
+	// MySQL driver); should one run without it, the first to record
+	// settings still wins, and one racing it keeps the recorded ones.
 	d.InsertSettings = `INSERT INTO ` + settings + ` (table_name, layout, window_ms) VALUES (?, ?, ?)
 ON DUPLICATE KEY UPDATE table_name = table_name`
 	d.UpdateWindow = `UPDATE ` + settings + ` s JOIN (SELECT ? AS t, ? AS w, ? AS p) a ON s.table_name = a.t

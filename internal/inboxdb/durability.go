@@ -1,0 +1,145 @@
+package inboxdb
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/idemkit/idem"
+)
+
+// The durability checks of each database ([idem.DurabilityChecker]): the
+// settings that decide whether a commit the server acknowledged survives a
+// crash or a failover, read by the stores, and the risks they carry.
+
+// PostgresDurabilitySQL reads, as the session sees them, what
+// [PostgresDurability] takes.
+const PostgresDurabilitySQL = `SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names'),
+	current_setting('fsync'), pg_is_in_recovery(),
+	(SELECT count(*) FROM pg_stat_replication),
+	(SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum'))`
+
+// PostgresDurability turns PostgreSQL's settings into risks:
+//
+//   - fsync off, or synchronous_commit off: a crash of the server alone
+//     loses commits it acknowledged;
+//   - streaming standbys with no synchronous_standby_names: replication is
+//     asynchronous, and a failover to a standby that had not received the
+//     last commits loses them;
+//   - synchronous_standby_names set with synchronous_commit local: commits
+//     are acknowledged before the standby has them, the same hazard.
+//
+// synchronous_commit on (the standby flushed the commit) or remote_apply
+// (it also applied it) with a synchronous standby keeps every acknowledged
+// commit across a failover to that standby; remote_write keeps it unless
+// the standby's operating system crashes at the same time as the primary.
+// A standby disconnected while the settings are read is not counted.
+func PostgresDurability(syncCommit, standbyNames, fsync string, recovery bool, standbys, syncStandbys int) idem.Durability {
+	d := idem.Durability{Settings: map[string]string{
+		"synchronous_commit":        syncCommit,
+		"synchronous_standby_names": strconv.Quote(standbyNames),
+		"fsync":                     fsync,
+		"in_recovery":               strconv.FormatBool(recovery),
+		"streaming_standbys":        strconv.Itoa(standbys),
+		"synchronous_standbys":      strconv.Itoa(syncStandbys),
+	}}
+	if fsync == "off" {
+		d.Risks = append(d.Risks, risk("fsync is off: a crash of the server can lose commits it acknowledged, whose messages idem has acked",
+			"set fsync = on in postgresql.conf"))
+	}
+	switch {
+	case syncCommit == "off":
+		d.Risks = append(d.Risks, risk("synchronous_commit is off: the server acknowledges a commit before its WAL is flushed, so a crash loses the last acknowledged effects while their messages stay acked",
+			"ALTER ROLE <consumer role> SET synchronous_commit = on (or remove the override from the connection URL)"))
+	case standbyNames == "" && standbys > 0:
+		d.Risks = append(d.Risks, risk(fmt.Sprintf("%d streaming standby(s) replicate asynchronously (synchronous_standby_names is empty): a failover to a standby that had not received the last commits loses their effects while their messages stay acked", standbys),
+			"set synchronous_standby_names to the standbys' application_name (e.g. 'ANY 1 (replica1, replica2)') and synchronous_commit = on; see the README, Running on clusters"))
+	case standbyNames != "" && syncCommit == "local":
+		d.Risks = append(d.Risks, risk("synchronous_commit is local: commits are acknowledged before the synchronous standby has them, so a failover can lose acknowledged effects",
+			"ALTER ROLE <consumer role> SET synchronous_commit = on"))
+	}
+	return d
+}
+
+// MySQLDurabilitySQL reads the server-wide settings [MySQLDurability]
+// takes, and the replicas connected (their binlog dump threads, visible
+// with the PROCESS privilege; without it none are counted).
+const MySQLDurabilitySQL = `SELECT @@GLOBAL.innodb_flush_log_at_trx_commit, @@GLOBAL.sync_binlog, @@GLOBAL.log_bin,
+	(SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE COMMAND IN ('Binlog Dump', 'Binlog Dump GTID'))`
+
+// MySQLSemiSyncSQL lists the semi-synchronous replication settings of
+// the primary, named rpl_semi_sync_master_* (MariaDB, MySQL before 8.0.26)
+// or rpl_semi_sync_source_* (MySQL 8.0.26 and later); none when the plugin
+// is not loaded.
+const MySQLSemiSyncSQL = `SHOW GLOBAL VARIABLES WHERE Variable_name IN ('rpl_semi_sync_master_enabled', 'rpl_semi_sync_source_enabled',
+	'rpl_semi_sync_master_timeout', 'rpl_semi_sync_source_timeout', 'rpl_semi_sync_master_wait_point', 'rpl_semi_sync_source_wait_point')`
+
+// semiSyncFallback is the shortest rpl_semi_sync_*_timeout not reported:
+// below it, a replica that stops acknowledging turns the primary
+// asynchronous within a failover manager's usual detection time.
+const semiSyncFallback = 60_000 // ms
+
+// MySQLDurability turns MySQL's and MariaDB's settings into risks:
+//
+//   - innodb_flush_log_at_trx_commit other than 1: commits are acknowledged
+//     before InnoDB's log is flushed, and a crash loses the last ones;
+//   - the binary log on with sync_binlog other than 1: a crash can lose
+//     commits from the binary log, which replicas then never get;
+//   - replicas connected without semi-synchronous replication: a failover
+//     to a replica that had not received the last commits loses them;
+//   - semi-synchronous replication with a timeout under a minute: when no
+//     replica acknowledges in time, the primary goes on asynchronously,
+//     silently, and the same hazard returns.
+func MySQLDurability(flushLog, syncBinlog string, logBin bool, replicas int, semiSync map[string]string) idem.Durability {
+	d := idem.Durability{Settings: map[string]string{
+		"innodb_flush_log_at_trx_commit": flushLog,
+		"sync_binlog":                    syncBinlog,
+		"log_bin":                        strconv.FormatBool(logBin),
+		"replicas":                       strconv.Itoa(replicas),
+	}}
+	for k, v := range semiSync {
+		d.Settings[k] = v
+	}
+	if flushLog != "1" {
+		d.Risks = append(d.Risks, risk("innodb_flush_log_at_trx_commit is "+flushLog+": the server acknowledges a commit before InnoDB's log is flushed, so a crash loses the last acknowledged effects while their messages stay acked",
+			"SET PERSIST innodb_flush_log_at_trx_commit = 1 (MariaDB: SET GLOBAL, and in the server's configuration)"))
+	}
+	if logBin && syncBinlog != "1" {
+		d.Risks = append(d.Risks, risk("sync_binlog is "+syncBinlog+": a crash can lose acknowledged commits from the binary log, which replicas then never receive, so a failover loses them",
+			"SET PERSIST sync_binlog = 1 (MariaDB: SET GLOBAL, and in the server's configuration)"))
+	}
+	enabled := semiSync["rpl_semi_sync_master_enabled"] == "ON" || semiSync["rpl_semi_sync_source_enabled"] == "ON"
+	switch {
+	case replicas > 0 && !enabled:
+		d.Risks = append(d.Risks, risk(fmt.Sprintf("%d replica(s) replicate asynchronously: a failover to a replica that had not received the last commits loses their effects while their messages stay acked", replicas),
+			"enable semi-synchronous replication (rpl_semi_sync_source_enabled, MariaDB rpl_semi_sync_master_enabled, with wait point AFTER_SYNC) and a timeout longer than your failover's detection time; see the README, Running on clusters"))
+	case enabled:
+		timeout := semiSync["rpl_semi_sync_source_timeout"]
+		if timeout == "" {
+			timeout = semiSync["rpl_semi_sync_master_timeout"]
+		}
+		if ms, err := strconv.ParseInt(timeout, 10, 64); err == nil && ms < semiSyncFallback {
+			d.Risks = append(d.Risks, risk("semi-synchronous replication falls back to asynchronous when no replica acknowledges within "+timeout+" ms: a failover after that loses acknowledged effects",
+				"raise rpl_semi_sync_source_timeout (MariaDB rpl_semi_sync_master_timeout) above your failover's detection time"))
+		}
+	}
+	return d
+}
+
+// SQLiteDurability turns SQLite's synchronous pragma (0 OFF, 1 NORMAL,
+// 2 FULL, 3 EXTRA) into risks: OFF leaves the flush to the operating
+// system, so a crash of the machine can lose or corrupt acknowledged
+// commits. NORMAL in WAL mode (sqliteinbox.Open's) is durable across a
+// crash of the application and may lose the last commits in a power loss.
+func SQLiteDurability(synchronous int, journalMode string) idem.Durability {
+	d := idem.Durability{Settings: map[string]string{
+		"synchronous":  strconv.Itoa(synchronous),
+		"journal_mode": journalMode,
+	}}
+	if synchronous == 0 {
+		d.Risks = append(d.Risks, risk("synchronous is OFF: SQLite does not wait for the disk, so a crash of the machine can lose or corrupt commits whose messages idem has acked",
+			"open the database with _pragma=synchronous(NORMAL) in WAL mode (as sqliteinbox.Open does), or FULL"))
+	}
+	return d
+}
+
+func risk(what, fix string) idem.DurabilityRisk { return idem.DurabilityRisk{What: what, Fix: fix} }
