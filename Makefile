@@ -27,7 +27,7 @@ lint:
 
 # Benchmarks: claim vs no claim, batch sizes; see README for the figures.
 bench: services
-	$(GO) test -run '^$$' -bench 'Claim|VersusHandRolled' -benchtime 3s -count 1 ./pgxinbox/ ./sqlinbox/
+	$(GO) test -run '^$$' -bench 'Claim|VersusHandRolled' -benchtime 3s -count 1 ./pgxinbox/ ./sqlinbox/ ./mysqlinbox/
 
 # idem side by side with the peers (no guard, the inbox SQL by hand, a
 # hand-rolled batched inbox, Watermill) on RabbitMQ and Kafka (kfake unless
