@@ -38,8 +38,14 @@ import (
 // A node is stopped the way a broker process dies: its listener closes
 // (kfake.RemoveNode; kfake elects new leaders among the nodes left and
 // rehashes the coordinators over them) and every request that still
-// arrives on a connection to it closes that connection unanswered. It is
-// started again on its port with kfake.AddNode.
+// arrives on a connection to it closes that connection unanswered. Once
+// the group made progress without it, a replacement node with a new ID
+// joins (kfake.AddNode), so the cluster has three nodes again. (Bringing
+// back the same ID would let a connection that stayed idle while the node
+// was down reach the new node under the old one's identity, which no
+// restarted broker process allows: kfake then answers NOT_LEADER on it
+// forever, and the client, which keeps one connection per broker ID,
+// never recovers.)
 
 func TestKafkaSmoke(t *testing.T) {
 	runKafka(t, kafkaScenario{
@@ -147,15 +153,15 @@ func stopCoordinator(t *testing.T, r *kafkaRig) int {
 type kafkaRig struct {
 	t     *testing.T
 	c     *kfake.Cluster
-	ports map[int32]int
 	topic string
 	group string
 	pool  *pgxpool.Pool
 	store *pgxinbox.Store
 	log   *slog.Logger
 
-	downMu sync.Mutex
-	down   map[int32]bool
+	downMu   sync.Mutex
+	down     map[int32]bool
+	nextNode int32 // the last node ID given out
 
 	applied   atomic.Int64 // Applied outcomes
 	fetchErrs atomic.Int64 // fetch errors the consumers logged
@@ -195,20 +201,13 @@ func newKafkaRig(t *testing.T) *kafkaRig {
 	}
 	t.Cleanup(c.Close)
 	r := &kafkaRig{
-		t: t, c: c, ports: map[int32]int{}, down: map[int32]bool{},
+		t: t, c: c, down: map[int32]bool{}, nextNode: kafkaNodes - 1,
 		topic: "ledger", group: "ledger-consumers",
 		produced: map[int32]map[int64]string{}, accepted: map[int32]int64{},
 		commitErrs: map[string]int{}, progress: make(chan struct{}),
 	}
 	r.log = slog.New(&fetchErrors{Handler: slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}), n: &r.fetchErrs})
 
-	for i, a := range c.ListenAddrs() {
-		var port int
-		if _, err := fmt.Sscanf(a[strings.LastIndexByte(a, ':')+1:], "%d", &port); err != nil {
-			t.Fatalf("port of %s: %v", a, err)
-		}
-		r.ports[int32(i)] = port
-	}
 	// A stopped node answers nothing: a request on a connection opened
 	// before it stopped closes the connection.
 	c.Control(func(kmsg.Request) (kmsg.Response, error, bool) {
@@ -308,7 +307,7 @@ func (r *kafkaRig) ledgerOf(partition int32) (map[string]bool, error) {
 	return m, nil
 }
 
-// stop takes node away; start brings it back on its port.
+// stop takes node away for good; replace adds a node in its place.
 func (r *kafkaRig) stop(t *testing.T, node int32) {
 	r.downMu.Lock()
 	r.down[node] = true
@@ -318,16 +317,16 @@ func (r *kafkaRig) stop(t *testing.T, node int32) {
 	}
 }
 
-func (r *kafkaRig) start(t *testing.T, node int32) {
-	if _, _, err := r.c.AddNode(node, r.ports[node]); err != nil {
-		t.Fatalf("starting node %d on port %d: %v", node, r.ports[node], err)
+func (r *kafkaRig) replace(t *testing.T, node int32) {
+	// A fresh ID: kfake's next one (one above the highest left) may be
+	// the stopped node's.
+	r.nextNode++
+	if _, _, err := r.c.AddNode(r.nextNode, 0); err != nil {
+		t.Fatalf("adding node %d in place of %d: %v", r.nextNode, node, err)
 	}
-	r.downMu.Lock()
-	delete(r.down, node)
-	r.downMu.Unlock()
 }
 
-// stopUntilProgress stops node and starts it again once the group had
+// stopUntilProgress stops node and adds a replacement once the group had
 // three more commits accepted without it (or everything produced so far
 // was applied).
 func (r *kafkaRig) stopUntilProgress(t *testing.T, node int32) {
@@ -349,7 +348,7 @@ func (r *kafkaRig) stopUntilProgress(t *testing.T, node int32) {
 			t.Fatalf("the group made no progress within 90s with node %d stopped; %s", node, r.state())
 		}
 	}
-	r.start(t, node)
+	r.replace(t, node)
 }
 
 func (r *kafkaRig) producedN() int {
@@ -378,11 +377,7 @@ func (r *kafkaRig) caughtUp() bool {
 // client returns a plain client (producer, admin) on every node.
 func (r *kafkaRig) client(t *testing.T, opts ...kgo.Opt) *kgo.Client {
 	t.Helper()
-	seeds := make([]string, 0, len(r.ports))
-	for _, port := range r.ports {
-		seeds = append(seeds, fmt.Sprintf("127.0.0.1:%d", port))
-	}
-	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(seeds...), kgo.ProducerLinger(0)}, opts...)...)
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(r.c.ListenAddrs()...), kgo.ProducerLinger(0)}, opts...)...)
 	if err != nil {
 		t.Fatalf("creating client: %v", err)
 	}
@@ -488,6 +483,16 @@ func (m *kafkaMember) revoke(_ context.Context, _ *kgo.Client, ps map[string][]i
 	}
 }
 
+func (m *kafkaMember) revokedList() []int32 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var ps []int32
+	for p := range m.revoked {
+		ps = append(ps, p)
+	}
+	return ps
+}
+
 // OnCommit is the member's idemkafka.CommitHook.
 func (m *kafkaMember) OnCommit(_ string, p int32, offset int64, err error) {
 	r := m.rig
@@ -575,7 +580,10 @@ func (r *kafkaRig) state() string {
 	members := append([]*kafkaMember(nil), r.members...)
 	r.mu.Unlock()
 	for _, m := range members {
-		fmt.Fprintf(&b, "; member %s: %+v", m.name, m.cons.Stats())
+		cl := m.cons.Client()
+		_, gen := cl.GroupMetadata()
+		fmt.Fprintf(&b, "; member %s (generation %d, paused %v, uncommitted %v, revoked %v): %+v", m.name, gen,
+			cl.PauseFetchPartitions(nil), cl.UncommittedOffsets()[r.topic], m.revokedList(), m.cons.Stats())
 	}
 	fmt.Fprintf(&b, "; coordinator %d, leaders", r.c.CoordinatorFor(r.group))
 	for p := range int32(kafkaPartitions) {
