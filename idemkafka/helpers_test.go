@@ -356,6 +356,25 @@ func run[TTx any](t testing.TB, c *idemkafka.Consumer[TTx]) (stop func() error) 
 	return testrun.Start(t, c, 60*time.Second)
 }
 
+// waitOr is wait that, on a timeout, logs state() first: where the
+// consumers stood, for a failure too rare to reproduce at will.
+func waitOr(t testing.TB, ch <-chan struct{}, d time.Duration, what string, state func() string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(d):
+		t.Fatalf("timed out after %v waiting for %s; %s", d, what, state())
+	}
+}
+
+// consumerState describes a consumer's client and counters.
+func consumerState[TTx any](c *idemkafka.Consumer[TTx]) string {
+	cl := c.Client()
+	_, gen := cl.GroupMetadata()
+	return fmt.Sprintf("generation %d, paused %v, uncommitted %v, committed %v, stats %+v",
+		gen, cl.PauseFetchPartitions(nil), cl.UncommittedOffsets(), cl.CommittedOffsets(), c.Stats())
+}
+
 // wait fails the test if ch is not closed within d.
 func wait(t testing.TB, ch <-chan struct{}, d time.Duration, what string) {
 	t.Helper()

@@ -2,6 +2,7 @@ package idemkafka_test
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -83,7 +84,12 @@ func TestRebalanceGivesUpSlowRecord(t *testing.T) {
 		t.Errorf("partition 0 committed up to %d, past the slow record at offset 1", p0)
 	}
 	close(release)
-	wait(t, obs.done, 60*time.Second, "every partition committed once the slow record let go")
+	waitOr(t, obs.done, 60*time.Second, "every partition committed once the slow record let go", func() string {
+		obs.mu.Lock()
+		defer obs.mu.Unlock()
+		return fmt.Sprintf("commits %v; slow record ran %d times; first member: %s; second member: %s",
+			obs.log, slowRuns.Load(), consumerState(a), consumerState(b))
+	})
 	if err := stopB(); err != nil {
 		t.Errorf("second member's Run = %v", err)
 	}
