@@ -41,7 +41,13 @@
 // it committed in the database. The rebalance is held until every batch of
 // the poll is settled and committed, so a revoked partition never has a
 // batch in flight, no offset is committed by two members and none moves
-// backwards.
+// backwards. A commit the coordinator refuses while it moves, loads or
+// completes a rebalance is sent again, within [Config.CommitTimeout], while
+// the poll's rebalance is held and the partition is therefore still this
+// member's; never once the coordinator says the member left the group. An
+// offset at or below one already accepted from this consumer is not sent,
+// however the client's position moved back (a record given up and fetched
+// again, a rewind after a leader change).
 //
 // Before it takes a record, Run checks that the inbox can be used
 // (idem.Processor.Check) and that the dead-letter topic of every consumed
