@@ -114,6 +114,9 @@ func Config(dsn string) (*mysql.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: mysqlinbox: %w", idem.ErrConfig, err)
 	}
+	if cfg.DBName == "" {
+		return nil, fmt.Errorf("%w: mysqlinbox: the DSN names no database (user:password@tcp(host:3306)/database): the inbox table, its migration lock and its settings belong to one database", idem.ErrConfig)
+	}
 	given := dsnParams(dsn)
 	if !given["timeout"] {
 		cfg.Timeout = DefaultDialTimeout

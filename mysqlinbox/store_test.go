@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/netfault"
@@ -479,4 +481,42 @@ func TestFrozenServerFailsClaimUnavailable(t *testing.T) {
 		t.Errorf("claim on a frozen server: %v, classified %v, want unavailable", err, c)
 	}
 	_ = tx.Rollback()
+}
+
+// TestMigrateWithoutDatabase: a connection with no database selected makes
+// the migration lock's name NULL, and GET_LOCK(NULL, …) answers NULL at
+// once; the migrator refuses with a configuration error rather than poll
+// until its context ends (which context.Background never does). Open and
+// Config refuse such a DSN before any of that.
+func TestMigrateWithoutDatabase(t *testing.T) {
+	cfg := mysqltest.Database(t, "idem_t_")
+	cfg.DBName = ""
+	if _, err := mysqlinbox.Config(cfg.FormatDSN()); !errors.Is(err, idem.ErrConfig) || !strings.Contains(err.Error(), "names no database") {
+		t.Errorf("Config without a database: %v, want ErrConfig naming the missing database", err)
+	}
+	if db, err := mysqlinbox.Open(cfg.FormatDSN()); !errors.Is(err, idem.ErrConfig) {
+		if db != nil {
+			_ = db.Close()
+		}
+		t.Errorf("Open without a database: %v, want ErrConfig", err)
+	}
+	// A *sql.DB of the caller's own, as sqlinbox.New takes one.
+	conn, err := mysql.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := sql.OpenDB(conn)
+	defer db.Close()
+	s, err := sqlinbox.New(db, sqlinbox.MySQL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The deadline only bounds a migrator that spins: it ends in a context
+	// error, not the configuration error wanted.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = s.Migrate(ctx)
+	if !errors.Is(err, idem.ErrConfig) || !strings.Contains(err.Error(), "no database selected") {
+		t.Fatalf("Migrate without a database: %v, want ErrConfig saying no database is selected", err)
+	}
 }

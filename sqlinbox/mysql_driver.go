@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/inboxdb"
 )
 
@@ -53,11 +54,23 @@ func (m mysqlDriver) BeginMigration(ctx context.Context) (inboxdb.Tx, error) {
 	}
 	for {
 		var got sql.NullInt64
-		if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(`+mysqlMigrateLock+`, ?)`, mysqlLockPoll).Scan(&got); err != nil {
+		var noDB bool
+		if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(`+mysqlMigrateLock+`, ?), DATABASE() IS NULL`, mysqlLockPoll).Scan(&got, &noDB); err != nil {
 			_ = conn.Close()
 			return nil, fmt.Errorf("taking the migration lock: %w", err)
 		}
-		if got.Valid && got.Int64 == 1 {
+		// GET_LOCK answers NULL at once, without waiting, when the name is
+		// NULL (no database selected: SHA1(NULL) is NULL) or the session
+		// was killed; polling again would spin until the context ends.
+		if noDB {
+			_ = conn.Close()
+			return nil, fmt.Errorf("%w: taking the migration lock: the connection has no database selected (name one in the DSN: user@tcp(host:3306)/database)", idem.ErrConfig)
+		}
+		if !got.Valid {
+			_ = conn.Close()
+			return nil, errors.New("taking the migration lock: GET_LOCK returned NULL (the session was killed, or the lock name is invalid)")
+		}
+		if got.Int64 == 1 {
 			break
 		}
 		if err := ctx.Err(); err != nil {
