@@ -194,6 +194,9 @@ const (
 	mysqlCheckViolatedMy   = 3819
 	mysqlGoneAway          = 2006
 	mysqlLostConnection    = 2013
+	mysqlOptionPrevents    = 1290 // --read-only, super_read_only (and other options)
+	mysqlReadOnlyMode      = 1836 // MySQL's read-only mode
+	mysqlReadOnlyTx        = 1792 // a write in a READ ONLY transaction
 )
 
 // mysqlNumber finds a server error's number in err's chain: the driver's
@@ -268,7 +271,13 @@ func (mysqlDialect) commitUnknown(err error) bool {
 
 // classify: deadlocks (1213) and lock wait timeouts (1205) are contention,
 // busy; a gone or lost server (2006, 2013, network errors), too many
-// connections (1040) or a shutdown (1053) is unavailable; a missing table,
+// connections (1040) or a shutdown (1053) is unavailable, and so is a
+// server that cannot write (1290 under read_only or super_read_only, 1836,
+// 1792): how a failover fences the old primary, an outage rather than the
+// message's fault. Such a connection would fail again on the same server;
+// the driver's rejectReadOnly (which mysqlinbox.Open sets) closes it and
+// answers driver.ErrBadConn instead, so that the next try dials again
+// (where a proxy or a DNS name may lead to the new primary). A missing table,
 // database or privilege is a configuration error; data and integrity errors
 // (a duplicate entry, 1062, where one is not expected: a handler's own
 // unique key) fail the same way every time. Everything else is transient.
@@ -277,7 +286,8 @@ func (mysqlDialect) classify(err error) idem.ErrorClass {
 		switch n {
 		case mysqlDeadlock, mysqlLockWaitTimeout:
 			return idem.ClassBusy
-		case mysqlGoneAway, mysqlLostConnection, mysqlTooManyConns, mysqlServerShutdown:
+		case mysqlGoneAway, mysqlLostConnection, mysqlTooManyConns, mysqlServerShutdown,
+			mysqlOptionPrevents, mysqlReadOnlyMode, mysqlReadOnlyTx:
 			return idem.ClassUnavailable
 		case mysqlNoSuchTable, mysqlBadDB, mysqlAccessDenied, mysqlDBAccessDenied, mysqlTableAccessDenied:
 			return idem.ClassConfig

@@ -48,6 +48,9 @@ func TestMySQLClassify(t *testing.T) {
 		{wrap(2006), idem.ClassUnavailable, true},
 		{wrap(2013), idem.ClassUnavailable, true},
 		{wrap(1040), idem.ClassUnavailable, false},
+		{wrap(1290), idem.ClassUnavailable, false}, // read_only, super_read_only
+		{wrap(1836), idem.ClassUnavailable, false},
+		{wrap(1792), idem.ClassUnavailable, false},
 		{wrap(1317), idem.ClassTransient, false},
 		{errors.Join(errors.New("x"), driver.ErrBadConn), idem.ClassUnavailable, true},
 		{fmt.Errorf("committing: %w", errors.New("invalid connection")), idem.ClassUnavailable, true},
