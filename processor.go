@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -33,6 +34,10 @@ type Processor[TTx any] struct {
 	hooks         []Hook
 	// tracers are the TraceHooks among hooks; none costs a nil check.
 	tracers []TraceHook
+	// durabilityLogged is the summary of the durability risks logged last
+	// (checkDurability), so that a Check repeated after an outage logs
+	// them again only when they changed.
+	durabilityLogged atomic.Pointer[string]
 }
 
 // NewProcessor returns a processor over store. It applies cfg's defaults and
@@ -493,7 +498,7 @@ func (p *Processor[TTx]) runTx(ctx context.Context, items []*item) error {
 	if err := p.fault(ctx, AfterHandler, items); err != nil {
 		return err
 	}
-	if len(fresh) == 0 && !extended {
+	if len(fresh) == 0 && !extended && !p.needsCommit(tx) {
 		return nil // all duplicates: nothing to commit, the deferred rollback ends it
 	}
 	// A consumer shutting down mid-commit is better served by a commit that
@@ -707,3 +712,10 @@ type afterCommitError struct{ err error }
 
 func (e *afterCommitError) Error() string { return "after commit: " + e.err.Error() }
 func (e *afterCommitError) Unwrap() error { return e.err }
+
+// needsCommit reports whether the store asks for tx to be committed
+// although nothing in it was applied ([CommitNeeder]).
+func (p *Processor[TTx]) needsCommit(tx TTx) bool {
+	cn, ok := p.store.(CommitNeeder[TTx])
+	return ok && cn.NeedsCommit(tx)
+}

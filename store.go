@@ -126,6 +126,17 @@ type HorizonRecorder interface {
 	RecordHorizon(ctx context.Context, consumer string, horizon time.Duration) error
 }
 
+// CommitNeeder is a store whose claim can leave in a transaction work that
+// only the transaction's COMMIT completes, so that the processor commits
+// it even when every message in it was a duplicate (it otherwise rolls
+// such a transaction back, having nothing to write). pgxinbox needs it on
+// a server with synchronous standbys: a marker found may be on the primary
+// alone, and the Duplicate answers must wait for a COMMIT that waits for
+// the standbys. The answers of a batch whose COMMIT fails are not sent.
+type CommitNeeder[TTx any] interface {
+	NeedsCommit(tx TTx) bool
+}
+
 // Breaker is a store that can tell whether a transaction's connection is
 // gone. After a handler's failure the processor asks: when the inbox's own
 // connection died under it (the server shut down, the backend was

@@ -3,9 +3,9 @@ package pgxinbox
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // With synchronous replication a marker can be visible on the primary
@@ -14,54 +14,56 @@ import (
 // the primary) or cancelled has committed locally, and its transaction
 // becomes visible at once. The consumer saw that commit's outcome as
 // unknown and tries again; its claim then finds the marker, a Duplicate,
-// which is acknowledged without any COMMIT waiting for the standby. Should
-// the primary die before the standby caught up, the promoted standby has
-// neither marker nor effect, and the message is acknowledged: lost.
+// which would be acknowledged without any COMMIT waiting for the standby.
+// Should the primary die before the standby caught up, the promoted
+// standby has neither marker nor effect, and the message is acknowledged:
+// lost.
 //
-// So a claim that finds markers, on a server with synchronous standbys,
-// waits until the standbys hold everything committed so far: it commits a
-// transaction of its own that writes one WAL record, and a COMMIT waits
-// for the standbys to flush WAL up to its own record, which comes after
-// the marker's commit. Fresh claims need no such wait: their own COMMIT
-// waits.
+// So a claim that finds markers, on a server whose commits wait for
+// synchronous standbys, writes one WAL record in its own transaction and
+// asks the processor to commit that transaction even when every message
+// in it was a duplicate ([idem.CommitNeeder]): its COMMIT waits until the
+// standbys flushed WAL up to its own commit record, which comes after the
+// found markers' commits. The Duplicate answers go out only after that
+// COMMIT. The wait is the transaction's own, on its own session and
+// settings, and takes no second connection (a second one, from the same
+// pool, deadlocks a pool whose every connection holds such a claim).
+// Claims that found nothing need no record: their COMMIT waits anyway.
 
-// syncStandbysSQL reports whether this session's commits wait for
-// synchronous standbys.
-const syncStandbysSQL = `SELECT current_setting('synchronous_standby_names') <> '' AND current_setting('synchronous_commit') IN ('on', 'remote_apply', 'remote_write')`
+// standbyBarrierSQL writes one WAL record in the transaction when this
+// session's commits wait for synchronous standbys, and reports whether it
+// did. pg_logical_emit_message needs no privilege and no logical decoding
+// (it works at wal_level = replica); a transaction that writes no WAL
+// would commit without waiting.
+const standbyBarrierSQL = `SELECT CASE WHEN current_setting('synchronous_standby_names') <> ''
+	AND current_setting('synchronous_commit') IN ('on', 'remote_apply', 'remote_write')
+	THEN pg_logical_emit_message(true, 'idem', '') IS NOT NULL ELSE false END`
 
-// standbyBarrierSQL writes one WAL record in a transaction of its own, so
-// that its COMMIT waits for the synchronous standbys (a transaction that
-// writes no WAL commits without waiting). pg_logical_emit_message needs no
-// privilege and no logical decoding.
-const standbyBarrierSQL = `SELECT pg_logical_emit_message(true, 'idem', '')`
-
-// awaitStandbys returns once the synchronous standbys, if the server has
-// any, hold every transaction committed before the call: the markers tx
-// found among them. The wait runs on another connection of the pool; on a
-// lone connection ([DB] is a *pgx.Conn) or a pool of one it cannot (it
-// would wait for the connection tx holds), and the store relies on the
-// markers' own commits.
-func (s *Store) awaitStandbys(ctx context.Context, tx pgx.Tx) error {
-	switch d := s.db.(type) {
-	case *pgx.Conn:
-		return nil
-	case *pgxpool.Pool:
-		if d.Config().MaxConns < 2 {
-			return nil
-		}
+// barrier writes the standby barrier in tx when the server needs it.
+func (s *Store) barrier(ctx context.Context, tx pgx.Tx) error {
+	var wrote bool
+	if err := tx.QueryRow(ctx, standbyBarrierSQL).Scan(&wrote); err != nil {
+		return fmt.Errorf("marking the transaction to wait for the synchronous standbys: %w", err)
 	}
-	var sync bool
-	if err := tx.QueryRow(ctx, syncStandbysSQL).Scan(&sync); err != nil {
-		return fmt.Errorf("reading the synchronous standbys: %w", err)
-	}
-	if !sync {
-		return nil
-	}
-	if _, err := s.db.Exec(ctx, standbyBarrierSQL); err != nil {
-		return fmt.Errorf("waiting for the synchronous standbys to hold the markers found: %w", err)
+	if wrote {
+		s.mustCommit.mark(tx)
 	}
 	return nil
 }
+
+// NeedsCommit reports whether tx must be committed although every message
+// in it was a duplicate ([idem.CommitNeeder]): its claim found markers on
+// a server with synchronous standbys, and only its COMMIT waits until the
+// standbys hold them.
+func (s *Store) NeedsCommit(tx pgx.Tx) bool { return s.mustCommit.has(tx) }
+
+// commitNeeds holds the transactions that carry a standby barrier, until
+// they end.
+type commitNeeds struct{ m sync.Map }
+
+func (c *commitNeeds) mark(tx pgx.Tx)     { c.m.Store(tx, struct{}{}) }
+func (c *commitNeeds) has(tx pgx.Tx) bool { _, ok := c.m.Load(tx); return ok }
+func (c *commitNeeds) end(tx pgx.Tx)      { c.m.Delete(tx) }
 
 // anyFound reports whether a claim found a marker it did not insert.
 func anyFound(inserted []bool) bool {

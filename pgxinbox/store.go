@@ -103,6 +103,9 @@ type Store struct {
 	hooks  retention.Hooks
 	// lockSetting is the last lock timeout's setting.
 	lockSetting atomic.Pointer[lockSetting]
+	// mustCommit holds the transactions whose claim wrote a standby
+	// barrier (durable.go).
+	mustCommit commitNeeds
 }
 
 var identPart = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
@@ -234,6 +237,7 @@ func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) {
 // server, or the session ended around the COMMIT — the error wraps
 // idem.ErrCommitUnknown: the transaction may have committed.
 func (s *Store) Commit(ctx context.Context, tx pgx.Tx) error {
+	defer s.mustCommit.end(tx)
 	err := tx.Commit(ctx)
 	if err != nil && pgerr.CommitUnknown(err) {
 		return fmt.Errorf("%w: %w", idem.ErrCommitUnknown, err)
@@ -242,7 +246,10 @@ func (s *Store) Commit(ctx context.Context, tx pgx.Tx) error {
 }
 
 // Rollback rolls tx back.
-func (s *Store) Rollback(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) }
+func (s *Store) Rollback(ctx context.Context, tx pgx.Tx) error {
+	s.mustCommit.end(tx)
+	return tx.Rollback(ctx)
+}
 
 // lockTimeoutSetting is the lock_timeout for a claim's wait: whole
 // milliseconds, at least 1, because "0ms" means no limit to PostgreSQL.
@@ -268,9 +275,11 @@ func timestamptz(t time.Time) pgtype.Timestamptz {
 
 // Claim inserts the markers with one statement, which also sets the lock
 // timeout. When it finds markers it did not insert, on a server with
-// synchronous standbys, it returns only once the standbys hold them
-// (durable.go), so that no Duplicate is acknowledged on a marker a
-// failover could lose; that wait takes a second connection of the pool.
+// synchronous standbys, it writes one WAL record in tx and tx must be
+// committed ([Store.NeedsCommit]): that COMMIT returns once the standbys
+// hold the markers found (durable.go), so that no Duplicate is
+// acknowledged on a marker a failover could lose. A caller of
+// idem.Processor.ProcessTx commits its transaction anyway.
 // On the partitioned layout a claim without a partition time is
 // refused with a permanent error wrapping idem.ErrNoPartitionTime.
 func (s *Store) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims []idem.Claim, lockTimeout time.Duration) ([]bool, error) {
@@ -306,7 +315,7 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims []
 	}
 	if anyFound(inserted) {
 		// A marker found may be on the primary alone (see durable.go).
-		if err := s.awaitStandbys(ctx, tx); err != nil {
+		if err := s.barrier(ctx, tx); err != nil {
 			return nil, err
 		}
 	}
