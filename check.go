@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -124,9 +125,10 @@ func notReadyResult(msg Message, err error) Result {
 	return Result{Outcome: Retry, MessageID: msg.ID, Err: err, Blameless: true}
 }
 
-// checkDurability logs, once at start, every way the store's database
-// could lose a commit it acknowledged (see [DurabilityChecker]). It never
-// stops the consumer: a role that cannot read the settings is logged.
+// checkDurability logs, at start, every way the store's database could
+// lose a commit it acknowledged (see [DurabilityChecker]), and again at a
+// later Check only when the risks changed. It never stops the consumer: a
+// role that cannot read the settings is logged.
 func (p *Processor[TTx]) checkDurability(ctx context.Context) {
 	dc, ok := p.store.(DurabilityChecker)
 	if !ok {
@@ -141,6 +143,14 @@ func (p *Processor[TTx]) checkDurability(ctx context.Context) {
 	if err != nil {
 		p.cfg.Logger.Info("could not read the database's commit and replication settings", "consumer", p.cfg.Consumer, "error", err)
 		return
+	}
+	var seen strings.Builder
+	for _, r := range d.Risks {
+		seen.WriteString(r.What + "\n")
+	}
+	now := seen.String()
+	if last := p.durabilityLogged.Swap(&now); last != nil && *last == now {
+		return // logged at an earlier Check (the adapters check again after an outage)
 	}
 	for _, r := range d.Risks {
 		p.cfg.Logger.Warn("acknowledged effects could be lost", "consumer", p.cfg.Consumer, "risk", r.What, "fix", r.Fix, "settings", d.Summary())

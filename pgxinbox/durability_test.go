@@ -74,6 +74,14 @@ func TestDurabilityReadsTheSessionsSettings(t *testing.T) {
 			if !warned || !strings.Contains(logs.String(), c.risk) {
 				t.Fatalf("the consumer's start did not warn of %q; logs:\n%s", c.risk, logs.String())
 			}
+			// The adapters check again after every outage: the same risks
+			// are not logged again.
+			if err := p.Check(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if n := strings.Count(logs.String(), "acknowledged effects could be lost"); n != 1 {
+				t.Fatalf("the warning was logged %d times over two checks; logs:\n%s", n, logs.String())
+			}
 		})
 	}
 }
