@@ -25,8 +25,10 @@ import (
 // is accepted, the coordinator says the member is no longer in the group
 // (its partitions are someone else's: nothing more is sent), or
 // CommitTimeout has passed since the first try. A commit that still failed
-// is logged and left: the records will be redelivered to whoever owns the
-// partition next and found in the inbox.
+// is logged and kept pending, to be sent again between polls (see
+// [Consumer.resendPending]) unless the member left the group; until it
+// lands, the records would be redelivered to whoever owns the partition
+// next and found in the inbox.
 //
 // An offset at or below one the broker already accepted from this consumer
 // is not sent (see [commitMarks]).
@@ -51,6 +53,7 @@ func (c *Consumer[TTx]) commit(ctx context.Context, r *kgo.Record) bool {
 	// matters most.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.CommitTimeout)
 	defer cancel()
+	_, gen := c.cl.GroupMetadata()
 	var cerr error
 	for try := 1; ; try++ {
 		cerr = c.commitOnce(cctx, r, offset)
@@ -65,16 +68,102 @@ func (c *Consumer[TTx]) commit(ctx context.Context, r *kgo.Record) bool {
 	}
 	idem.Each(c.hooks, func(h CommitHook) { h.OnCommit(r.Topic, r.Partition, offset, cerr) })
 	if cerr == nil {
-		c.marks.accept(k, offset)
-		c.stats.commits.Add(1)
-		c.lag.commit(r.Topic, r.Partition, offset)
+		c.accepted(k, offset)
 		return true
 	}
 	c.stats.commitErrors.Add(1)
 	c.health.Fail(fmt.Errorf("committing offset %d of %s: %w", offset, source(r.Topic, r.Partition), cerr), time.Now())
-	c.cfg.Logger.Warn("offset commit failed; the records will be redelivered and deduplicated",
-		"consumer", c.proc.Consumer(), "source", source(r.Topic, r.Partition), "offset", offset, "error", cerr)
+	msg := "offset commit failed; the records will be redelivered and deduplicated"
+	switch {
+	case c.crashing():
+	case memberLeft(cerr):
+		// The partitions may be another member's by now.
+		c.pending.clear()
+	default:
+		c.pending.put(k, pendingCommit{offset: offset, epoch: r.LeaderEpoch, gen: gen})
+		msg = "offset commit failed; it is sent again between polls while this member owns the partition (else the records are redelivered and deduplicated)"
+	}
+	c.cfg.Logger.Warn(msg, "consumer", c.proc.Consumer(), "source", source(r.Topic, r.Partition), "offset", offset, "error", cerr)
 	return true
+}
+
+// accepted records a commit of offset on k the broker accepted.
+func (c *Consumer[TTx]) accepted(k tp, offset int64) {
+	c.marks.accept(k, offset)
+	c.pending.settle(k, offset)
+	c.stats.commits.Add(1)
+	c.lag.commit(k.topic, k.partition, offset)
+}
+
+// resendPending sends the pending commits (see [pendingCommits]) again, in
+// one request bounded by CommitTimeout, once their backoff has passed or
+// when Run ends. Run calls it with a round's rebalance still held, so a
+// partition is this member's as long as the member's generation is the
+// one of the failed commit. After a rebalance, a pending commit is sent
+// only for a partition the client still counts as assigned (see
+// [assignedOffsets]); otherwise it is dropped unsent, since
+// the partition may be another member's, whose commits it would move
+// backwards. A pending commit at or below that offset, or the partition's
+// mark, is dropped too.
+func (c *Consumer[TTx]) resendPending(ctx context.Context, final bool) {
+	now := time.Now()
+	if !final && !c.pending.isDue(now) {
+		return
+	}
+	_, gen := c.cl.GroupMetadata()
+	send := c.pending.take(gen, assignedOffsets(c.cl), c.marks.covers)
+	if len(send) == 0 {
+		return
+	}
+	offsets := make(map[string]map[int32]kgo.EpochOffset)
+	for k, p := range send {
+		if offsets[k.topic] == nil {
+			offsets[k.topic] = make(map[int32]kgo.EpochOffset)
+		}
+		offsets[k.topic][k.partition] = kgo.EpochOffset{Epoch: p.epoch, Offset: p.offset}
+	}
+	c.stats.commitRetries.Add(uint64(len(send)))
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.CommitTimeout)
+	defer cancel()
+	errs := make(map[tp]error, len(send))
+	var reqErr error
+	c.cl.CommitOffsetsSync(cctx, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		if err != nil {
+			reqErr = err
+			return
+		}
+		for _, t := range resp.Topics {
+			for _, p := range t.Partitions {
+				errs[tp{t.Topic, p.Partition}] = kerr.ErrorForCode(p.ErrorCode)
+			}
+		}
+	})
+	left := false
+	for k, p := range send {
+		err, answered := errs[k]
+		switch {
+		case reqErr != nil:
+			err = reqErr
+		case !answered:
+			err = errors.New("the coordinator did not answer for the partition")
+		}
+		idem.Each(c.hooks, func(h CommitHook) { h.OnCommit(k.topic, k.partition, p.offset, err) })
+		if err == nil {
+			c.accepted(k, p.offset)
+			c.cfg.Logger.Info("pending offset commit accepted", "consumer", c.proc.Consumer(), "source", source(k.topic, k.partition), "offset", p.offset)
+			continue
+		}
+		if memberLeft(err) {
+			left = true
+			continue
+		}
+		c.pending.retry(k, p)
+		c.cfg.Logger.Debug("pending offset commit refused; trying again later", "consumer", c.proc.Consumer(), "source", source(k.topic, k.partition), "offset", p.offset, "error", err)
+	}
+	if left {
+		c.pending.clear()
+	}
+	c.pending.schedule(now, c.backoff)
 }
 
 // commitOnce sends one commit and returns the error of the request or of
@@ -115,6 +204,148 @@ func retriable(err error) bool {
 		return ke.Retriable || ke == kerr.RebalanceInProgress
 	}
 	return !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) && !errors.Is(err, kgo.ErrClientClosed)
+}
+
+// assignedOffsets returns, for each partition the client counts as
+// assigned to the member, the group's committed offset of it, or -1 when
+// it has none: the partitions of the client's committed offsets (fetched
+// at each assignment, raised by each accepted commit) and of its
+// uncommitted ones (the partitions it consumed). The client drops a
+// revoked or lost partition from both.
+func assignedOffsets(cl *kgo.Client) map[tp]int64 {
+	out := make(map[tp]int64)
+	for t, ps := range cl.UncommittedOffsets() {
+		for p := range ps {
+			out[tp{t, p}] = -1
+		}
+	}
+	for t, ps := range cl.CommittedOffsets() {
+		for p, eo := range ps {
+			out[tp{t, p}] = eo.Offset
+		}
+	}
+	return out
+}
+
+// memberLeft reports whether the coordinator refused a commit because the
+// member left the group or was replaced: its partitions may be another
+// member's, and it commits none of them again.
+func memberLeft(err error) bool {
+	return errors.Is(err, kerr.UnknownMemberID) || errors.Is(err, kerr.IllegalGeneration) || errors.Is(err, kerr.FencedInstanceID)
+}
+
+// pendingCommits holds, per partition, the last commit that still failed
+// after CommitTimeout: without it, a partition whose last records were
+// settled when the coordinator was away would keep its committed offset
+// behind its end (a lag that never goes, records redelivered at the next
+// assignment) until a later record comes. Run sends them again between
+// polls, with backoff ([Consumer.resendPending]).
+//
+// Invariants: a pending commit is above the partition's mark when it is
+// put; it is removed when a commit at or above it is accepted, when the
+// coordinator says the member left the group (all of them), and unsent
+// when it is taken after a rebalance for a partition the client no longer
+// counts as assigned (see [Consumer.resendPending]).
+type pendingCommits struct {
+	mu   sync.Mutex
+	m    map[tp]pendingCommit
+	try  int       // re-sends since the last commit that landed or the first failure
+	next time.Time // when the next re-send is due
+}
+
+// pendingCommit is a commit to send again: the offset, the leader epoch of
+// the record before it, and the group generation the commit failed in.
+type pendingCommit struct {
+	offset int64
+	epoch  int32
+	gen    int32
+}
+
+func (p *pendingCommits) put(k tp, c pendingCommit) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.m == nil {
+		p.m = make(map[tp]pendingCommit)
+	}
+	if old, ok := p.m[k]; ok && old.offset > c.offset {
+		return
+	}
+	if len(p.m) == 0 {
+		p.try, p.next = 0, time.Time{}
+	}
+	p.m[k] = c
+}
+
+// retry puts back a pending commit that take removed and that was refused
+// again, unless a later one of its partition was put meanwhile.
+func (p *pendingCommits) retry(k tp, c pendingCommit) { p.put(k, c) }
+
+// settle removes the pending commit of k at or below offset, accepted.
+func (p *pendingCommits) settle(k tp, offset int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c, ok := p.m[k]; ok && c.offset <= offset {
+		delete(p.m, k)
+	}
+}
+
+func (p *pendingCommits) clear() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.m = nil
+}
+
+// due returns when the next re-send is due, and false when none is
+// pending.
+func (p *pendingCommits) due() (time.Time, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.next, len(p.m) > 0
+}
+
+func (p *pendingCommits) isDue(now time.Time) bool {
+	next, ok := p.due()
+	return ok && !now.Before(next)
+}
+
+// take removes and returns the pending commits to send in generation gen.
+// assigned holds the group's committed offset of each partition the
+// client counts as assigned (see [assignedOffsets]). A pending commit
+// covered by the mark is dropped; so is one at or below its partition's
+// offset there, and one of an earlier generation whose partition is not
+// there.
+func (p *pendingCommits) take(gen int32, assigned map[tp]int64, covered func(tp, int64) bool) map[tp]pendingCommit {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[tp]pendingCommit, len(p.m))
+	for k, c := range p.m {
+		delete(p.m, k)
+		if covered(k, c.offset) {
+			continue
+		}
+		committed, ok := assigned[k]
+		switch {
+		case ok && committed >= c.offset:
+			continue
+		case !ok && c.gen != gen:
+			continue
+		}
+		c.gen = gen
+		out[k] = c
+	}
+	return out
+}
+
+// schedule sets when the re-send after the one made at now is due.
+func (p *pendingCommits) schedule(now time.Time, b idem.RetryPolicy) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.m) == 0 {
+		p.try, p.next = 0, time.Time{}
+		return
+	}
+	p.try++
+	p.next = now.Add(b.Backoff(p.try))
 }
 
 // commitMarks holds, per partition, the highest offset the broker accepted

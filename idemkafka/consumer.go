@@ -36,6 +36,7 @@ type Consumer[TTx any] struct {
 	health  *idem.HealthState
 	lag     lagTracker
 	marks   commitMarks
+	pending pendingCommits
 	// pollFailed is set after a poll that brought only errors, and
 	// cleared by one the broker served.
 	pollFailed atomic.Bool
@@ -197,11 +198,15 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 		// Armed before the poll: a rebalance waits for the round from the
 		// moment the poll returned.
 		rebalance := sig.arm()
-		fetches := c.cl.PollRecords(ctx, c.cfg.MaxPollRecords)
+		fetches := c.poll(ctx)
 		closed := fetches.IsClientClosed()
 		rd := newRound(ctx, c.cl, c.runPartition, c.cfg.MaxPollRecords, c.cfg.RebalanceGrace, rebalance, c.cfg.Logger, &c.stats)
 		rd.observe = c.observePoll
 		rd.run(fetches)
+		if !closed && !c.crashing() && !isClosed(rebalance) {
+			// Still within the round: the partitions are this member's.
+			c.resendPending(ctx, ctx.Err() != nil)
+		}
 		sig.disarm()
 		// Every batch of this poll is settled and committed, or given up
 		// with its partition rewound: only now may a rebalance revoke its
@@ -227,6 +232,35 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 		}
 	}
 }
+
+// poll polls the client. While a commit is pending (see
+// [pendingCommits]) the poll ends when its re-send is due, records or not:
+// that poll returns no fetch at all, so that neither the health nor the
+// error backoff takes the consumer's own timeout for a broker's error.
+// The client holds rebalances after such a poll as after any other.
+func (c *Consumer[TTx]) poll(ctx context.Context) kgo.Fetches {
+	due, ok := c.pending.due()
+	if !ok {
+		return c.cl.PollRecords(ctx, c.cfg.MaxPollRecords)
+	}
+	pctx, cancel := context.WithDeadline(ctx, due)
+	defer cancel()
+	f := c.cl.PollRecords(pctx, c.cfg.MaxPollRecords)
+	if ctx.Err() == nil && pctx.Err() != nil && ownTimeout(f) {
+		return nil
+	}
+	return f
+}
+
+// ownTimeout reports whether f is what a poll whose context expired
+// returns: one error, the context's, of no partition.
+func ownTimeout(f kgo.Fetches) bool {
+	errs := f.Errors()
+	return f.NumRecords() == 0 && len(errs) == 1 && errs[0].Topic == "" && errors.Is(errs[0].Err, context.DeadlineExceeded)
+}
+
+// isClosed reports whether ch is closed.
+func isClosed(ch <-chan struct{}) bool { return closed(ch) }
 
 // start makes the checks Run makes before it takes a record. An inbox
 // database that does not answer is an outage, not a misconfiguration: the

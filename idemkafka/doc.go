@@ -44,10 +44,23 @@
 // backwards. A commit the coordinator refuses while it moves, loads or
 // completes a rebalance is sent again, within [Config.CommitTimeout], while
 // the poll's rebalance is held and the partition is therefore still this
-// member's; never once the coordinator says the member left the group. An
-// offset at or below one already accepted from this consumer is not sent,
-// however the client's position moved back (a record given up and fetched
-// again, a rewind after a leader change).
+// member's; never once the coordinator says the member left the group. A
+// partition's last commit that still failed after CommitTimeout (the
+// coordinator away longer) is kept pending: Run wakes up without new
+// records and sends it again between polls, with backoff, each try within
+// CommitTimeout and with the rebalance still held, until it is accepted
+// (logged at Info), a later commit of the partition is, the coordinator
+// says the member left the group, or a rebalance revoked the partition
+// (it may be another member's: the pending commit is dropped unsent, and
+// the records are redelivered and found in the inbox). So an idle
+// partition's committed offset, and its lag, do not stay behind its end
+// after an outage of the coordinator. A partition that a rebalance left
+// with this member keeps its pending commit only if the client shows it
+// committed or consumed (its pending commit is dropped otherwise: the
+// client gives no surer sign that the partition stayed). An offset at or
+// below one already accepted from this consumer is not sent, however the
+// client's position moved back (a record given up and fetched again, a
+// rewind after a leader change).
 //
 // Before it takes a record, Run checks that the inbox can be used
 // (idem.Processor.Check) and that the dead-letter topic of every consumed

@@ -119,6 +119,11 @@ func (l *lagTracker) lags(group map[string]map[int32]kgo.EpochOffset) ([]idem.Pa
 // partitions' high watermarks, and whether the broker failed it (a poll
 // that brought only errors) or served it.
 func (c *Consumer[TTx]) observePoll(f kgo.Fetches) {
+	if len(f) == 0 {
+		// A poll the consumer ended itself (see [Consumer.poll]): it says
+		// nothing about the broker.
+		return
+	}
 	c.lag.observe(f)
 	var failed error
 	f.EachError(func(_ string, _ int32, err error) {

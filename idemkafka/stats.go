@@ -23,7 +23,9 @@ type Stats struct {
 	// it refused or that timed out (their records are redelivered and
 	// found in the inbox). CommitRetries counts commits sent again after
 	// the coordinator refused them while it moved, loaded or completed a
-	// rebalance.
+	// rebalance, and the re-sends between polls of a partition's last
+	// commit that still failed after CommitTimeout (one per partition per
+	// re-send; one that lands counts in Commits too).
 	Commits, CommitErrors, CommitRetries uint64
 	// Rebalances counts rebalances that waited for this consumer; at each
 	// it stopped retrying and gave up the records it had not settled.
