@@ -25,7 +25,8 @@ import (
 // needs sql_mode ANSI_QUOTES, parseTime and a UTC loc. Its claim is two
 // statements per batch (MySQL's INSERT has no RETURNING) after a SET of the
 // session's lock wait timeout. A prune batch selects the oldest keys past
-// the cut-off FOR UPDATE and deletes them in one transaction (MySQL has no
+// the cut-off FOR UPDATE and deletes them in one transaction at READ
+// COMMITTED, which locks no gap a claim inserts into (MySQL has no
 // DELETE ... RETURNING). Migrators are serialized by a named lock
 // (GET_LOCK), held by the migrating session across the implicit commits of
 // its DDL. Every statement is MySQL 8.0's syntax, which MariaDB also
@@ -37,7 +38,7 @@ var MySQL Dialect = mysqlDialect{}
 // INSERT ... ON DUPLICATE KEY UPDATE ... RETURNING returns every row of the
 // batch with its claim token after the statement, ours only where it
 // inserted; a prune batch is one DELETE ... ORDER BY keep_until LIMIT ...
-// RETURNING. mysqlinbox.New picks it when the server says it is MariaDB.
+// RETURNING, in a transaction of its own at READ COMMITTED. mysqlinbox.New picks it when the server says it is MariaDB.
 var MariaDB Dialect = mysqlDialect{mariadb: true}
 
 type mysqlDialect struct{ mariadb bool }

@@ -33,7 +33,8 @@ const mysqlLockPoll = 1
 //   - On MySQL (not MariaDB) a prune batch is a SELECT ... FOR UPDATE of
 //     the oldest keys by the keep_until index, then a DELETE of those keys,
 //     in one transaction: MySQL has no DELETE ... RETURNING, and the keys a
-//     prune deletes must be known to summarise them.
+//     prune deletes must be known to summarise them. On both, the batch's
+//     transaction is READ COMMITTED (see [mysqlPruneConn]).
 type mysqlDriver struct {
 	inboxdb.Driver
 	db      *sql.DB
@@ -118,12 +119,9 @@ func (t mysqlTx) Commit(context.Context) error   { return t.commit() }
 func (t mysqlTx) Rollback(context.Context) error { return t.rollback() }
 
 // Lead is the prune election of package inboxdb (a named lock held by the
-// leader's session); on MySQL the session it returns runs a prune batch as
+// leader's session); the session it returns runs a prune batch as
 // [mysqlPruneConn] does.
 func (m mysqlDriver) Lead(ctx context.Context, d *inboxdb.Dialect) (inboxdb.Conn, func(), bool, error) {
-	if m.mariadb {
-		return m.Driver.Lead(ctx, d)
-	}
 	conn, err := m.db.Conn(ctx)
 	if err != nil {
 		return nil, nil, false, err
@@ -142,7 +140,7 @@ func (m mysqlDriver) Lead(ctx context.Context, d *inboxdb.Dialect) (inboxdb.Conn
 		}
 		_ = conn.Close()
 	}
-	return mysqlPruneConn{Conn: connOf{conn}, conn: conn, d: d}, release, true, nil
+	return mysqlPruneConn{Conn: connOf{conn}, conn: conn, d: d, mariadb: m.mariadb}, release, true, nil
 }
 
 // mysqlPruneBatch is MySQL's prune batch (see [mysqlPruneConn]): the
@@ -167,18 +165,41 @@ func mysqlPruneDelete(t inboxdb.Table, n int) string {
 	return b.String()
 }
 
-// mysqlPruneConn is the leader's session on MySQL. Every statement runs as
-// on any session, except the dialect's PruneBatch, which it runs as one
-// transaction: the SELECT ... FOR UPDATE of the batch's keys, a DELETE of
-// exactly those (in chunks of the parameter limit), COMMIT; then it hands
-// the deleted keys to the caller as rows, as DELETE ... RETURNING would. The
-// rows stay locked from the SELECT to the COMMIT, so no claim or extension
-// changes one in between, and the keys handed back are the keys deleted.
+// mysqlPruneConn is the leader's session. Every statement runs as on any
+// session, except the dialect's PruneBatch, which it runs as one
+// transaction at READ COMMITTED. On MySQL that is the SELECT ... FOR UPDATE
+// of the batch's keys, a DELETE of exactly those (in chunks of
+// mysqlPruneChunk), COMMIT; then it hands the deleted keys to the caller as
+// rows, as DELETE ... RETURNING would. The rows stay locked from the SELECT
+// to the COMMIT, so no claim or extension changes one in between, and the
+// keys handed back are the keys deleted. On MariaDB it is the DELETE ...
+// RETURNING itself.
+//
+// READ COMMITTED, because at REPEATABLE READ (InnoDB's default) a locking
+// scan of the keep_until index also locks the gap before the first record
+// past the cut-off, or the end of the index when every marker expired: a
+// claim or an extension whose keep_until falls there (the first claims
+// after a pause longer than the window; a message whose event time is
+// older than the newest markers') would wait for the batch to commit, or
+// until innodb_lock_wait_timeout. READ COMMITTED locks the matching rows
+// only, and the batch needs no more: a marker inserted into the range
+// after its scan was not selected and is not deleted.
 type mysqlPruneConn struct {
 	inboxdb.Conn
-	conn *sql.Conn
-	d    *inboxdb.Dialect
+	conn    *sql.Conn
+	d       *inboxdb.Dialect
+	mariadb bool
 }
+
+// mysqlPruneChunk is how many keys one DELETE of a MySQL prune batch names.
+// A long list of row constructors can exceed range_optimizer_max_mem_size,
+// and the server then scans the whole table instead, locking every row; a
+// thousand pairs stay far below its default (8 MiB).
+const mysqlPruneChunk = 1000
+
+// mysqlPruneLocked, when set (by tests), runs while a prune batch holds its
+// rows, before its COMMIT.
+var mysqlPruneLocked func()
 
 func (c mysqlPruneConn) Query(ctx context.Context, query string, each func(inboxdb.Row) error, args ...any) error {
 	if query != c.d.PruneBatch {
@@ -197,7 +218,7 @@ func (c mysqlPruneConn) Query(ctx context.Context, query string, each func(inbox
 }
 
 func (c mysqlPruneConn) pruneBatch(ctx context.Context, args ...any) ([]keyRow, error) {
-	tx, err := c.conn.BeginTx(ctx, nil)
+	tx, err := c.conn.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return nil, err
 	}
@@ -219,30 +240,42 @@ func (c mysqlPruneConn) pruneBatch(ctx context.Context, args ...any) ([]keyRow, 
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	chunk := mysqlDialect{}.maxParams() / 2
-	for start := 0; start < len(keys); start += chunk {
-		part := keys[start:min(start+chunk, len(keys))]
+	if !c.mariadb {
+		if err := c.deleteLocked(ctx, tx, keys); err != nil {
+			return nil, err
+		}
+	}
+	if mysqlPruneLocked != nil {
+		mysqlPruneLocked()
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, err
+	}
+	return keys, nil
+}
+
+// deleteLocked deletes the markers a MySQL prune batch selected and locked.
+func (c mysqlPruneConn) deleteLocked(ctx context.Context, tx *sql.Tx, keys []keyRow) error {
+	for start := 0; start < len(keys); start += mysqlPruneChunk {
+		part := keys[start:min(start+mysqlPruneChunk, len(keys))]
 		del := make([]any, 0, 2*len(part))
 		for _, k := range part {
 			del = append(del, k.consumer, k.key)
 		}
 		res, err := tx.ExecContext(ctx, mysqlPruneDelete(c.d.Table, len(part)), del...)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if n, err := res.RowsAffected(); err != nil {
-			return nil, err
+			return err
 		} else if n != int64(len(part)) {
 			// The rows were locked: this cannot happen unless something
 			// bypassed the locks. Delete nothing rather than summarise keys
 			// that were not deleted.
-			return nil, fmt.Errorf("deleted %d of %d locked markers", n, len(part))
+			return fmt.Errorf("deleted %d of %d locked markers", n, len(part))
 		}
 	}
-	if err := tx.Commit(); err != nil {
-		return nil, err
-	}
-	return keys, nil
+	return nil
 }
 
 // keyRow is one deleted marker, read as a row of DELETE ... RETURNING

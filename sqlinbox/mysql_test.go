@@ -1,6 +1,8 @@
 package sqlinbox
 
 import (
+	"context"
+	"database/sql"
 	"database/sql/driver"
 	"errors"
 	"fmt"
@@ -9,8 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/inboxdb"
+	"github.com/idemkit/idem/internal/mysqltest"
+	"github.com/idemkit/idem/retention"
 )
 
 // MySQLError has the shape of the driver's error type, which this package
@@ -115,5 +121,108 @@ func TestMySQLStatementsAreMySQL8(t *testing.T) {
 	}
 	if q := texts(MariaDB)["PruneBatch"]; !strings.Contains(q, "RETURNING") {
 		t.Errorf("MariaDB's prune batch %q has no RETURNING: the check above would not see one", q)
+	}
+}
+
+// mysqlDB opens a database of t's own on the test server with the session
+// options mysqlinbox.Open sets (which this package's tests cannot import).
+func mysqlDB(t *testing.T) *sql.DB {
+	t.Helper()
+	cfg := mysqltest.Database(t, "idem_t_")
+	cfg.ParseTime, cfg.Loc = true, time.UTC
+	cfg.Params = map[string]string{"sql_mode": "CONCAT(@@sql_mode, ',ANSI_QUOTES')", "time_zone": "'+00:00'"}
+	conn, err := mysql.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := sql.OpenDB(conn)
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// TestMySQLPruneLocksNoGap: while a prune batch holds its rows (between its
+// scan and its COMMIT), a claim whose keep_until falls past the last
+// expired marker (here: every marker expired, as after a pause longer than
+// the window, so the gap is the end of the keep_until index) inserts
+// without waiting. At REPEATABLE READ the batch's locking scan would lock
+// that gap and the claim would time out on it (1205). Both dialects, each
+// prune's own statements.
+func TestMySQLPruneLocksNoGap(t *testing.T) {
+	ctx := context.Background()
+	var version string
+	if err := mysqlDB(t).QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	dialects := []Dialect{MySQL}
+	if strings.Contains(strings.ToLower(version), "mariadb") {
+		dialects = append(dialects, MariaDB)
+	}
+	for _, d := range dialects {
+		t.Run(d.Name(), func(t *testing.T) {
+			db := mysqlDB(t)
+			s, err := New(db, d, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Migrate(ctx); err != nil {
+				t.Fatal(err)
+			}
+			claimKeys := func(lock time.Duration, keys ...string) error {
+				tx, err := s.Begin(ctx)
+				if err != nil {
+					return err
+				}
+				defer func() { _ = tx.Rollback() }()
+				cs := make([]idem.Claim, len(keys))
+				for i, k := range keys {
+					cs[i] = idem.Claim{Key: k, MessageID: "m-" + k}
+				}
+				if _, err := s.Claim(ctx, tx, "c", cs, lock); err != nil {
+					return err
+				}
+				return tx.Commit()
+			}
+			if err := claimKeys(0, "a", "b", "c"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := db.ExecContext(ctx, `UPDATE idem_inbox SET keep_until = UTC_TIMESTAMP(6) - INTERVAL 30 DAY, processed_at = UTC_TIMESTAMP(6) - INTERVAL 30 DAY`); err != nil {
+				t.Fatal(err)
+			}
+			held, release := make(chan struct{}), make(chan struct{})
+			mysqlPruneLocked = func() {
+				close(held)
+				<-release
+			}
+			t.Cleanup(func() { mysqlPruneLocked = nil })
+			type pruned struct {
+				res retention.Result
+				err error
+			}
+			done := make(chan pruned, 1)
+			go func() {
+				// A batch larger than the expired markers: the scan reads on
+				// to the end of the index.
+				res, err := s.Prune(ctx, retention.Options{BatchSize: 100})
+				done <- pruned{res, err}
+			}()
+			select {
+			case <-held:
+			case p := <-done:
+				t.Fatalf("the prune ended without holding a batch: %+v %v", p.res, p.err)
+			}
+			err = claimKeys(time.Second, "z")
+			close(release)
+			if err != nil {
+				t.Errorf("claim while a prune batch holds its rows: %v (class %v), want it inserted without waiting on the batch", err, s.Classify(err))
+			}
+			p := <-done
+			if p.err != nil || p.res.Markers != 3 {
+				t.Fatalf("prune: %+v %v, want the 3 expired markers", p.res, p.err)
+			}
+			var n int
+			if err := db.QueryRowContext(ctx, `SELECT count(*) FROM idem_inbox WHERE "key" = 'z'`).Scan(&n); err != nil || n != 1 {
+				t.Errorf("marker z: %d (%v), want it kept", n, err)
+			}
+		})
 	}
 }
