@@ -81,6 +81,15 @@ const (
 	// a concurrent holder) and as long as its default transaction timeout.
 	// A statement that takes longer (an index build, a prune batch of a
 	// very large size) needs a larger readTimeout in the DSN.
+	//
+	// With semi-synchronous replication a COMMIT waits for a replica's
+	// acknowledgement up to rpl_semi_sync_master_timeout (MySQL 8.0.26 and
+	// later: rpl_semi_sync_source_timeout), which a durable setup raises
+	// above a minute. Set readTimeout in the DSN above that timeout: a
+	// COMMIT that outlasts readTimeout while a replica stalls fails here
+	// as an unknown outcome (safe: the message is not acked, and its
+	// redelivery finds the marker or redoes the work, but every such
+	// commit is retried and logged), although the server commits it.
 	DefaultReadTimeout = 30 * time.Second
 	// DefaultWriteTimeout bounds each write to the server.
 	DefaultWriteTimeout = 30 * time.Second
