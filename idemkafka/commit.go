@@ -53,7 +53,6 @@ func (c *Consumer[TTx]) commit(ctx context.Context, r *kgo.Record) bool {
 	// matters most.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.CommitTimeout)
 	defer cancel()
-	_, gen := c.cl.GroupMetadata()
 	var cerr error
 	for try := 1; ; try++ {
 		cerr = c.commitOnce(cctx, r, offset)
@@ -80,7 +79,7 @@ func (c *Consumer[TTx]) commit(ctx context.Context, r *kgo.Record) bool {
 		// The partitions may be another member's by now.
 		c.pending.clear()
 	default:
-		c.pending.put(k, pendingCommit{offset: offset, epoch: r.LeaderEpoch, gen: gen})
+		c.pending.put(k, pendingCommit{offset: offset, epoch: r.LeaderEpoch})
 		msg = "offset commit failed; it is sent again between polls while this member owns the partition (else the records are redelivered and deduplicated)"
 	}
 	c.cfg.Logger.Warn(msg, "consumer", c.proc.Consumer(), "source", source(r.Topic, r.Partition), "offset", offset, "error", cerr)
@@ -97,21 +96,20 @@ func (c *Consumer[TTx]) accepted(k tp, offset int64) {
 
 // resendPending sends the pending commits (see [pendingCommits]) again, in
 // one request bounded by CommitTimeout, once their backoff has passed or
-// when Run ends. Run calls it with a round's rebalance still held, so a
-// partition is this member's as long as the member's generation is the
-// one of the failed commit. After a rebalance, a pending commit is sent
-// only for a partition the client still counts as assigned (see
-// [assignedOffsets]); otherwise it is dropped unsent, since
-// the partition may be another member's, whose commits it would move
-// backwards. A pending commit at or below that offset, or the partition's
-// mark, is dropped too.
+// when Run ends. Run calls it with a round's rebalance still held, so no
+// partition changes hands while it runs. A pending commit is sent only
+// for a partition the client counts as assigned (see [assignedOffsets]),
+// which a partition with a pending commit is until it is revoked or lost:
+// the client drops it then, and a pending commit of a partition it does
+// not hold is dropped unsent, since the partition may be another
+// member's, whose commits it would move backwards. So is one at or below
+// the group's committed offset the client holds, or the partition's mark.
 func (c *Consumer[TTx]) resendPending(ctx context.Context, final bool) {
 	now := time.Now()
 	if !final && !c.pending.isDue(now) {
 		return
 	}
-	_, gen := c.cl.GroupMetadata()
-	send := c.pending.take(gen, assignedOffsets(c.cl), c.marks.covers)
+	send := c.pending.take(assignedOffsets(c.cl), c.marks.covers)
 	if len(send) == 0 {
 		return
 	}
@@ -210,8 +208,10 @@ func retriable(err error) bool {
 // assigned to the member, the group's committed offset of it, or -1 when
 // it has none: the partitions of the client's committed offsets (fetched
 // at each assignment, raised by each accepted commit) and of its
-// uncommitted ones (the partitions it consumed). The client drops a
-// revoked or lost partition from both.
+// uncommitted ones (the partitions it consumed past their committed
+// offset, as a partition with a pending commit is). The client drops a
+// revoked or lost partition from both, and fills them anew for a new
+// assignment.
 func assignedOffsets(cl *kgo.Client) map[tp]int64 {
 	out := make(map[tp]int64)
 	for t, ps := range cl.UncommittedOffsets() {
@@ -253,12 +253,11 @@ type pendingCommits struct {
 	next time.Time // when the next re-send is due
 }
 
-// pendingCommit is a commit to send again: the offset, the leader epoch of
-// the record before it, and the group generation the commit failed in.
+// pendingCommit is a commit to send again: the offset and the leader epoch
+// of the record before it.
 type pendingCommit struct {
 	offset int64
 	epoch  int32
-	gen    int32
 }
 
 func (p *pendingCommits) put(k tp, c pendingCommit) {
@@ -308,13 +307,12 @@ func (p *pendingCommits) isDue(now time.Time) bool {
 	return ok && !now.Before(next)
 }
 
-// take removes and returns the pending commits to send in generation gen.
-// assigned holds the group's committed offset of each partition the
-// client counts as assigned (see [assignedOffsets]). A pending commit
-// covered by the mark is dropped; so is one at or below its partition's
-// offset there, and one of an earlier generation whose partition is not
-// there.
-func (p *pendingCommits) take(gen int32, assigned map[tp]int64, covered func(tp, int64) bool) map[tp]pendingCommit {
+// take removes and returns the pending commits to send. assigned holds
+// the group's committed offset of each partition the client counts as
+// assigned (see [assignedOffsets]). A pending commit whose partition is
+// not there is dropped, and so is one at or below its partition's offset
+// there or covered by its mark.
+func (p *pendingCommits) take(assigned map[tp]int64, covered func(tp, int64) bool) map[tp]pendingCommit {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := make(map[tp]pendingCommit, len(p.m))
@@ -323,14 +321,9 @@ func (p *pendingCommits) take(gen int32, assigned map[tp]int64, covered func(tp,
 		if covered(k, c.offset) {
 			continue
 		}
-		committed, ok := assigned[k]
-		switch {
-		case ok && committed >= c.offset:
-			continue
-		case !ok && c.gen != gen:
+		if committed, ok := assigned[k]; !ok || committed >= c.offset {
 			continue
 		}
-		c.gen = gen
 		out[k] = c
 	}
 	return out
