@@ -12,6 +12,7 @@ import (
 	"net"
 	"reflect"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -304,28 +305,52 @@ func (mysqlDialect) classify(err error) idem.ErrorClass {
 	return idem.ClassTransient
 }
 
-func (mysqlDialect) durability(ctx context.Context, db *sql.DB) (idem.Durability, error) {
+// durability reads what inboxdb.MySQLDurability takes: the replicas from
+// performance_schema.processlist where it is on (MySQL 8.0.22 and later),
+// else from information_schema.PROCESSLIST, and as unknown without the
+// PROCESS privilege.
+func (m mysqlDialect) durability(ctx context.Context, db *sql.DB) (idem.Durability, error) {
 	var flushLog, syncBinlog string
-	var logBin bool
-	var replicas int
-	if err := db.QueryRowContext(ctx, inboxdb.MySQLDurabilitySQL).Scan(&flushLog, &syncBinlog, &logBin, &replicas); err != nil {
+	var logBin, perfSchema, process bool
+	if err := db.QueryRowContext(ctx, inboxdb.MySQLDurabilitySQL).Scan(&flushLog, &syncBinlog, &logBin, &perfSchema, &process); err != nil {
 		return idem.Durability{}, err
 	}
-	rows, err := db.QueryContext(ctx, inboxdb.MySQLSemiSyncSQL)
+	replicas := inboxdb.MySQLUnknownReplicas
+	if process {
+		err := sql.ErrNoRows
+		if perfSchema && !m.mariadb {
+			err = db.QueryRowContext(ctx, inboxdb.MySQLReplicasSQL).Scan(&replicas)
+		}
+		if err != nil {
+			// Before 8.0.22 there is no performance_schema.processlist.
+			if err := db.QueryRowContext(ctx, inboxdb.MySQLReplicasFallbackSQL).Scan(&replicas); err != nil {
+				return idem.Durability{}, err
+			}
+		}
+	}
+	semiSync := map[string]string{}
+	for _, q := range []string{inboxdb.MySQLSemiSyncSQL, inboxdb.MySQLSemiSyncStatusSQL} {
+		if err := showInto(ctx, db, q, semiSync); err != nil {
+			return idem.Durability{}, err
+		}
+	}
+	return inboxdb.MySQLDurability(m.mariadb, flushLog, syncBinlog, logBin, replicas, semiSync), nil
+}
+
+// showInto adds the rows of a SHOW ... VARIABLES or STATUS to into, by
+// lower-case name.
+func showInto(ctx context.Context, db *sql.DB, query string, into map[string]string) error {
+	rows, err := db.QueryContext(ctx, query)
 	if err != nil {
-		return idem.Durability{}, err
+		return err
 	}
 	defer rows.Close()
-	semiSync := map[string]string{}
 	for rows.Next() {
 		var name, value string
 		if err := rows.Scan(&name, &value); err != nil {
-			return idem.Durability{}, err
+			return err
 		}
-		semiSync[name] = value
+		into[strings.ToLower(name)] = value
 	}
-	if err := rows.Err(); err != nil {
-		return idem.Durability{}, err
-	}
-	return inboxdb.MySQLDurability(flushLog, syncBinlog, logBin, replicas, semiSync), nil
+	return rows.Err()
 }

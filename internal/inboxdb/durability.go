@@ -61,65 +61,125 @@ func PostgresDurability(syncCommit, standbyNames, fsync string, recovery bool, s
 }
 
 // MySQLDurabilitySQL reads the server-wide settings [MySQLDurability]
-// takes, and the replicas connected (their binlog dump threads, visible
-// with the PROCESS privilege; without it none are counted).
-const MySQLDurabilitySQL = `SELECT @@GLOBAL.innodb_flush_log_at_trx_commit, @@GLOBAL.sync_binlog, @@GLOBAL.log_bin,
-	(SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE COMMAND IN ('Binlog Dump', 'Binlog Dump GTID'))`
+// takes, whether performance_schema is on, and whether the session's user
+// holds the PROCESS privilege, without which the processlist shows the
+// session's own threads only and the replicas cannot be counted. (A
+// PROCESS granted through a role is not seen: the replicas then read as
+// unknown.)
+const MySQLDurabilitySQL = `SELECT @@GLOBAL.innodb_flush_log_at_trx_commit, @@GLOBAL.sync_binlog, @@GLOBAL.log_bin, @@GLOBAL.performance_schema,
+	EXISTS (SELECT 1 FROM information_schema.USER_PRIVILEGES WHERE PRIVILEGE_TYPE = 'PROCESS'
+		AND GRANTEE = CONCAT('''', SUBSTRING_INDEX(CURRENT_USER(), '@', 1), '''@''', SUBSTRING_INDEX(CURRENT_USER(), '@', -1), ''''))`
+
+// MySQLReplicasSQL counts the replicas connected (their binlog dump
+// threads) in performance_schema.processlist, MySQL 8.0.22 and later's
+// (which deprecates information_schema.PROCESSLIST), when
+// performance_schema is on; [MySQLReplicasFallbackSQL] elsewhere (MariaDB,
+// older MySQL).
+const MySQLReplicasSQL = `SELECT COUNT(*) FROM performance_schema.processlist WHERE COMMAND IN ('Binlog Dump', 'Binlog Dump GTID')`
+
+// MySQLReplicasFallbackSQL is [MySQLReplicasSQL] on
+// information_schema.PROCESSLIST.
+const MySQLReplicasFallbackSQL = `SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE COMMAND IN ('Binlog Dump', 'Binlog Dump GTID')`
 
 // MySQLSemiSyncSQL lists the semi-synchronous replication settings of
 // the primary, named rpl_semi_sync_master_* (MariaDB, MySQL before 8.0.26)
 // or rpl_semi_sync_source_* (MySQL 8.0.26 and later); none when the plugin
-// is not loaded.
+// is not loaded (MariaDB 10.3 and later has them built in).
 const MySQLSemiSyncSQL = `SHOW GLOBAL VARIABLES WHERE Variable_name IN ('rpl_semi_sync_master_enabled', 'rpl_semi_sync_source_enabled',
-	'rpl_semi_sync_master_timeout', 'rpl_semi_sync_source_timeout', 'rpl_semi_sync_master_wait_point', 'rpl_semi_sync_source_wait_point')`
+	'rpl_semi_sync_master_timeout', 'rpl_semi_sync_source_timeout', 'rpl_semi_sync_master_wait_point', 'rpl_semi_sync_source_wait_point',
+	'rpl_semi_sync_master_wait_no_slave', 'rpl_semi_sync_source_wait_no_replica',
+	'rpl_semi_sync_master_wait_for_slave_count', 'rpl_semi_sync_source_wait_for_replica_count')`
+
+// MySQLSemiSyncStatusSQL reads whether semi-synchronous replication is
+// working now (Rpl_semi_sync_master_status; MySQL 8.0.26 and later's
+// plugin: Rpl_semi_sync_source_status): OFF while enabled means the
+// primary has fallen back to asynchronous replication. The caller passes
+// them to [MySQLDurability] with the variables, by lower-case name.
+const MySQLSemiSyncStatusSQL = `SHOW GLOBAL STATUS WHERE Variable_name IN ('Rpl_semi_sync_master_status', 'Rpl_semi_sync_source_status')`
 
 // semiSyncFallback is the shortest rpl_semi_sync_*_timeout not reported:
 // below it, a replica that stops acknowledging turns the primary
 // asynchronous within a failover manager's usual detection time.
 const semiSyncFallback = 60_000 // ms
 
-// MySQLDurability turns MySQL's and MariaDB's settings into risks:
+// MySQLUnknownReplicas is the replicas count [MySQLDurability] takes when
+// they could not be counted (the user lacks the PROCESS privilege).
+const MySQLUnknownReplicas = -1
+
+// MySQLDurability turns MySQL's and MariaDB's settings into risks
+// (mariadb: the server is MariaDB; replicas: [MySQLUnknownReplicas] when
+// not counted; semiSync: the variables of [MySQLSemiSyncSQL] and the
+// status of [MySQLSemiSyncStatusSQL], by lower-case name):
 //
-//   - innodb_flush_log_at_trx_commit other than 1: commits are acknowledged
-//     before InnoDB's log is flushed, and a crash loses the last ones;
-//   - the binary log on with sync_binlog other than 1: a crash can lose
-//     commits from the binary log, which replicas then never get;
+//   - innodb_flush_log_at_trx_commit other than 1 (on MariaDB, 1 or 3,
+//     which also flushes at every commit): commits are acknowledged before
+//     InnoDB's log is flushed, and a crash loses the last ones;
+//   - the binary log on with sync_binlog other than 1: a crash of the
+//     operating system or a power loss (not of mysqld alone, whose writes
+//     the operating system keeps) can lose commits from the binary log,
+//     which replicas then never get;
 //   - replicas connected without semi-synchronous replication: a failover
 //     to a replica that had not received the last commits loses them;
-//   - semi-synchronous replication with a timeout under a minute: when no
-//     replica acknowledges in time, the primary goes on asynchronously,
-//     silently, and the same hazard returns.
-func MySQLDurability(flushLog, syncBinlog string, logBin bool, replicas int, semiSync map[string]string) idem.Durability {
+//   - semi-synchronous replication waiting AFTER_COMMIT (MariaDB's
+//     default) rather than AFTER_SYNC: other sessions see a commit before
+//     any replica has it;
+//   - semi-synchronous replication enabled whose status is OFF: the
+//     primary has already fallen back to asynchronous replication;
+//   - semi-synchronous replication that does not wait when no replica is
+//     connected (wait_no_slave, wait_no_replica OFF), or whose timeout is
+//     under a minute: when no replica acknowledges, the primary goes on
+//     asynchronously, silently, and the same hazard returns.
+func MySQLDurability(mariadb bool, flushLog, syncBinlog string, logBin bool, replicas int, semiSync map[string]string) idem.Durability {
 	d := idem.Durability{Settings: map[string]string{
 		"innodb_flush_log_at_trx_commit": flushLog,
 		"sync_binlog":                    syncBinlog,
 		"log_bin":                        strconv.FormatBool(logBin),
 		"replicas":                       strconv.Itoa(replicas),
 	}}
+	if replicas < 0 {
+		d.Settings["replicas"] = "unknown (no PROCESS privilege)"
+	}
 	for k, v := range semiSync {
 		d.Settings[k] = v
 	}
-	if flushLog != "1" {
+	if flushLog != "1" && (!mariadb || flushLog != "3") {
 		d.Risks = append(d.Risks, risk("innodb_flush_log_at_trx_commit is "+flushLog+": the server acknowledges a commit before InnoDB's log is flushed, so a crash loses the last acknowledged effects while their messages stay acked",
 			"SET PERSIST innodb_flush_log_at_trx_commit = 1 (MariaDB: SET GLOBAL, and in the server's configuration)"))
 	}
 	if logBin && syncBinlog != "1" {
-		d.Risks = append(d.Risks, risk("sync_binlog is "+syncBinlog+": a crash can lose acknowledged commits from the binary log, which replicas then never receive, so a failover loses them",
+		d.Risks = append(d.Risks, risk("sync_binlog is "+syncBinlog+": a crash of the operating system or a power loss (a crash of mysqld alone loses nothing) can lose acknowledged commits from the binary log, which replicas then never receive, so a failover loses them",
 			"SET PERSIST sync_binlog = 1 (MariaDB: SET GLOBAL, and in the server's configuration)"))
 	}
-	enabled := semiSync["rpl_semi_sync_master_enabled"] == "ON" || semiSync["rpl_semi_sync_source_enabled"] == "ON"
+	// either is a setting by its MySQL 8.0.26 name, or else by its older
+	// name (MariaDB's).
+	either := func(source, master string) string {
+		if v, ok := semiSync[source]; ok {
+			return v
+		}
+		return semiSync[master]
+	}
+	enabled := either("rpl_semi_sync_source_enabled", "rpl_semi_sync_master_enabled") == "ON"
 	switch {
 	case replicas > 0 && !enabled:
 		d.Risks = append(d.Risks, risk(fmt.Sprintf("%d replica(s) replicate asynchronously: a failover to a replica that had not received the last commits loses their effects while their messages stay acked", replicas),
 			"enable semi-synchronous replication (rpl_semi_sync_source_enabled, MariaDB rpl_semi_sync_master_enabled, with wait point AFTER_SYNC) and a timeout longer than your failover's detection time; see the README, Running on clusters"))
 	case enabled:
-		timeout := semiSync["rpl_semi_sync_source_timeout"]
-		if timeout == "" {
-			timeout = semiSync["rpl_semi_sync_master_timeout"]
+		if wp := either("rpl_semi_sync_source_wait_point", "rpl_semi_sync_master_wait_point"); wp != "" && wp != "AFTER_SYNC" {
+			d.Risks = append(d.Risks, risk("semi-synchronous replication waits "+wp+": a commit is visible to other sessions (a duplicate's claim, a reader of the effects) before any replica has it, so a failover at that moment loses a commit that others already acted on",
+				"SET GLOBAL rpl_semi_sync_master_wait_point = AFTER_SYNC (MySQL 8.0.26 and later: rpl_semi_sync_source_wait_point), and in the server's configuration"))
 		}
+		if st := either("rpl_semi_sync_source_status", "rpl_semi_sync_master_status"); st == "OFF" {
+			d.Risks = append(d.Risks, risk("semi-synchronous replication is enabled but its status is OFF: no replica acknowledged in time and the primary has fallen back to asynchronous replication, so a failover now loses acknowledged effects",
+				"bring a replica back to acknowledging (rpl_semi_sync_slave_enabled, MySQL 8.0.26 and later rpl_semi_sync_replica_enabled, and its replication threads; Rpl_semi_sync_master_clients counts them): the primary switches back once one catches up"))
+		}
+		if either("rpl_semi_sync_source_wait_no_replica", "rpl_semi_sync_master_wait_no_slave") == "OFF" {
+			d.Risks = append(d.Risks, risk("semi-synchronous replication does not wait when no replica is connected (wait_no_slave OFF): the primary falls back to asynchronous at once when its replicas disconnect, and a failover then loses acknowledged effects",
+				"SET GLOBAL rpl_semi_sync_master_wait_no_slave = ON (MySQL 8.0.26 and later: rpl_semi_sync_source_wait_no_replica), and in the server's configuration"))
+		}
+		timeout := either("rpl_semi_sync_source_timeout", "rpl_semi_sync_master_timeout")
 		if ms, err := strconv.ParseInt(timeout, 10, 64); err == nil && ms < semiSyncFallback {
 			d.Risks = append(d.Risks, risk("semi-synchronous replication falls back to asynchronous when no replica acknowledges within "+timeout+" ms: a failover after that loses acknowledged effects",
-				"raise rpl_semi_sync_source_timeout (MariaDB rpl_semi_sync_master_timeout) above your failover's detection time"))
+				"raise rpl_semi_sync_source_timeout (MariaDB rpl_semi_sync_master_timeout) above your failover's detection time, and the clients' read timeout above it (mysqlinbox: readTimeout in the DSN)"))
 		}
 	}
 	return d
