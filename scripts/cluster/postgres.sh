@@ -16,9 +16,15 @@
 #   postgres.sh status           each node: running, primary or standby
 #   postgres.sh down             stop both and remove their data
 #
-# up is idempotent: a pair already streaming only has its mode set (a reload);
-# anything else (a pair after a failover, a half-built one) is rebuilt.
-# Work dir: $IDEM_CLUSTER_DIR/postgres (default /tmp/idem-cluster/postgres).
+# up is idempotent: a pair of this work dir already streaming only has its
+# mode set (a reload); anything else (a pair after a failover, a half-built
+# one) is rebuilt. A server on either port that is not this work dir's
+# (another run's pair) is never adopted nor stopped: up fails instead.
+# Work dir: $IDEM_CLUSTER_DIR/postgres (default /tmp/idem-cluster/postgres);
+# ports: IDEM_PG_PRIMARY_PORT and IDEM_PG_REPLICA_PORT. Two pairs at once
+# need two work dirs and four ports; internal/clusterfault's smoke cases
+# take free ports and a fresh dir, and its full suite holds a lock on
+# /tmp/idem-cluster-postgres-<primary port>.lock while its pair is up.
 set -euo pipefail
 
 BIN=${IDEM_PG_BIN:-}
@@ -97,13 +103,23 @@ set_mode() { # async|sync, on the primary
 	die "synchronous_standby_names did not become '$names'"
 }
 
-streaming() { # the standby streams from the primary
-	[ "$(role_at "$PPORT")" = primary ] && [ "$(role_at "$RPORT")" = standby ] &&
+ours() { # data dir, port: that data dir's postmaster runs, on that port
+	pid_of "$1" >/dev/null && [ "$(sed -n 4p "$1/postmaster.pid")" = "$2" ]
+}
+
+streaming() { # this work dir's standby streams from its primary
+	ours "$PRIMARY" "$PPORT" && ours "$REPLICA" "$RPORT" &&
+		[ "$(role_at "$PPORT")" = primary ] && [ "$(role_at "$RPORT")" = standby ] &&
 		[ "$(psql_at "$PPORT" "SELECT count(*) FROM pg_stat_replication WHERE application_name = '$APP' AND state = 'streaming'")" = 1 ]
 }
 
 build() {
 	down
+	local port
+	for port in "$PPORT" "$RPORT"; do
+		[ "$(role_at "$port")" = down ] ||
+			die "a server not of $WORK answers on 127.0.0.1:$port (another pair?): choose other ports with IDEM_PG_PRIMARY_PORT and IDEM_PG_REPLICA_PORT, and another dir with IDEM_CLUSTER_DIR"
+	done
 	install -d -o postgres -g postgres "$WORK"
 	as "$BIN/initdb" -D "$PRIMARY" -U postgres --auth=trust --no-instructions >/dev/null
 	cat >>"$PRIMARY/postgresql.conf" <<-EOF
