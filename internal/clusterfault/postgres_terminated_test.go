@@ -2,6 +2,7 @@ package clusterfault
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"testing"
@@ -61,13 +62,16 @@ func TestPostgresTerminatedWaiter(t *testing.T) {
 	}
 	defer admin.Close(context.Background())
 	// awaitWaiter waits for a backend other than not to wait for the
-	// standby, and returns it; or, if got answers first, its answer.
-	awaitWaiter := func(got <-chan idem.Result, not int) (int, *idem.Result) {
+	// standby, and returns it; or, if got answers first, its answer. It
+	// fails, saying what it waited for, when neither comes within pgStall.
+	awaitWaiter := func(got <-chan idem.Result, not int, what string) (int, *idem.Result) {
+		t.Helper()
+		deadline := time.Now().Add(pgStall)
 		for {
 			var pid int
 			err := admin.QueryRow(ctx, `SELECT coalesce(min(pid), 0) FROM pg_stat_activity WHERE wait_event = 'SyncRep' AND pid <> $1`, not).Scan(&pid)
 			if err != nil {
-				t.Fatal(err)
+				t.Fatalf("waiting for %s: %v", what, err)
 			}
 			if pid != 0 {
 				return pid, nil
@@ -77,19 +81,22 @@ func TestPostgresTerminatedWaiter(t *testing.T) {
 				return 0, &r
 			case <-time.After(10 * time.Millisecond):
 			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no commit was waiting for the standby %v after %s, and the processor had not answered", pgStall, what)
+			}
 		}
 	}
 
 	pg.run("pause-wal")
 	got := make(chan idem.Result, 1)
 	go func() { got <- proc.Process(ctx, idem.Message{ID: "m-1", Body: []byte("x"), Time: time.Now()}) }()
-	victim, _ := awaitWaiter(nil, 0)
+	victim, _ := awaitWaiter(nil, 0, "the walsender stopped and the message was handed to the processor")
 	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend($1)`, victim); err != nil {
 		t.Fatal(err)
 	}
 	// The try after the unknown commit finds the marker; it must wait for
 	// the standby too, not answer.
-	if _, r := awaitWaiter(got, victim); r != nil {
+	if _, r := awaitWaiter(got, victim, fmt.Sprintf("the waiting backend (pid %d) was terminated", victim)); r != nil {
 		pg.run("kill-primary")
 		pg.run("promote")
 		t.Fatalf("after the unknown commit the processor answered %v (err %v) without the standby holding the marker", r.Outcome, r.Err)
@@ -97,7 +104,12 @@ func TestPostgresTerminatedWaiter(t *testing.T) {
 	_ = admin.Close(context.Background())
 	pg.run("kill-primary")
 	pg.run("promote")
-	res := <-got
+	var res idem.Result
+	select {
+	case res = <-got:
+	case <-time.After(pgStall):
+		t.Fatalf("the processor had not answered %v after the standby's promotion", pgStall)
+	}
 
 	np, err := pgx.Connect(ctx, pgURL(pgReplicaAddr, schema, ""))
 	if err != nil {

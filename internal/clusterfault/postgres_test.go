@@ -154,8 +154,22 @@ func pgFailover(t *testing.T, mode string, behind bool, n int) {
 		recs[i] = idemkafka.NewRecord("ledger", id, []byte(id), []byte(`{"id":"`+id+`"}`))
 		recs[i].Partition = int32(i % pgPartitions)
 	}
-	if err := producer.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		t.Fatal(err)
+	// The fault comes a third of the way in. With the standby put behind,
+	// the rest is produced only once the walsender is stopped, so that
+	// every commit after the fault meets it however fast the consumer ran
+	// through the first third; streaming, everything is there at once and
+	// the kill lands mid-stream.
+	third := n / 3
+	produce := func(recs []*kgo.Record) {
+		t.Helper()
+		if err := producer.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+			t.Fatalf("producing %d records: %v", len(recs), err)
+		}
+	}
+	if behind {
+		produce(recs[:third])
+	} else {
+		produce(recs)
 	}
 
 	acks := newPGAcks()
@@ -186,36 +200,27 @@ func pgFailover(t *testing.T, mode string, behind bool, n int) {
 	done := make(chan error, 1)
 	go func() { done <- consumer.Run(runCtx) }()
 
-	// The fault, a third of the way in.
 	primary, err := pgx.Connect(ctx, pgURL(pgPrimaryAddr, schema, ""))
 	if err != nil {
 		t.Fatal(err)
 	}
-	acks.await(t, ctx, n/3)
+	acks.await(t, ctx, third, "the first third")
 	pausedAt := acks.total()
 	var waiting int
 	if behind {
 		pg.run("pause-wal")
 		pausedAt = acks.total()
+		produce(recs[third:])
 	}
 	switch {
 	case !behind:
 	case mode == "async":
 		// The primary goes on acknowledging commits the standby never gets.
-		acks.await(t, ctx, pausedAt+pgLagAcks)
+		acks.await(t, ctx, pausedAt+pgLagAcks, "acks with the walsender stopped")
 	default:
-		// Commits now wait for the standby: kill the primary under them,
-		// once every partition's batch waits (or a second after the
-		// first, should a partition have run out of records).
-		var first time.Time
-		for waiting < pgPartitions && (first.IsZero() || time.Since(first) < time.Second) {
-			if waiting, err = syncWaiters(ctx, primary); err != nil {
-				t.Fatal(err)
-			}
-			if waiting > 0 && first.IsZero() {
-				first = time.Now()
-			}
-			time.Sleep(10 * time.Millisecond)
+		// Commits now wait for the standby: kill the primary under them.
+		if waiting, err = awaitSyncWaiters(ctx, primary, acks); err != nil {
+			t.Fatal(err)
 		}
 	}
 	if !behind {
@@ -231,12 +236,17 @@ func pgFailover(t *testing.T, mode string, behind bool, n int) {
 	pg.run("promote")
 	t.Logf("primary killed at %d acks (%d since the fault began, %d commits waiting for the standby); standby promoted in %v",
 		ackedAtKill, ackedUnreplicated, waiting, time.Since(killedAt).Round(time.Millisecond))
-	resumed := acks.awaitAfter(t, ctx, ackedAtKill)
+	resumed := acks.awaitAfter(t, ctx, ackedAtKill, "the first ack after the kill")
 	t.Logf("first ack after the kill: %v later", resumed.Sub(killedAt).Round(time.Millisecond))
-	acks.await(t, ctx, n)
+	acks.await(t, ctx, n, "every message after the failover")
 	stop()
-	if err := <-done; err != nil {
-		t.Fatalf("consumer: %v", err)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("consumer: %v", err)
+		}
+	case <-time.After(pgStall):
+		t.Fatalf("the consumer did not return within %v of its context's end", pgStall)
 	}
 
 	// The stray processor works against the promoted node as it is.
@@ -383,27 +393,69 @@ func (a *pgAcks) unknownCommits() int {
 	return a.unknown
 }
 
-// await waits until at least n messages are acked.
-func (a *pgAcks) await(t testing.TB, ctx context.Context, n int) {
+// pgStall bounds every wait of the failover cases for progress: the
+// failover itself takes seconds, so a minute without the next ack (or
+// without the awaited state) is a consumer or a cluster that stopped, and
+// the case fails saying where it stood instead of running into the test's
+// deadline.
+const pgStall = time.Minute
+
+// await waits until at least n messages are acked; what names the wait
+// in a failure.
+func (a *pgAcks) await(t testing.TB, ctx context.Context, n int, what string) {
 	t.Helper()
-	a.awaitAfter(t, ctx, n-1)
+	a.awaitAfter(t, ctx, n-1, what)
 }
 
 // awaitAfter waits until more than n messages are acked and returns when
-// the last ack came.
-func (a *pgAcks) awaitAfter(t testing.TB, ctx context.Context, n int) time.Time {
+// the last ack came. It fails once no ack has come for pgStall.
+func (a *pgAcks) awaitAfter(t testing.TB, ctx context.Context, n int, what string) time.Time {
 	t.Helper()
+	stall := time.NewTimer(pgStall)
+	defer stall.Stop()
 	for {
 		a.mu.Lock()
-		sum, last, changed := a.sum, a.last, a.changed
+		sum, last, changed, unknown := a.sum, a.last, a.changed, a.unknown
 		a.mu.Unlock()
 		if sum > n {
 			return last
 		}
 		select {
 		case <-changed:
+			stall.Reset(pgStall)
+		case <-stall.C:
+			t.Fatalf("waiting for %s (more than %d acks): no ack for %v; %d acked, %d messages' commits of unknown outcome", what, n, pgStall, sum, unknown)
 		case <-ctx.Done():
-			t.Fatalf("waiting for more than %d acks: %d acked: %v", n, sum, ctx.Err())
+			t.Fatalf("waiting for %s (more than %d acks): %v; %d acked, %d messages' commits of unknown outcome", what, n, ctx.Err(), sum, unknown)
+		}
+	}
+}
+
+// awaitSyncWaiters waits, once the walsender is stopped, until every
+// partition's batch waits in COMMIT for the standby, or a second after the
+// first does (a partition may have run out of records), and returns how
+// many wait. It fails if no commit waits within pgStall.
+func awaitSyncWaiters(ctx context.Context, primary *pgx.Conn, acks *pgAcks) (int, error) {
+	start := time.Now()
+	var first time.Time
+	for {
+		waiting, err := syncWaiters(ctx, primary)
+		if err != nil {
+			return 0, err
+		}
+		if waiting > 0 && first.IsZero() {
+			first = time.Now()
+		}
+		if waiting >= pgPartitions || (!first.IsZero() && time.Since(first) >= time.Second) {
+			return waiting, nil
+		}
+		if first.IsZero() && time.Since(start) > pgStall {
+			return 0, fmt.Errorf("no commit was waiting for the standby %v after the walsender stopped: %d acked, %d messages' commits of unknown outcome", pgStall, acks.total(), acks.unknownCommits())
+		}
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("waiting for commits to wait for the standby: %w", ctx.Err())
+		case <-time.After(10 * time.Millisecond):
 		}
 	}
 }
