@@ -20,13 +20,13 @@ import (
 
 // TestReadOnlyServerIsAnOutage: a server fenced read-only (SET GLOBAL
 // read_only = 1, how a failover fences the old primary) refuses the
-// claim's INSERT with 1290 to every
-// user without SUPER or READ_ONLY ADMIN, as the consumer's user is. The
-// processor holds the message as an outage,
-// spending none of its attempts, both on a database opened with
-// mysqlinbox.Open, whose rejectReadOnly drops each refused connection (the
-// next try dials again), and on one opened without it, where the store
-// sees the server's 1290 itself.
+// claim's INSERT (a natural consumer's: its handler's own write) with 1290
+// to every user without SUPER or READ_ONLY ADMIN, as the consumer's user
+// is. The processor holds the message as an outage, spending none of its
+// attempts, both on a database opened with mysqlinbox.Open, whose
+// rejectReadOnly drops each refused connection (the next try dials again),
+// and on one opened without it, where the store sees the server's 1290
+// itself.
 func TestReadOnlyServerIsAnOutage(t *testing.T) {
 	ctx := context.Background()
 	cfg := mysqltest.Database(t, "idem_t_")
@@ -80,22 +80,27 @@ func TestReadOnlyServerIsAnOutage(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// (A natural consumer's handler meets the refusal itself, and the
-			// processor charges a handler's error unless the store can tell
-			// its connection broke: not covered here.)
-			proc, err := idem.NewProcessor(store, &idem.Config[*sql.Tx]{
-				Consumer: "readonly-" + strconv.FormatBool(reject),
-				Key:      idem.ByMessageID,
-				Handler: func(ctx context.Context, tx *sql.Tx, m idem.Message) error {
-					_, err := tx.ExecContext(ctx, `INSERT INTO effects VALUES (?)`, m.ID)
-					return err
-				},
-				// One attempt: a failure charged to the message dead-letters it.
-				Retry:  idem.RetryPolicy{MaxAttempts: 1, WaitUnavailable: 300 * time.Millisecond},
-				Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			})
-			if err != nil {
-				t.Fatal(err)
+			procs := map[string]*idem.Processor[*sql.Tx]{}
+			for _, natural := range []bool{false, true} {
+				c := &idem.Config[*sql.Tx]{
+					Consumer: "readonly-" + strconv.FormatBool(reject),
+					Key:      idem.ByMessageID,
+					Handler: func(ctx context.Context, tx *sql.Tx, m idem.Message) error {
+						_, err := tx.ExecContext(ctx, `INSERT INTO effects VALUES (?)`, m.ID)
+						return err
+					},
+					// One attempt: a failure charged to the message dead-letters it.
+					Retry:  idem.RetryPolicy{MaxAttempts: 1, WaitUnavailable: 300 * time.Millisecond},
+					Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+				}
+				kind := "claiming"
+				if natural {
+					// No claim: the handler's own write meets the refusal.
+					kind, c.Consumer, c.Key, c.Natural = "natural", c.Consumer+"-natural", nil, true
+				}
+				if procs[kind], err = idem.NewProcessor(store, c); err != nil {
+					t.Fatal(err)
+				}
 			}
 			var before int64
 			if err := db.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&before); err != nil {
@@ -132,14 +137,16 @@ func TestReadOnlyServerIsAnOutage(t *testing.T) {
 				t.Errorf("claim on a read-only server without rejectReadOnly: %v, want the server's 1290", err)
 			}
 
-			res := proc.Process(ctx, idem.Message{ID: "m-1", Body: []byte("x"), Time: time.Now()})
+			for _, kind := range []string{"claiming", "natural"} {
+				res := procs[kind].Process(ctx, idem.Message{ID: "m-1", Body: []byte("x"), Time: time.Now()})
+				if res.Outcome != idem.Retry || !res.Blameless || !errors.Is(res.Err, idem.ErrUnavailable) {
+					t.Fatalf("%s: outcome %v blameless %v err %v; want a blameless Retry wrapping ErrUnavailable", kind, res.Outcome, res.Blameless, res.Err)
+				}
+				if res.Attempts < 2 {
+					t.Fatalf("%s: %d tries; want the outage waited out with several", kind, res.Attempts)
+				}
+			}
 			restore()
-			if res.Outcome != idem.Retry || !res.Blameless || !errors.Is(res.Err, idem.ErrUnavailable) {
-				t.Fatalf("outcome %v blameless %v err %v; want a blameless Retry wrapping ErrUnavailable", res.Outcome, res.Blameless, res.Err)
-			}
-			if res.Attempts < 2 {
-				t.Fatalf("%d tries; want the outage waited out with several", res.Attempts)
-			}
 			var after int64
 			if err := db.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&after); err != nil {
 				t.Fatal(err)
@@ -148,8 +155,10 @@ func TestReadOnlyServerIsAnOutage(t *testing.T) {
 				t.Errorf("connection %d still in use after the server refused its writes; want it dropped", after)
 			}
 			// Once the fence is lifted, the message applies.
-			if res := proc.Process(ctx, idem.Message{ID: "m-1", Body: []byte("x"), Time: time.Now()}); res.Outcome != idem.Applied {
-				t.Fatalf("after read_only = 0: outcome %v (%v), want applied", res.Outcome, res.Err)
+			for _, kind := range []string{"claiming", "natural"} {
+				if res := procs[kind].Process(ctx, idem.Message{ID: "m-1", Body: []byte("x"), Time: time.Now()}); res.Outcome != idem.Applied {
+					t.Fatalf("%s, after read_only = 0: outcome %v (%v), want applied", kind, res.Outcome, res.Err)
+				}
 			}
 		})
 	}

@@ -354,3 +354,30 @@ func showInto(ctx context.Context, db *sql.DB, query string, into map[string]str
 	}
 	return rows.Err()
 }
+
+// brokenProbe bounds the question [Store.Broken] asks the server.
+const brokenProbe = time.Second
+
+// Broken implements idem.Breaker on MySQL and MariaDB (other dialects: it
+// reports false). After a handler's failure the processor asks whether the
+// transaction's connection is gone, or its server cannot write
+// (read_only, how a failover fences the old primary): then the failure is
+// an outage, held without spending the message's attempts, as a claim's
+// would be. A natural consumer has no claim to meet the refusal first.
+// The connection is gone when the driver closed it (rejectReadOnly, which
+// mysqlinbox.Open sets, closes one the server refused a write on) or the
+// server does not answer; a server that answers read_only = 1 cannot take
+// the handler's writes either. A handler's own failure on a live,
+// writable connection is the message's.
+func (s *Store) Broken(tx *sql.Tx) bool {
+	if _, ok := s.dialect.(mysqlDialect); !ok || tx == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), brokenProbe)
+	defer cancel()
+	var readOnly bool
+	if err := tx.QueryRowContext(ctx, "SELECT @@GLOBAL.read_only").Scan(&readOnly); err != nil {
+		return mysqlConnectionLost(err) || errors.Is(err, sql.ErrTxDone) || errors.Is(err, context.DeadlineExceeded)
+	}
+	return readOnly
+}
