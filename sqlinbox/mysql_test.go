@@ -226,3 +226,44 @@ func TestMySQLPruneLocksNoGap(t *testing.T) {
 		})
 	}
 }
+
+// TestMySQLPruneChunks: a MySQL prune batch larger than mysqlPruneChunk
+// deletes its keys in several DELETEs, every one of them.
+func TestMySQLPruneChunks(t *testing.T) {
+	ctx := context.Background()
+	db := mysqlDB(t)
+	s, err := New(db, MySQL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	n := 2*mysqlPruneChunk + 500
+	cs := make([]idem.Claim, n)
+	for i := range cs {
+		k := fmt.Sprintf("k-%05d", i)
+		cs[i] = idem.Claim{Key: k, MessageID: "m-" + k}
+	}
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Claim(ctx, tx, "c", cs, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `UPDATE idem_inbox SET keep_until = UTC_TIMESTAMP(6) - INTERVAL 30 DAY, processed_at = UTC_TIMESTAMP(6) - INTERVAL 30 DAY`); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Prune(ctx, retention.Options{BatchSize: 2 * n})
+	if err != nil || res.Markers != int64(n) || res.Batches != 1 {
+		t.Fatalf("prune: %+v %v, want %d markers in one batch", res, err, n)
+	}
+	var left int
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM idem_inbox`).Scan(&left); err != nil || left != 0 {
+		t.Fatalf("%d markers left (%v), want none", left, err)
+	}
+}
