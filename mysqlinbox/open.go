@@ -95,7 +95,9 @@ const (
 	DefaultWriteTimeout = 30 * time.Second
 )
 
-// Config returns dsn parsed, with the options the store needs set:
+// Config returns dsn parsed, with the options the store needs set. A DSN
+// that names no database is refused ([idem.ErrConfig]): the inbox table,
+// its migration lock and its stored settings belong to one database.
 //
 //   - parseTime and loc UTC: DATETIME columns scan as UTC time.Time.
 //   - interpolateParams false unless the DSN sets interpolateParams=true:
