@@ -140,7 +140,7 @@ func TestDurabilityWithoutProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer root.Close()
+	t.Cleanup(func() { _ = root.Close() })
 	migrated(t, root, nil)
 	user := cfg.DBName
 	for _, q := range []string{

@@ -34,7 +34,7 @@ func TestReadOnlyServerIsAnOutage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer root.Close()
+	t.Cleanup(func() { _ = root.Close() })
 	migrated(t, root, nil)
 	if _, err := root.ExecContext(ctx, `CREATE TABLE effects (message_id VARBINARY(255))`); err != nil {
 		t.Fatal(err)
