@@ -345,13 +345,20 @@ func (p *pendingCommits) schedule(now time.Time, b idem.RetryPolicy) {
 // from this consumer.
 //
 // Invariant: a commit is sent only above the mark, so this consumer never
-// moves a partition's committed offset backwards, however the client's
-// position moves back (a record given up at a rebalance and fetched again,
-// a position reset after the client suspected data loss at a leader
-// change). A mark outlives the partition's assignment: a member that gets
-// the partition resumes from the group's committed offset, which is at or
-// above the mark, so the mark never holds back a commit that moves the
-// offset forward.
+// moves a partition's committed offset backwards when the client's
+// position moves back over records that are still in the log (a record
+// given up at a rebalance and fetched again). A mark outlives the
+// partition's assignment: a member that gets the partition resumes from
+// the group's committed offset, which is at or above the mark, so the mark
+// never holds back a commit that moves the offset forward.
+//
+// The one exception is a log the client reports truncated (kgo.ErrDataLoss:
+// the new leader's log ends below what the client consumed, after an
+// unclean leader election). The records from the reset position on are
+// then other records than those committed past, not yet applied, and the
+// committed offset must come back to them, or a next owner of the
+// partition would start past them and never apply them: the mark is
+// lowered to the reset position ([Consumer.dataLoss]).
 type commitMarks struct {
 	mu sync.Mutex
 	m  map[tp]int64
@@ -373,4 +380,40 @@ func (c *commitMarks) accept(k tp, offset int64) {
 		c.m = make(map[tp]int64)
 	}
 	c.m[k] = max(c.m[k], offset)
+}
+
+// lower lowers the mark of k to offset, after the log was truncated there.
+func (c *commitMarks) lower(k tp, offset int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if mark, ok := c.m[k]; ok && mark > offset {
+		c.m[k] = offset
+	}
+}
+
+// drop removes the pending commit of k above offset: after the log was
+// truncated at offset, it would commit past records not applied yet.
+func (p *pendingCommits) drop(k tp, offset int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c, ok := p.m[k]; ok && c.offset > offset {
+		delete(p.m, k)
+	}
+}
+
+// dataLoss takes the client's report that the log of a partition was
+// truncated below what it had consumed (see [commitMarks]): the mark is
+// lowered to where the client resumes, a pending commit above it is
+// dropped, and the report goes to the log, the counters and the
+// [DataLossHook]s. The records from there on are applied as they come
+// (those that are the same as before are found in the inbox) and
+// committed again from there.
+func (c *Consumer[TTx]) dataLoss(e *kgo.ErrDataLoss) {
+	k := tp{e.Topic, e.Partition}
+	c.marks.lower(k, e.ResetTo)
+	c.pending.drop(k, e.ResetTo)
+	c.stats.dataLosses.Add(1)
+	c.cfg.Logger.Warn("the broker's log of a partition ends below what was consumed; consuming and committing again from where the client resumed",
+		"consumer", c.proc.Consumer(), "source", source(e.Topic, e.Partition), "consumed_to", e.ConsumedTo, "reset_to", e.ResetTo)
+	idem.Each(c.hooks, func(h DataLossHook) { h.OnDataLoss(e.Topic, e.Partition, e.ConsumedTo, e.ResetTo) })
 }

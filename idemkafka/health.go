@@ -127,6 +127,9 @@ func (c *Consumer[TTx]) observePoll(f kgo.Fetches) {
 	c.lag.observe(f)
 	var failed error
 	f.EachError(func(_ string, _ int32, err error) {
+		if dl := (*kgo.ErrDataLoss)(nil); errors.As(err, &dl) {
+			c.dataLoss(dl)
+		}
 		if failed == nil && !errors.Is(err, context.Canceled) && !errors.Is(err, kgo.ErrClientClosed) {
 			failed = err
 		}

@@ -190,11 +190,17 @@ func (o *outcomes) reached(out idem.Outcome, n int) <-chan struct{} {
 
 // commits records every offset commit the consumers report and signals when
 // every partition of a topic reached its end. It fails the test if a
-// partition's committed offset ever moves backwards.
+// partition's committed offset ever moves backwards, but to where the
+// client resumed after it reported the log truncated (a DataLossHook).
 type commits struct {
 	t    testing.TB
 	mu   sync.Mutex
 	last map[int32]int64
+	// floor is, after a reported truncation, the lowest offset the next
+	// commit of the partition may go back to; backwards counts the commits
+	// that did.
+	floor     map[int32]int64
+	backwards map[int32]int
 	log  map[int32][]int64
 	want map[int32]int64
 	done chan struct{}
@@ -232,7 +238,21 @@ func (c *commits) passed(want map[int32]int64) bool {
 }
 
 func newCommits(t testing.TB, want map[int32]int64) *commits {
-	return &commits{t: t, last: map[int32]int64{}, log: map[int32][]int64{}, want: want, done: make(chan struct{})}
+	return &commits{t: t, last: map[int32]int64{}, floor: map[int32]int64{}, backwards: map[int32]int{}, log: map[int32][]int64{}, want: want, done: make(chan struct{})}
+}
+
+func (c *commits) OnDataLoss(_ string, p int32, _, resetTo int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.floor[p] = resetTo
+}
+
+// rewound reports how many commits of partition p went back after a
+// reported truncation.
+func (c *commits) rewound(p int32) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.backwards[p]
 }
 
 func (c *commits) OnCommit(topic string, p int32, offset int64, err error) {
@@ -242,7 +262,12 @@ func (c *commits) OnCommit(topic string, p int32, offset int64, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if prev, ok := c.last[p]; ok && offset < prev {
-		c.t.Errorf("committed offset of %s/%d moved backwards: %d after %d", topic, p, offset, prev)
+		if floor, ok := c.floor[p]; ok && offset >= floor {
+			c.backwards[p]++
+			delete(c.floor, p)
+		} else {
+			c.t.Errorf("committed offset of %s/%d moved backwards: %d after %d", topic, p, offset, prev)
+		}
 	}
 	c.last[p] = offset
 	c.log[p] = append(c.log[p], offset)

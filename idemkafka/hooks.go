@@ -17,6 +17,16 @@ type CommitHook interface {
 	OnCommit(topic string, partition int32, offset int64, err error)
 }
 
+// DataLossHook follows the client's report that the log of a partition
+// ends below what it had consumed (kgo.ErrDataLoss, after an unclean
+// leader election): it resumes at resetTo, and the consumer commits again
+// from there, below offsets it committed before. Records between resetTo
+// and consumedTo the producers had seen acknowledged are gone from the
+// broker; no consumer can apply them.
+type DataLossHook interface {
+	OnDataLoss(topic string, partition int32, consumedTo, resetTo int64)
+}
+
 // RetryHook precedes a run in place of a record the processor handed back
 // (disposition Redeliver or Hold: a commit of unknown outcome, a database
 // outage, a missing inbox table); try is the number of the coming run of

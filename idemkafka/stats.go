@@ -27,6 +27,9 @@ type Stats struct {
 	// commit that still failed after CommitTimeout (one per partition per
 	// re-send; one that lands counts in Commits too).
 	Commits, CommitErrors, CommitRetries uint64
+	// DataLosses counts the client's reports of a partition's log that
+	// ends below what it had consumed (see [DataLossHook]).
+	DataLosses uint64
 	// Rebalances counts rebalances that waited for this consumer; at each
 	// it stopped retrying and gave up the records it had not settled.
 	Rebalances uint64
@@ -38,6 +41,7 @@ type Stats struct {
 type counters struct {
 	delivered, applied, duplicates, retried, held, deadLettered atomic.Uint64
 	commits, commitErrors, commitRetries, rebalances, givenUp   atomic.Uint64
+	dataLosses                                                  atomic.Uint64
 }
 
 // Stats returns the consumer's counters.
@@ -53,6 +57,7 @@ func (c *Consumer[TTx]) Stats() Stats {
 		Commits:       s.commits.Load(),
 		CommitErrors:  s.commitErrors.Load(),
 		CommitRetries: s.commitRetries.Load(),
+		DataLosses:    s.dataLosses.Load(),
 		Rebalances:    s.rebalances.Load(),
 		GivenUp:       s.givenUp.Load(),
 	}
