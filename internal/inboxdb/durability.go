@@ -15,8 +15,16 @@ import (
 // [PostgresDurability] takes.
 const PostgresDurabilitySQL = `SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names'),
 	current_setting('fsync'), pg_is_in_recovery(),
-	(SELECT count(*) FROM pg_stat_replication),
-	(SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum'))`
+	(SELECT count(*) FROM pg_stat_replication r WHERE `+physicalStandby+`),
+	(SELECT CASE WHEN bool_or(r.sync_state IS NULL) THEN -1 ELSE count(*) FILTER (WHERE r.sync_state IN ('sync', 'quorum')) END
+	 FROM pg_stat_replication r WHERE `+physicalStandby+`)`
+
+// physicalStandby keeps, of pg_stat_replication's walsenders, those that
+// stream to a standby: not a base backup's, not a logical replication
+// slot's (a change-data-capture reader or a subscription, which no
+// failover promotes).
+const physicalStandby = `r.state IS DISTINCT FROM 'backup'
+	AND NOT EXISTS (SELECT 1 FROM pg_replication_slots s WHERE s.slot_type = 'logical' AND s.active_pid = r.pid)`
 
 // PostgresDurability turns PostgreSQL's settings into risks:
 //
@@ -32,7 +40,8 @@ const PostgresDurabilitySQL = `SELECT current_setting('synchronous_commit'), cur
 // (it also applied it) with a synchronous standby keeps every acknowledged
 // commit across a failover to that standby; remote_write keeps it unless
 // the standby's operating system crashes at the same time as the primary.
-// A standby disconnected while the settings are read is not counted.
+// A standby disconnected while the settings are read is not counted, nor
+// a base backup's or a logical replication slot's walsender.
 func PostgresDurability(syncCommit, standbyNames, fsync string, recovery bool, standbys, syncStandbys int) idem.Durability {
 	d := idem.Durability{Settings: map[string]string{
 		"synchronous_commit":        syncCommit,
@@ -42,6 +51,11 @@ func PostgresDurability(syncCommit, standbyNames, fsync string, recovery bool, s
 		"streaming_standbys":        strconv.Itoa(standbys),
 		"synchronous_standbys":      strconv.Itoa(syncStandbys),
 	}}
+	if syncStandbys < 0 {
+		// pg_stat_replication shows sync_state only to roles with
+		// pg_read_all_stats.
+		d.Settings["synchronous_standbys"] = "unknown (needs pg_read_all_stats)"
+	}
 	if fsync == "off" {
 		d.Risks = append(d.Risks, risk("fsync is off: a crash of the server can lose commits it acknowledged, whose messages idem has acked",
 			"set fsync = on in postgresql.conf"))
