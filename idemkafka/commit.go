@@ -199,6 +199,15 @@ func (c *Consumer[TTx]) commitOnce(ctx context.Context, r *kgo.Record, offset in
 func retriable(err error) bool {
 	var ke *kerr.Error
 	if errors.As(err, &ke) {
+		if ke == kerr.UnknownTopicOrPartition || ke == kerr.UnknownTopicID {
+			// Retriable to the client (metadata may lag), but a commit's
+			// topic that the coordinator does not know was deleted: trying
+			// again would hold the round and the rebalance for nothing.
+			return false
+		}
+		// REBALANCE_IN_PROGRESS rarely clears while the round holds the
+		// rebalance; CommitTimeout bounds the tries, and a commit still
+		// refused stays pending for the next round.
 		return ke.Retriable || ke == kerr.RebalanceInProgress
 	}
 	return !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) && !errors.Is(err, kgo.ErrClientClosed)

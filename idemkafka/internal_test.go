@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -318,5 +319,30 @@ func TestRoundDoesNotSpinOnFetchErrors(t *testing.T) {
 	defer fc.mu.Unlock()
 	if fc.polls != 1 {
 		t.Errorf("%d extra polls, want 1", fc.polls)
+	}
+}
+
+// A refused commit is tried again only for what a still-owning member can
+// wait out.
+func TestRetriableCommitErrors(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{kerr.NotCoordinator, true},
+		{kerr.CoordinatorLoadInProgress, true},
+		{kerr.RebalanceInProgress, true},
+		{kerr.IllegalGeneration, false},
+		{kerr.UnknownMemberID, false},
+		{kerr.FencedInstanceID, false},
+		{kerr.UnknownTopicOrPartition, false},
+		{kerr.GroupAuthorizationFailed, false},
+		{context.DeadlineExceeded, false},
+		{kgo.ErrClientClosed, false},
+		{errors.New("connection reset"), true},
+	} {
+		if got := retriable(c.err); got != c.want {
+			t.Errorf("retriable(%v) = %v, want %v", c.err, got, c.want)
+		}
 	}
 }
