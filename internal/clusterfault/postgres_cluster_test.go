@@ -16,6 +16,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/pgxinbox"
 )
 
 // The full suite's pair (make cluster-faults), as scripts/cluster/postgres.sh
@@ -285,4 +288,25 @@ func syncWaiters(ctx context.Context, conn *pgx.Conn) (int, error) {
 		return 0, fmt.Errorf("counting backends waiting for the standby: %w", err)
 	}
 	return n, nil
+}
+
+// pgInbox creates schema on the pair's primary and returns a pool on the
+// failover URL (with extra query, such as pool_max_conns=2) and a migrated
+// inbox in it; the pool closes when t ends.
+func pgInbox(t testing.TB, ctx context.Context, schema, extra string) (*pgxpool.Pool, *pgxinbox.Store) {
+	t.Helper()
+	pgExec(t, pgURL(pgPrimaryAddr, "public", ""), "CREATE SCHEMA "+schema)
+	pool, err := pgxpool.New(ctx, pgFailoverURL(schema)+extra)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := pgxinbox.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return pool, store
 }

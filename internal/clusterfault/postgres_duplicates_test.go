@@ -12,10 +12,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/pgxinbox"
 )
 
 // Redeliveries after a rebalance or a replay arrive together: every
@@ -34,19 +32,7 @@ func TestPostgresConcurrentDuplicatesOnSyncStandby(t *testing.T) {
 	for _, conns := range []int{2, 1} {
 		t.Run(fmt.Sprintf("pool of %d", conns), func(t *testing.T) {
 			schema := fmt.Sprintf("duplicates_%d", conns)
-			pgExec(t, pgURL(pgPrimaryAddr, "public", ""), "CREATE SCHEMA "+schema)
-			pool, err := pgxpool.New(ctx, pgFailoverURL(schema)+fmt.Sprintf("&pool_max_conns=%d", conns))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pool.Close()
-			store, err := pgxinbox.New(pool, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := store.Migrate(ctx); err != nil {
-				t.Fatal(err)
-			}
+			_, store := pgInbox(t, ctx, schema, fmt.Sprintf("&pool_max_conns=%d", conns))
 			failed := &failedTries{}
 			proc, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{
 				Consumer: "ledger", Key: idem.ByMessageID, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),

@@ -10,11 +10,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pgerr"
-	"github.com/idemkit/idem/pgxinbox"
 )
 
 // TestPostgresColdStandby: with the primary dead and the standby not yet
@@ -28,23 +26,11 @@ func TestPostgresColdStandby(t *testing.T) {
 	defer cancel()
 	pg := startPostgres(t, "async")
 	schema := "cold"
-	pgExec(t, pgURL(pgPrimaryAddr, "public", ""), "CREATE SCHEMA "+schema)
-	pool, err := pgxpool.New(ctx, pgFailoverURL(schema))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	store, err := pgxinbox.New(pool, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	_, store := pgInbox(t, ctx, schema, "")
 	pgExec(t, pgURL(pgPrimaryAddr, schema, ""), `CREATE TABLE ledger (message_id text NOT NULL)`)
 	waitReplayed(t)
 	pg.run("cold-standby")
-	_, err = pgx.Connect(ctx, pgURL(pgReplicaAddr, schema, ""))
+	_, err := pgx.Connect(ctx, pgURL(pgReplicaAddr, schema, ""))
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "57P03" || pgerr.Classify(err) != idem.ClassUnavailable {
 		t.Fatalf("connecting to a standby without hot standby: %v (class %v); want 57P03, unavailable", err, pgerr.Classify(err))

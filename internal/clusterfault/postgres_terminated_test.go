@@ -9,10 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/pgxinbox"
 )
 
 // TestPostgresTerminatedWaiter: with synchronous replication, a backend
@@ -30,19 +28,7 @@ func TestPostgresTerminatedWaiter(t *testing.T) {
 	defer cancel()
 	pg := startPostgres(t, "sync")
 	schema := "terminated"
-	pgExec(t, pgURL(pgPrimaryAddr, "public", ""), "CREATE SCHEMA "+schema)
-	pool, err := pgxpool.New(ctx, pgFailoverURL(schema))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	store, err := pgxinbox.New(pool, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	_, store := pgInbox(t, ctx, schema, "")
 	pgExec(t, pgURL(pgPrimaryAddr, schema, ""), `CREATE TABLE ledger (message_id text NOT NULL)`)
 	waitReplayed(t)
 	proc, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{

@@ -73,20 +73,7 @@ func pgFailover(t *testing.T, mode string, behind bool, n int) {
 	defer cancel()
 	pg := startPostgres(t, mode)
 	schema := "failover_" + mode
-	pgExec(t, pgURL(pgPrimaryAddr, "public", ""), "CREATE SCHEMA "+schema)
-
-	pool, err := pgxpool.New(ctx, pgFailoverURL(schema))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	store, err := pgxinbox.New(pool, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	pool, store := pgInbox(t, ctx, schema, "")
 	// No unique index on message_id: the inbox is the only guard, so a
 	// message applied twice shows as two rows.
 	if _, err := pool.Exec(ctx, `CREATE TABLE ledger (message_id text NOT NULL, applied_at timestamptz NOT NULL DEFAULT clock_timestamp())`); err != nil {
