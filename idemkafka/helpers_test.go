@@ -201,10 +201,10 @@ type commits struct {
 	// that did.
 	floor     map[int32]int64
 	backwards map[int32]int
-	log  map[int32][]int64
-	want map[int32]int64
-	done chan struct{}
-	dl   []*kgo.Record
+	log       map[int32][]int64
+	want      map[int32]int64
+	done      chan struct{}
+	dl        []*kgo.Record
 	// marks are further ends to signal, see reached.
 	marks []mark
 }

@@ -15,9 +15,9 @@ import (
 // [PostgresDurability] takes.
 const PostgresDurabilitySQL = `SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names'),
 	current_setting('fsync'), pg_is_in_recovery(),
-	(SELECT count(*) FROM pg_stat_replication r WHERE `+physicalStandby+`),
+	(SELECT count(*) FROM pg_stat_replication r WHERE ` + physicalStandby + `),
 	(SELECT CASE WHEN bool_or(r.sync_state IS NULL) THEN -1 ELSE count(*) FILTER (WHERE r.sync_state IN ('sync', 'quorum')) END
-	 FROM pg_stat_replication r WHERE `+physicalStandby+`)`
+	 FROM pg_stat_replication r WHERE ` + physicalStandby + `)`
 
 // physicalStandby keeps, of pg_stat_replication's walsenders, those that
 // stream to a standby: not a base backup's, not a logical replication
