@@ -57,12 +57,20 @@ func (s *Store) barrier(ctx context.Context, tx pgx.Tx) error {
 // standbys hold them.
 func (s *Store) NeedsCommit(tx pgx.Tx) bool { return s.mustCommit.has(tx) }
 
-// commitNeeds holds the transactions that carry a standby barrier, until
-// they end.
+// commitNeeds holds the transactions the store began ([Store.Begin]) until
+// they end ([Store.Commit], [Store.Rollback]), each with whether its claim
+// wrote a standby barrier. A transaction the store did not begin (one a
+// caller of idem.Processor.ProcessTx owns and commits itself) is not held:
+// nothing would remove it.
 type commitNeeds struct{ m sync.Map }
 
-func (c *commitNeeds) mark(tx pgx.Tx)     { c.m.Store(tx, struct{}{}) }
-func (c *commitNeeds) has(tx pgx.Tx) bool { _, ok := c.m.Load(tx); return ok }
+func (c *commitNeeds) begun(tx pgx.Tx) { c.m.Store(tx, false) }
+func (c *commitNeeds) mark(tx pgx.Tx) {
+	if _, ok := c.m.Load(tx); ok {
+		c.m.Store(tx, true)
+	}
+}
+func (c *commitNeeds) has(tx pgx.Tx) bool { v, ok := c.m.Load(tx); return ok && v.(bool) }
 func (c *commitNeeds) end(tx pgx.Tx)      { c.m.Delete(tx) }
 
 // anyFound reports whether a claim found a marker it did not insert.

@@ -223,6 +223,14 @@ func (s *Store) Horizons(ctx context.Context) ([]retention.RecordedHorizon, erro
 // with its first statement (the claim's, in a processor's transaction)
 // instead of waiting for an answer of its own; the connection is taken now.
 func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := s.begin(ctx)
+	if err == nil {
+		s.mustCommit.begun(tx)
+	}
+	return tx, err
+}
+
+func (s *Store) begin(ctx context.Context) (pgx.Tx, error) {
 	t, err := beginTx(ctx, s.db)
 	switch {
 	case err != nil:
