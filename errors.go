@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"context"
 	"errors"
 )
 
@@ -101,13 +102,35 @@ var (
 // caller's context is done, which the retry policy checks first. A connect
 // or read timeout is the database being unreachable, and the store says so.
 func classify[TTx any](s Store[TTx], err error) ErrorClass {
+	var hd *handlerDeadlineError
 	switch {
 	case IsPermanent(err):
 		return ClassPermanent
 	case errors.Is(err, ErrConfig):
 		return ClassConfig
+	case errors.As(err, &hd):
+		// A deadline of the handler's own: the store would read the
+		// timeout, or the connection the driver closed for it, as an
+		// outage.
+		return ClassTransient
 	}
 	return s.Classify(err)
+}
+
+// handlerDeadlineError is a handler's failure on a deadline or a
+// cancellation of its own (a query bounded by its own context), while the
+// transaction's context was live: the message's failure, which spends its
+// attempts, though drivers close the connection when such a deadline
+// fires.
+type handlerDeadlineError struct{ err error }
+
+func (e *handlerDeadlineError) Error() string { return e.err.Error() }
+func (e *handlerDeadlineError) Unwrap() error { return e.err }
+
+// ownDeadline reports whether a handler's err is a context's deadline or
+// cancellation.
+func ownDeadline(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }
 
 // Names of the store's steps, as they appear in errors.

@@ -488,8 +488,18 @@ func (p *Processor[TTx]) runTx(ctx context.Context, items []*item) error {
 	}
 	if err := p.handle(ctx, tx, fresh, len(items) > 1); err != nil {
 		// A connection closed because this transaction's own deadline
-		// (TxTimeout) cut a slow handler short is the message's doing;
-		// one the server or the network closed is an outage.
+		// (TxTimeout) cut a slow handler short is the message's doing, and
+		// so is one the driver closed when a deadline of the handler's own
+		// fired (a query bounded by its own context); one the server or
+		// the network closed is an outage.
+		if ctx.Err() == nil && ownDeadline(err) {
+			// The deadline fired on a slow query or on a database that
+			// stopped answering: a store that can ping tells which.
+			if pg, ok := p.store.(Pinger); ok && p.ping(ctx, pg) != nil {
+				return &connLostError{err}
+			}
+			return &handlerDeadlineError{err}
+		}
 		if b, ok := p.store.(Breaker[TTx]); ok && !IsPermanent(err) && ctx.Err() == nil && b.Broken(tx) {
 			return &connLostError{err}
 		}
@@ -718,4 +728,14 @@ func (e *afterCommitError) Unwrap() error { return e.err }
 func (p *Processor[TTx]) needsCommit(tx TTx) bool {
 	cn, ok := p.store.(CommitNeeder[TTx])
 	return ok && cn.NeedsCommit(tx)
+}
+
+// pingTimeout bounds the ping that tells a handler's own deadline on a
+// slow query from one on a database that stopped answering.
+const pingTimeout = time.Second
+
+func (p *Processor[TTx]) ping(ctx context.Context, pg Pinger) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pingTimeout)
+	defer cancel()
+	return pg.Ping(ctx)
 }

@@ -137,6 +137,16 @@ type CommitNeeder[TTx any] interface {
 	NeedsCommit(tx TTx) bool
 }
 
+// Pinger is a store that can tell whether its database answers now, on a
+// connection other than a transaction's. After a handler failed on a
+// deadline of its own (a query bounded by its own context, which drivers
+// answer by closing the connection), the processor pings: a database that
+// answers means the query was slow, the message's failure, which spends
+// its attempts; one that does not is an outage, which spends none.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
+
 // Breaker is a store that can tell whether a transaction's connection is
 // gone. After a handler's failure the processor asks: when the inbox's own
 // connection died under it (the server shut down, the backend was

@@ -1,6 +1,10 @@
 package pgxinbox
 
-import "github.com/jackc/pgx/v5"
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+)
 
 // Broken reports whether tx's connection is closed, or its server says it
 // cannot write (a hot standby, a primary fenced read-only in a failover):
@@ -15,4 +19,11 @@ func (s *Store) Broken(tx pgx.Tx) bool {
 	}
 	c := tx.Conn()
 	return c == nil || c.IsClosed() || readOnlyServer(c)
+}
+
+// Ping asks the database a trivial question on a pooled connection
+// ([idem.Pinger]).
+func (s *Store) Ping(ctx context.Context) error {
+	_, err := s.db.Exec(ctx, "SELECT 1")
+	return err
 }

@@ -445,3 +445,7 @@ func (s *Store) Classify(err error) idem.ErrorClass { return s.dialect.classify(
 func (s *Store) PrunedSummaries(ctx context.Context, consumer string) ([]idem.PrunedSummary, error) {
 	return s.inbox.PrunedSummaries(ctx, consumer)
 }
+
+// Ping asks the database whether it answers, on a pooled connection
+// ([idem.Pinger]).
+func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
