@@ -132,7 +132,9 @@ type HorizonRecorder interface {
 // such a transaction back, having nothing to write). pgxinbox needs it on
 // a server with synchronous standbys: a marker found may be on the primary
 // alone, and the Duplicate answers must wait for a COMMIT that waits for
-// the standbys. The answers of a batch whose COMMIT fails are not sent.
+// the standbys. The answers of a batch whose COMMIT fails are not sent. A
+// store that wraps another (for metrics, say) must forward it, or the
+// protection is lost.
 type CommitNeeder[TTx any] interface {
 	NeedsCommit(tx TTx) bool
 }

@@ -126,16 +126,20 @@ func (c *Consumer[TTx]) observePoll(f kgo.Fetches) {
 	}
 	c.lag.observe(f)
 	var failed error
+	errs := 0
 	f.EachError(func(_ string, _ int32, err error) {
 		if dl := (*kgo.ErrDataLoss)(nil); errors.As(err, &dl) {
+			// The broker answered: a truncated log is not an outage.
 			c.dataLoss(dl)
+			return
 		}
+		errs++
 		if failed == nil && !errors.Is(err, context.Canceled) && !errors.Is(err, kgo.ErrClientClosed) {
 			failed = err
 		}
 	})
 	switch {
-	case f.NumRecords() > 0 || failed == nil && len(f.Errors()) == 0:
+	case f.NumRecords() > 0 || failed == nil && errs == 0:
 		c.pollFailed.Store(false)
 		c.health.Connect(time.Now())
 	case failed != nil:

@@ -3,6 +3,7 @@ package pgxinbox
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
@@ -64,14 +65,39 @@ func (s *Store) NeedsCommit(tx pgx.Tx) bool { return s.mustCommit.has(tx) }
 // nothing would remove it.
 type commitNeeds struct{ m sync.Map }
 
-func (c *commitNeeds) begun(tx pgx.Tx) { c.m.Store(tx, false) }
+// A transaction of a type that cannot be a map key (a struct value of a
+// DB of the caller's own holding a slice, say) is never held: its batch is
+// rolled back when it holds only duplicates, as before the barrier.
+func keyable(tx pgx.Tx) bool { return tx != nil && reflect.TypeOf(tx).Comparable() }
+
+func (c *commitNeeds) begun(tx pgx.Tx) {
+	if keyable(tx) {
+		c.m.Store(tx, false)
+	}
+}
+
 func (c *commitNeeds) mark(tx pgx.Tx) {
+	if !keyable(tx) {
+		return
+	}
 	if _, ok := c.m.Load(tx); ok {
 		c.m.Store(tx, true)
 	}
 }
-func (c *commitNeeds) has(tx pgx.Tx) bool { v, ok := c.m.Load(tx); return ok && v.(bool) }
-func (c *commitNeeds) end(tx pgx.Tx)      { c.m.Delete(tx) }
+
+func (c *commitNeeds) has(tx pgx.Tx) bool {
+	if !keyable(tx) {
+		return false
+	}
+	v, ok := c.m.Load(tx)
+	return ok && v.(bool)
+}
+
+func (c *commitNeeds) end(tx pgx.Tx) {
+	if keyable(tx) {
+		c.m.Delete(tx)
+	}
+}
 
 // anyFound reports whether a claim found a marker it did not insert.
 func anyFound(inserted []bool) bool {
