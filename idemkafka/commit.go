@@ -109,7 +109,7 @@ func (c *Consumer[TTx]) resendPending(ctx context.Context, final bool) {
 	if !final && !c.pending.isDue(now) {
 		return
 	}
-	send := c.pending.take(assignedOffsets(c.cl), c.marks.covers)
+	send := c.pending.take(c.marks.clamp(assignedOffsets(c.cl)), c.marks.covers)
 	if len(send) == 0 {
 		return
 	}
@@ -371,6 +371,10 @@ func (p *pendingCommits) schedule(now time.Time, b idem.RetryPolicy) {
 type commitMarks struct {
 	mu sync.Mutex
 	m  map[tp]int64
+	// truncated holds, per partition, where the client resumed after it
+	// reported the log truncated, until a commit is accepted again: the
+	// group's committed offset the client holds is above it until then.
+	truncated map[tp]int64
 }
 
 // covers reports whether offset is at or below the mark of k.
@@ -389,6 +393,7 @@ func (c *commitMarks) accept(k tp, offset int64) {
 		c.m = make(map[tp]int64)
 	}
 	c.m[k] = max(c.m[k], offset)
+	delete(c.truncated, k)
 }
 
 // lower lowers the mark of k to offset, after the log was truncated there.
@@ -398,6 +403,26 @@ func (c *commitMarks) lower(k tp, offset int64) {
 	if mark, ok := c.m[k]; ok && mark > offset {
 		c.m[k] = offset
 	}
+	if c.truncated == nil {
+		c.truncated = make(map[tp]int64)
+	}
+	c.truncated[k] = offset
+}
+
+// clamp lowers, in the committed offsets the client holds, those of
+// partitions truncated since their last accepted commit to where the
+// client resumed: a pending commit above that point is not yet committed,
+// whatever the client remembers of the group's offset before the
+// truncation.
+func (c *commitMarks) clamp(committed map[tp]int64) map[tp]int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, at := range c.truncated {
+		if o, ok := committed[k]; ok && o > at {
+			committed[k] = at
+		}
+	}
+	return committed
 }
 
 // drop removes the pending commit of k above offset: after the log was

@@ -346,3 +346,23 @@ func TestRetriableCommitErrors(t *testing.T) {
 		}
 	}
 }
+
+// After a truncation the client still holds the group's committed offset
+// from before it; a pending commit between the reset and that offset has
+// not been committed, and is sent.
+func TestPendingCommitAfterTruncationIsSent(t *testing.T) {
+	k := tp{"t", 0}
+	var marks commitMarks
+	var pending pendingCommits
+	marks.accept(k, 150)
+	marks.lower(k, 100)
+	pending.put(k, pendingCommit{offset: 130})
+	send := pending.take(marks.clamp(map[tp]int64{k: 150}), marks.covers)
+	if _, ok := send[k]; !ok {
+		t.Fatal("the pending commit of 130 after a truncation to 100 was dropped; the client held 150")
+	}
+	marks.accept(k, 130)
+	if got := marks.clamp(map[tp]int64{k: 150})[k]; got != 150 {
+		t.Fatalf("after a commit was accepted, the held offset is clamped to %d", got)
+	}
+}
