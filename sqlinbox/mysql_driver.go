@@ -122,23 +122,9 @@ func (t mysqlTx) Rollback(context.Context) error { return t.rollback() }
 // leader's session); the session it returns runs a prune batch as
 // [mysqlPruneConn] does.
 func (m mysqlDriver) Lead(ctx context.Context, d *inboxdb.Dialect) (inboxdb.Conn, func(), bool, error) {
-	conn, err := m.db.Conn(ctx)
-	if err != nil {
-		return nil, nil, false, err
-	}
-	var ok bool
-	if err := conn.QueryRowContext(ctx, d.TryLock, d.Table.Quoted()).Scan(&ok); err != nil || !ok {
-		_ = conn.Close()
-		if err != nil {
-			return nil, nil, false, fmt.Errorf("taking the prune lock: %w", err)
-		}
-		return nil, nil, false, nil
-	}
-	release := func() {
-		if _, err := conn.ExecContext(context.WithoutCancel(ctx), d.Unlock, d.Table.Quoted()); err != nil {
-			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
-		}
-		_ = conn.Close()
+	conn, release, ok, err := inboxdb.LockedConn(ctx, m.db, d)
+	if err != nil || !ok {
+		return nil, nil, ok, err
 	}
 	return mysqlPruneConn{Conn: connOf{conn}, conn: conn, d: d, mariadb: m.mariadb}, release, true, nil
 }

@@ -233,7 +233,18 @@ func (s sqlDriver) Lead(ctx context.Context, d *Dialect) (Conn, func(), bool, er
 	if d.TryLock == "" {
 		return sqlConn{s.db}, func() {}, true, nil
 	}
-	conn, err := s.db.Conn(ctx)
+	conn, release, ok, err := LockedConn(ctx, s.db, d)
+	if err != nil || !ok {
+		return nil, nil, ok, err
+	}
+	return sqlConn{conn}, release, true, nil
+}
+
+// LockedConn takes d's prune lock (TryLock) on a session of its own from
+// db, for a driver's Lead: the session, the release that unlocks and
+// closes it, and false when another session holds the lock.
+func LockedConn(ctx context.Context, db *sql.DB, d *Dialect) (*sql.Conn, func(), bool, error) {
+	conn, err := db.Conn(ctx)
 	if err != nil {
 		return nil, nil, false, err
 	}
@@ -253,5 +264,5 @@ func (s sqlDriver) Lead(ctx context.Context, d *Dialect) (Conn, func(), bool, er
 		}
 		_ = conn.Close()
 	}
-	return sqlConn{conn}, release, true, nil
+	return conn, release, true, nil
 }
