@@ -9,7 +9,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/idemkit/idem/internal/demo"
+	"github.com/idemkit/idem/cmd/idem/internal/demo"
 )
 
 func init() {

@@ -10,7 +10,7 @@ import (
 	"path/filepath"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/demo/billing"
+	"github.com/idemkit/idem/examples/billing"
 	"github.com/idemkit/idem/sqlinbox"
 	"github.com/idemkit/idem/sqliteinbox"
 )

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 
-	"github.com/idemkit/idem/internal/demo/billing"
+	"github.com/idemkit/idem/examples/billing"
 )
 
 // Streams of the scenario, one per event type. Brokers prefix them.

@@ -24,7 +24,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/idemkit/idem/internal/demo/billing"
+	"github.com/idemkit/idem/examples/billing"
 	"github.com/idemkit/idem/sqlinbox"
 )
 

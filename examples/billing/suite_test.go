@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/examples/billing"
 	"github.com/idemkit/idem/idemtest"
-	"github.com/idemkit/idem/internal/demo/billing"
 	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/mysqlinbox"

@@ -20,7 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/demo/billing"
+	"github.com/idemkit/idem/examples/billing"
 	"github.com/idemkit/idem/mysqlinbox"
 	"github.com/idemkit/idem/sqlinbox"
 	"github.com/idemkit/idem/sqliteinbox"

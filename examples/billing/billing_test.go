@@ -12,8 +12,8 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/examples/billing"
 	"github.com/idemkit/idem/idemtest"
-	"github.com/idemkit/idem/internal/demo/billing"
 	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/mysqlinbox"
