@@ -350,3 +350,35 @@ func TestBrokenSnippetFails(t *testing.T) {
 		t.Fatalf("the failure does not name %s and the missing function:\n%s", want, out)
 	}
 }
+
+var link = regexp.MustCompile(`\]\(([^)#\s]+)(#[^)\s]*)?\)`)
+
+// TestLinksResolve checks that every relative link of README.md and
+// docs/*.md names a file or directory of the repository, so that moving a
+// guide or an example cannot leave a dead link behind.
+func TestLinksResolve(t *testing.T) {
+	root := repoRoot(t)
+	docs, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs = append(docs, filepath.Join(root, "README.md"))
+	for _, d := range docs {
+		b, err := os.ReadFile(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, l := range strings.Split(string(b), "\n") {
+			for _, m := range link.FindAllStringSubmatch(l, -1) {
+				target := m[1]
+				if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+					continue
+				}
+				if _, err := os.Stat(filepath.Join(filepath.Dir(d), target)); err != nil {
+					rel, _ := filepath.Rel(root, d)
+					t.Errorf("%s:%d: the link to %s leads nowhere: %v", rel, i+1, target, err)
+				}
+			}
+		}
+	}
+}
