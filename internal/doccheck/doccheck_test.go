@@ -176,10 +176,11 @@ func firstCode(code string) string {
 }
 
 var (
-	comments = regexp.MustCompile("(?m)//.*$")
-	strs     = regexp.MustCompile("`[^`]*`|\"(\\\\.|[^\"\\\\])*\"")
-	qualRef  = regexp.MustCompile(`\b([a-z][a-z0-9]*)\.[A-Za-z_]`)
-	topDecl  = regexp.MustCompile(`(?m)^([A-Za-z_][A-Za-z0-9_]*(?:\s*,\s*[A-Za-z_][A-Za-z0-9_]*)*)\s*:=`)
+	comments   = regexp.MustCompile("(?m)//.*$")
+	strs       = regexp.MustCompile("`[^`]*`|\"(\\\\.|[^\"\\\\])*\"")
+	qualRef    = regexp.MustCompile(`\b([a-z][a-z0-9]*)\.[A-Za-z_]`)
+	mainClause = regexp.MustCompile(`(?m)^package main\b`)
+	topDecl    = regexp.MustCompile(`(?m)^([A-Za-z_][A-Za-z0-9_]*(?:\s*,\s*[A-Za-z_][A-Za-z0-9_]*)*)\s*:=`)
 )
 
 // uses returns the packages of imports that code refers to.
@@ -256,7 +257,10 @@ func build(t *testing.T, root string, snippets []snippet) (string, error) {
 		pkg := fmt.Sprintf("internal/doccheck/snippets/s%03d", i)
 		dir := filepath.Join(modDir, pkg)
 		if s.kind == "file" {
-			m.overlay[filepath.Join(dir, "main.go")] = write(fmt.Sprintf("s%03d.go", i), fmt.Sprintf("//line %s:%d\n%s", s.doc, s.line, s.code))
+			// A command is built as a library, so that checking it does not
+			// link a binary: "main" is an ordinary name outside package main.
+			code := mainClause.ReplaceAllString(s.code, "package snippet")
+			m.overlay[filepath.Join(dir, "main.go")] = write(fmt.Sprintf("s%03d.go", i), fmt.Sprintf("//line %s:%d\n%s", s.doc, s.line, code))
 		} else {
 			m.overlay[filepath.Join(dir, "snippet.go")] = write(fmt.Sprintf("s%03d.go", i), source(s))
 			m.overlay[filepath.Join(dir, "given.go")] = write(fmt.Sprintf("s%03d_given.go", i), givenFile(s.code))
