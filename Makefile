@@ -25,14 +25,14 @@ lint:
 	cd idemotel && $(GO) run $(STATICCHECK) ./...
 	cd bench/peers && $(GO) run $(STATICCHECK) ./...
 
-# Benchmarks: claim vs no claim, batch sizes; see README for the figures.
+# Benchmarks: claim vs no claim, batch sizes; see docs/performance.md for the figures.
 bench: services
 	$(GO) test -run '^$$' -bench 'Claim|VersusHandRolled' -benchtime 3s -count 1 ./pgxinbox/ ./sqlinbox/ ./mysqlinbox/
 
 # idem side by side with the peers (no guard, the inbox SQL by hand, a
 # hand-rolled batched inbox, Watermill) on RabbitMQ and Kafka (kfake unless
 # IDEM_KAFKA_BROKERS is set), every run checked for exactly-once; writes the
-# figures and the chart under docs/bench/. See README, "Performance".
+# figures and the chart under docs/bench/. See docs/performance.md.
 PEERS_MESSAGES ?= 50000
 PEERS_REPEAT ?= 1
 bench-peers: services
@@ -41,7 +41,7 @@ bench-peers: services
 
 # Claim throughput as the inbox grows: 0, 1M and 10M markers, plain (v4 and
 # v7 message IDs) and partitioned, as ratios to the empty inbox in the same
-# run; see README, "Flat as the inbox grows". About 15 minutes and a few GB
+# run; see docs/performance.md, "Flat as the inbox grows". About 15 minutes and a few GB
 # of disk.
 bench-growth: services
 	IDEM_BENCH_GROWTH_ROWS=0,1000000,10000000 IDEM_BENCH_GROWTH_MESSAGES=100000 IDEM_BENCH_GROWTH_ROUNDS=20 \
@@ -54,6 +54,6 @@ demo:
 # cases): a 3-node RabbitMQ cluster, a PostgreSQL primary with a streaming
 # replica (asynchronous and synchronous), a 3-broker Kafka (kfake). Brings
 # the clusters up on 127.0.0.1 and tears them down; writes the figures to
-# docs/bench/cluster.json and prints them. See README, "Running on clusters".
+# docs/bench/cluster.json and prints them. See docs/clusters.md.
 cluster-faults: services
 	IDEM_CLUSTER=1 IDEM_CLUSTER_REPORT=$(CURDIR)/docs/bench/cluster.json $(GO) test -race -count=1 -timeout 45m -v -run . ./internal/clusterfault/
