@@ -566,14 +566,16 @@ func (s *Server) show(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	id := r.URL.Query().Get("id")
+	// A letter is named by its message ID, or, having none, by its
+	// position (as idem dlq show --at).
+	id, at := r.URL.Query().Get("id"), r.URL.Query().Get("at")
 	ls, _, _, err := s.read(r.Context(), src, false)
 	if err != nil {
 		s.fail(w, http.StatusBadGateway, err.Error())
 		return
 	}
 	for i := range ls {
-		if ls[i].ID != id {
+		if (at == "" && ls[i].ID != id) || (at != "" && ls[i].Position != at) {
 			continue
 		}
 		j, err := s.cfg.Inbox.Judge(r.Context(), &ls[i])
@@ -592,6 +594,10 @@ func (s *Server) show(w http.ResponseWriter, r *http.Request) {
 			sh.Body, sh.Binary = fmt.Sprintf("%x", ls[i].Body[:min(len(ls[i].Body), 256)]), true
 		}
 		s.render(w, http.StatusOK, "show.html", "dead letter "+id, sh)
+		return
+	}
+	if at != "" {
+		s.fail(w, http.StatusNotFound, fmt.Sprintf("%s: no dead letter at %s (it may have been redriven)", src.Name(), at))
 		return
 	}
 	s.fail(w, http.StatusNotFound, fmt.Sprintf("%s: no dead letter with message ID %q (it may have been redriven)", src.Name(), id))
