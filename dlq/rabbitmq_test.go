@@ -919,3 +919,65 @@ func TestKillMidRead(t *testing.T) {
 		t.Fatalf("listing warnings %q", ls.Warnings)
 	}
 }
+
+// Two readers at once (a console and a command line) never lose or
+// double a letter: each may see a letter the other copied back, but the
+// queue holds every letter once when they are done.
+func TestConcurrentReadsLoseNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ids := make([]string, 20)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("inv-c%02d", i)
+	}
+	conn, q := limitedDLQ(t, ids...)
+	errc := make(chan error, 2)
+	for range 2 {
+		src, err := NewRabbitMQ(RabbitMQConfig{URL: amqpURL(), Queue: q})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer src.Close()
+		go func() {
+			for range 10 {
+				if _, err := List(ctx, src, 0); err != nil {
+					errc <- err
+					return
+				}
+			}
+			errc <- nil
+		}()
+	}
+	for range 2 {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := readyDepth(t, conn, q); n != len(ids) {
+		t.Fatalf("the queue holds %d after two readers, want %d", n, len(ids))
+	}
+	src, err := NewRabbitMQ(RabbitMQConfig{URL: amqpURL(), Queue: q})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	all, err := src.Peek(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	for _, l := range all {
+		seen[l.ID]++
+		if c := l.Headers["x-delivery-count"]; c != "" && c != "0" {
+			t.Fatalf("letter %s counted delivered %s times", l.ID, c)
+		}
+	}
+	for _, id := range ids {
+		if seen[id] != 1 {
+			t.Fatalf("letter %s read %d times, want once: %s", id, seen[id], letterIDs(all))
+		}
+	}
+	if len(src.Warnings()) != 0 {
+		t.Fatalf("warnings %q", src.Warnings())
+	}
+}

@@ -39,7 +39,8 @@ it) or a Kafka dead-letter topic (--topic):
            first replay creates it otherwise)
 
 show, redrive and replay judge each letter with the consumer's inbox key:
---key says how the consumer derives it (id, json:/pointer, template:TEXT).
+--key says how the consumer derives it (id, the default; json:/pointer;
+template:TEXT).
 
 A letter leaves its DLQ only after the broker confirmed its republish: a
 failure in between leaves a copy in both places, and the inbox absorbs the
