@@ -79,8 +79,8 @@ type Config struct {
 	// must not read the console.
 	Hosts []string
 	// CacheFor is how long a read of a DLQ is shown before it is read
-	// again (a RabbitMQ read takes the messages and returns them). Defaults
-	// to 5s; an action reads again at once.
+	// again (a read spends no delivery, but a RabbitMQ read goes round the
+	// whole queue). Defaults to 5s; an action reads again at once.
 	CacheFor time.Duration
 	// Rate bounds the republishes per second of a redrive. Defaults to 100.
 	Rate float64
@@ -199,8 +199,8 @@ func (s *Server) hostCheck(h http.Handler) http.Handler {
 
 // fetchCheck refuses what another site's page loads from the console
 // without the user navigating to it (an image, a script, a frame, a
-// fetch): every read of a RabbitMQ DLQ counts as a delivery of its letters,
-// and a page must not make a visitor's browser read it over and over.
+// fetch): a read of a RabbitMQ DLQ goes round the whole queue, and a page
+// must not make a visitor's browser read it over and over.
 // Browsers say so in Sec-Fetch-Site, Sec-Fetch-Mode and Sec-Fetch-Dest. A
 // cross-origin POST is the cross-origin protection's to refuse.
 func (s *Server) fetchCheck(h http.Handler) http.Handler {
@@ -566,14 +566,16 @@ func (s *Server) show(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	id := r.URL.Query().Get("id")
+	// A letter is named by its message ID, or, having none, by its
+	// position (as idem dlq show --at).
+	id, at := r.URL.Query().Get("id"), r.URL.Query().Get("at")
 	ls, _, _, err := s.read(r.Context(), src, false)
 	if err != nil {
 		s.fail(w, http.StatusBadGateway, err.Error())
 		return
 	}
 	for i := range ls {
-		if ls[i].ID != id {
+		if (at == "" && ls[i].ID != id) || (at != "" && ls[i].Position != at) {
 			continue
 		}
 		j, err := s.cfg.Inbox.Judge(r.Context(), &ls[i])
@@ -592,6 +594,10 @@ func (s *Server) show(w http.ResponseWriter, r *http.Request) {
 			sh.Body, sh.Binary = fmt.Sprintf("%x", ls[i].Body[:min(len(ls[i].Body), 256)]), true
 		}
 		s.render(w, http.StatusOK, "show.html", "dead letter "+id, sh)
+		return
+	}
+	if at != "" {
+		s.fail(w, http.StatusNotFound, fmt.Sprintf("%s: no dead letter at %s (it may have been redriven)", src.Name(), at))
 		return
 	}
 	s.fail(w, http.StatusNotFound, fmt.Sprintf("%s: no dead letter with message ID %q (it may have been redriven)", src.Name(), id))

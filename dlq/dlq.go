@@ -176,13 +176,10 @@ type Listing struct {
 	DLQ    string  `json:"dlq"`
 	Total  int     `json:"total"`
 	Groups []Group `json:"groups"`
-	// Warnings say what an operator should know: letters a quorum queue
-	// counts as delivered many times.
+	// Warnings say what an operator should know: letters held twice, or
+	// deleted by the broker.
 	Warnings []string `json:"warnings,omitempty"`
 }
-
-// readsWarning is the x-delivery-count past which a listing warns.
-const readsWarning = 10
 
 // List reads the DLQ (at most limit letters; 0: all) without changing it
 // and groups the letters by reason and consumer, largest group first.
@@ -231,13 +228,6 @@ func Summarize(dlq string, ls []Letter) Listing {
 		}
 	}
 	sort.SliceStable(out.Groups, func(i, j int) bool { return out.Groups[i].Count > out.Groups[j].Count })
-	reads := 0
-	for i := range ls {
-		reads = max(reads, headerInt(ls[i].Headers["x-delivery-count"]))
-	}
-	if reads >= readsWarning {
-		out.Warnings = append(out.Warnings, fmt.Sprintf("a letter was returned to the queue %d times (x-delivery-count): every read of a quorum queue counts as a delivery, and a dead-letter queue with a delivery limit (RabbitMQ 4 gives quorum queues 20 by default) drops or dead-letters a letter read that often; give it none (a policy with delivery-limit -1)", reads))
-	}
 	return out
 }
 

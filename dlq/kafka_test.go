@@ -5,6 +5,7 @@ import (
 	crand "crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -415,5 +416,81 @@ func TestKafkaInterruptedRedriveSettles(t *testing.T) {
 	}
 	if len(ls) != 1 || ls[0].ID != "pay-3" {
 		t.Errorf("after the interrupt %d letters are unsettled (%v); want pay-3 alone", len(ls), ls)
+	}
+}
+
+// Reading a dead-letter topic moves no group's committed offset and
+// creates no group: listings, shows, dry runs and a redrive that refuses
+// every letter leave the dead-letter group (never committed here) and a
+// group that consumes the topic as they were.
+func TestKafkaReadingMovesNoOffset(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ProducerLinger(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	if _, err := adm.CreateTopic(ctx, 2, 1, nil, "tax.dlq"); err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range []string{"t-1", "t-2", "t-3", "t-4"} {
+		// No origin: a redrive refuses them.
+		r := idemkafka.NewRecord("tax.dlq", id, nil, []byte(`{}`))
+		r.Partition = int32(i % 2)
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: HeaderReason, Value: []byte("boom")})
+		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var o kadm.Offsets
+	o.Add(kadm.Offset{Topic: "tax.dlq", Partition: 0, At: 1, LeaderEpoch: -1})
+	if resp, err := adm.CommitOffsets(ctx, "watcher", o); err != nil || resp.Error() != nil {
+		t.Fatalf("committing the watcher's offsets: %v %v", err, resp.Error())
+	}
+	before, err := adm.FetchOffsets(ctx, "watcher")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := NewKafka(ctx, KafkaConfig{Brokers: c.ListenAddrs(), Topic: "tax.dlq"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	for round := range 10 {
+		ls, err := List(ctx, k, 0)
+		if err != nil || ls.Total != 4 {
+			t.Fatalf("round %d: list %+v %v", round, ls, err)
+		}
+		if sh, err := Show(ctx, k, nil, "t-3"); err != nil || sh.Letter.ID != "t-3" {
+			t.Fatalf("round %d: show %+v %v", round, sh, err)
+		}
+		if res, err := Redrive(ctx, k, nil, Selection{}); err != nil || res.Matched != 4 {
+			t.Fatalf("round %d: dry run %+v %v", round, res, err)
+		}
+		if res, err := Redrive(ctx, k, nil, Selection{Apply: true}); err != nil || res.Refused != 4 || res.Done != 0 {
+			t.Fatalf("round %d: refused redrive %+v %v", round, res, err)
+		}
+	}
+	after, err := adm.FetchOffsets(ctx, "watcher")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, a := before.Offsets().Sorted(), after.Offsets().Sorted(); fmt.Sprint(b) != fmt.Sprint(a) {
+		t.Fatalf("the watcher's offsets moved: %v, then %v", b, a)
+	}
+	groups, err := adm.ListGroups(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gs := groups.Groups(); len(gs) != 1 || gs[0] != "watcher" {
+		t.Fatalf("groups after the reads: %v, want the watcher's only (no dead-letter group committed, none joined)", gs)
 	}
 }

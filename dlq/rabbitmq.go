@@ -2,6 +2,7 @@ package dlq
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"slices"
@@ -29,48 +30,53 @@ type RabbitMQConfig struct {
 	// ConfirmTimeout bounds the wait for the broker's confirm of one
 	// republish. Defaults to 30s.
 	ConfirmTimeout time.Duration
-	// DeliveryLimit is the queue's delivery limit, if it is a quorum queue
-	// with one: a letter returned to the queue more often is dropped (a
-	// DLQ has no dead-letter exchange of its own). AMQP cannot read a
-	// queue's arguments or policy, so it is given here. 0: 20, RabbitMQ
-	// 4's default for quorum queues; negative: the queue has none.
+	// DeliveryLimit is ignored: a read no longer returns letters to the
+	// queue (see [RabbitMQ]), so no read counts against a delivery limit,
+	// whatever the queue's is.
 	//
-	// Each read returns the letters, and a quorum queue counts every
-	// return (the letter's x-delivery-count header). A read that finds a
-	// letter returned so often that fewer than two more reads would keep
-	// it fails with [ErrDeliveryLimit] (the letters are returned once
-	// more), leaving it for a redrive or purge with Apply, which takes it
-	// out without returning it; a listing warns from half the limit.
+	// Deprecated: reads are free on every queue; leave it unset.
 	DeliveryLimit int
 }
 
-// ErrDeliveryLimit is returned by a read of a RabbitMQ DLQ whose letters
-// are close to the queue's delivery limit ([RabbitMQConfig.DeliveryLimit]).
+// ErrDeliveryLimit was returned by a read of a quorum DLQ whose letters
+// were close to the queue's delivery limit.
+//
+// Deprecated: reads no longer count as deliveries and never refuse; it is
+// not returned.
 var ErrDeliveryLimit = errors.New("dead letters close to the queue's delivery limit")
 
-// defaultDeliveryLimit is RabbitMQ 4's delivery limit of quorum queues.
-const defaultDeliveryLimit = 20
-
-// readsLeft is how many reads that return a letter there must still be
-// after this one for a read to go on without refusing.
-const readsLeft = 2
-
-// RabbitMQ is a dead-letter queue on RabbitMQ. Reading it takes messages
-// without acknowledging them and returns them when done (closing the
-// channel), so a read leaves the queue as it was; a redriven letter is
-// acknowledged only after the broker confirmed its republish.
+// RabbitMQ is a dead-letter queue on RabbitMQ.
 //
-// While a read or a walk holds the letters, another one sees only those it
-// does not hold (a concurrent list may find the queue empty): a program
-// that reads often, such as a web page, reads through one [RabbitMQ] at a
-// time and keeps what it read for a moment.
+// Reading is free: AMQP has no way to look at a message without taking it,
+// and a message taken and given back (rejected with requeue, or held by a
+// channel that closes) counts as a delivery on a quorum queue, which drops
+// it past its delivery limit (RabbitMQ 4 gives quorum queues a limit of 20
+// by default). So a read takes each letter ready in the queue (basic.get),
+// publishes an identical copy of it (properties, headers, body) to the
+// same queue with a publisher confirm, and only then acknowledges the
+// letter taken. The copy is a new message that was never delivered: no
+// read, dry run or refused redrive spends a delivery, on any queue type
+// and under any limit, however often it runs. A read goes once round the
+// whole queue, so the letters come back in the order they had, and the
+// next read finds them in that order again.
 //
-// Each read counts as a delivery on a quorum queue: one with a delivery
-// limit (RabbitMQ 4 gives quorum queues a default of 20) drops or
-// dead-letters a message read that many times. Give dead-letter queues no
-// delivery limit (a policy with delivery-limit -1 on RabbitMQ 4); until
-// then, a read refuses to go on near the limit
-// ([RabbitMQConfig.DeliveryLimit]).
+// A reader that dies holding a letter it has not copied yet leaves it
+// unacknowledged: the broker gives it back to the queue (that counts one
+// delivery). One that dies between the confirm of a copy and the
+// acknowledgement of the letter leaves two copies of it: a listing shows
+// it once and says so; a redrive sends both, and the consumer's inbox
+// absorbs the second. Nothing is lost.
+//
+// A redriven letter is acknowledged only after the broker confirmed its
+// republish to its target. Two reads at the same time (two programs) never
+// lose or double a letter, but each may see some letter twice or miss one;
+// a program that reads often, such as a web page, reads through one
+// [RabbitMQ] at a time and keeps what it read for a moment.
+//
+// A copy does not carry the letter's user_id property (the broker refuses
+// a publish whose user_id is not the reading user's), nor the broker's
+// delivery counts (x-delivery-count, x-acquired-count): the copy was
+// never delivered.
 type RabbitMQ struct {
 	cfg  RabbitMQConfig
 	conn *amqp.Connection
@@ -78,53 +84,20 @@ type RabbitMQ struct {
 	// afterConfirm runs between the republish's confirm and the ack of the
 	// dead-letter copy (fault injection in tests).
 	afterConfirm func(*Letter)
+	// afterCopy runs after the confirm of the copy of a letter a read
+	// keeps, before the letter is acknowledged (fault injection in tests).
+	afterCopy func(n int)
 
 	mu       sync.Mutex
 	warnings []string
 }
 
-// Warnings says what the last read found that an operator must know:
-// letters the queue counted as delivered often enough to near its
-// delivery limit.
+// Warnings says what the last listing found that an operator must know:
+// letters the queue holds twice.
 func (r *RabbitMQ) Warnings() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Clone(r.warnings)
-}
-
-// limits checks the delivery counts of the letters a read returns to the
-// queue: a warning from half the delivery limit, [ErrDeliveryLimit] when
-// fewer than readsLeft more reads would keep one.
-func (r *RabbitMQ) limits(returned []Letter) error {
-	limit := r.cfg.DeliveryLimit
-	if limit == 0 {
-		limit = defaultDeliveryLimit
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.warnings = nil
-	if limit < 0 || len(returned) == 0 {
-		return nil
-	}
-	worst, id, near := -1, "", 0
-	for i := range returned {
-		// This read returns it once more.
-		c := headerInt(returned[i].Headers["x-delivery-count"]) + 1
-		if c > worst {
-			worst, id = c, returned[i].ID
-		}
-		if limit-c < readsLeft {
-			near++
-		}
-	}
-	if near > 0 {
-		return fmt.Errorf("%w: %d letters of %s (%q the most) were returned to it %d times of its delivery limit %d, and a read returns every letter it does not take out: %d more reads drop it for good; take them out now with a redrive or purge with --apply (no dry run, no list, no show), or give the queue no delivery limit (a policy with delivery-limit -1); a queue that has none already (RabbitMQ 3, or such a policy) is read with a delivery limit of -1 (idem dlq --delivery-limit -1)",
-			ErrDeliveryLimit, near, r.cfg.Queue, id, worst, limit, max(0, limit-worst))
-	}
-	if worst*2 >= limit {
-		r.warnings = append(r.warnings, fmt.Sprintf("letter %q of %s was returned to the queue %d times of its delivery limit %d: every read counts as a delivery on a quorum queue, and the broker drops a letter past the limit; act on the letters soon, or give the queue no delivery limit (a policy with delivery-limit -1)", id, r.cfg.Queue, worst, limit))
-	}
-	return nil
 }
 
 // NewRabbitMQ connects to the broker and checks that the queue exists.
@@ -194,150 +167,173 @@ func (r *RabbitMQ) letter(d *amqp.Delivery, n int) Letter {
 	return l
 }
 
-// quietRead is how long a read waits for a message the queue counted.
-const quietRead = 2 * time.Second
+// copyBatch is how many copies a read publishes before it waits for
+// their confirms and acknowledges the letters they copy.
+const copyBatch = 256
 
-// Peek reads up to limit letters and returns them all to the queue. It
-// consumes (the broker pushes the messages, far faster than one get per
-// message), holds every delivery unacknowledged, and closes the channel.
+// Peek reads up to limit letters (0: all) without spending a delivery: it
+// goes round the whole queue, copying each letter back (see [RabbitMQ]),
+// and returns the first limit. A letter the queue holds twice (a read or
+// redrive killed between a copy's confirm and the ack of its original) is
+// returned once, with a warning.
 func (r *RabbitMQ) Peek(ctx context.Context, limit int) ([]Letter, error) {
-	before, err := r.depth()
-	if err != nil {
-		return nil, err
-	}
-	n := before
-	if limit > 0 {
-		n = min(n, limit)
-	}
-	if n == 0 {
-		return nil, nil
-	}
-	ch, err := r.conn.Channel()
-	if err != nil {
-		return nil, fmt.Errorf("opening a channel: %w", err)
-	}
-	defer func() {
-		_ = ch.Close()
-		r.settle(ctx, before)
-	}()
-	prefetch := n // every delivery is held until the end
-	if prefetch > 65535 {
-		prefetch = 0 // unlimited
-	}
-	if err := ch.Qos(prefetch, 0, false); err != nil {
-		return nil, fmt.Errorf("setting the prefetch: %w", err)
-	}
-	ds, err := ch.ConsumeWithContext(ctx, r.cfg.Queue, "", false, false, false, false, nil)
-	if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", r.cfg.Queue, err)
-	}
-	out := make([]Letter, 0, n)
-	quiet := time.NewTimer(quietRead)
-	defer quiet.Stop()
-	for len(out) < n {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-quiet.C:
-			// Fewer than counted: some are still on their way back from
-			// another reader.
-			if err := r.limits(out); err != nil {
-				return nil, err
-			}
-			return out, nil
-		case d, ok := <-ds:
-			if !ok {
-				return nil, fmt.Errorf("reading %s: the channel closed", r.cfg.Queue)
-			}
-			out = append(out, r.letter(&d, len(out)+1))
-			quiet.Reset(quietRead)
+	var out []Letter
+	seen := map[[sha256.Size]byte]bool{}
+	twice := 0
+	err := r.walk(ctx, limit, func(d *amqp.Delivery, l *Letter) (Action, error) {
+		fp := fingerprint(d)
+		if seen[fp] {
+			twice++
+			return Keep, nil
 		}
+		seen[fp] = true
+		out = append(out, *l)
+		return Keep, nil
+	}, nil)
+	r.mu.Lock()
+	r.warnings = nil
+	if twice > 0 {
+		r.warnings = append(r.warnings, fmt.Sprintf("%d letters of %s are in the queue twice, identical (a read or redrive was stopped between the confirm of a copy and the acknowledgement of the letter it copies): each is listed once; a redrive sends both, and the consumer's inbox absorbs the second; a purge removes both", twice, r.cfg.Queue))
 	}
-	if err := r.limits(out); err != nil {
+	r.mu.Unlock()
+	if err != nil {
 		return nil, err
 	}
 	return out, nil
 }
 
-// Walk gets the messages there are now, without acknowledging them, and
-// hands each to decide. A Send is republished (mandatory, persistent,
-// with a publisher confirm) to the default exchange with the target queue
-// as routing key, and acknowledged in the DLQ once confirmed; a Drop is
-// acknowledged; a Keep is held until the walk ends, then returned to the
-// queue with the others.
+// Walk hands the first limit letters (0: all) to decide, in order, and
+// goes on round the whole queue. A Send is republished (mandatory,
+// persistent, with a publisher confirm) to the default exchange with the
+// target queue as routing key, and acknowledged in the DLQ once
+// confirmed; a Drop is acknowledged; a Keep, and every letter past limit,
+// is copied back to the queue (see [RabbitMQ]), so that what stays keeps
+// its order and no delivery is spent. A decide error, or a republish
+// that failed, stops the decisions, not the round: that letter and those
+// after it are copied back as they are.
 func (r *RabbitMQ) Walk(ctx context.Context, limit int, decide func(*Letter) (Action, error), done func(*Letter, Action, bool)) error {
-	before, err := r.depth()
-	if err != nil {
+	return r.walk(ctx, limit, func(_ *amqp.Delivery, l *Letter) (Action, error) { return decide(l) }, done)
+}
+
+// kept is a letter whose copy was published and not yet confirmed.
+type kept struct {
+	d *amqp.Delivery
+	c *amqp.DeferredConfirmation
+	n int
+}
+
+func (r *RabbitMQ) walk(ctx context.Context, limit int, decide func(*amqp.Delivery, *Letter) (Action, error), done func(*Letter, Action, bool)) error {
+	// The letters there are now: the copies go behind them, and a round
+	// ends before it reaches them.
+	n, err := r.depth()
+	if err != nil || n == 0 {
 		return err
-	}
-	n := before
-	if limit > 0 {
-		n = min(n, limit)
 	}
 	ch, err := r.conn.Channel()
 	if err != nil {
 		return fmt.Errorf("opening a channel: %w", err)
 	}
-	removed := 0
-	defer func() {
-		// Closing the channel returns every message not acknowledged. A
-		// quorum queue takes them back a moment later: wait for them, so
-		// that the next read finds the queue as this one left it.
-		_ = ch.Close()
-		r.settle(ctx, before-removed)
-	}()
-	var pub *amqp.Channel
-	var returns chan amqp.Return
-	var kept []Letter
-	walkErr := func(err error) error {
-		if lerr := r.limits(kept); lerr != nil {
-			return errors.Join(err, lerr)
-		}
-		return err
+	// Closing the channel gives back a letter taken and not yet settled
+	// (after an error only).
+	defer ch.Close()
+	pub, err := r.conn.Channel()
+	if err != nil {
+		return fmt.Errorf("opening the publishing channel: %w", err)
 	}
+	defer pub.Close()
+	if err := pub.Confirm(false); err != nil {
+		return fmt.Errorf("enabling publisher confirms: %w", err)
+	}
+	// Room for a return of every copy in flight: the library blocks its
+	// reader on a full channel, and the confirms come behind the returns.
+	returns := pub.NotifyReturn(make(chan amqp.Return, copyBatch+1))
+	var pending []kept
+	// flush waits for the confirms of the copies in flight, and
+	// acknowledges each letter whose copy the queue holds.
+	flush := func() error {
+		defer func() { pending = pending[:0] }()
+		for _, k := range pending {
+			// Waited for even when ctx ends: a copy the broker took
+			// without its letter acknowledged is a letter held twice.
+			if err := r.confirmed(context.WithoutCancel(ctx), k.c, returns, r.cfg.Queue); err != nil {
+				// This letter and those after it are unacknowledged: the
+				// broker gives them back when the channel closes.
+				return fmt.Errorf("copying letter #%d back to %s (it stays): %w", k.n, r.cfg.Queue, err)
+			}
+			if r.afterCopy != nil {
+				r.afterCopy(k.n)
+			}
+			if err := k.d.Ack(false); err != nil {
+				return fmt.Errorf("acknowledging letter #%d of %s after its copy was confirmed (both stay: a listing shows it once): %w", k.n, r.cfg.Queue, err)
+			}
+		}
+		return nil
+	}
+	// keep copies a letter back behind the others.
+	keep := func(d *amqp.Delivery, i int) error {
+		// Not cancelled with ctx: the letter is held, and a copy spends
+		// no delivery where giving it back would.
+		c, err := pub.PublishWithDeferredConfirmWithContext(context.WithoutCancel(ctx), "", r.cfg.Queue, true, false, copyOf(d))
+		if err != nil {
+			return errors.Join(fmt.Errorf("copying letter #%d back to %s (it stays): %w", i, r.cfg.Queue, err), flush())
+		}
+		pending = append(pending, kept{d: d, c: c, n: i})
+		if len(pending) >= copyBatch {
+			return flush()
+		}
+		return nil
+	}
+	var decideErr error
 	for i := 1; i <= n; i++ {
 		if err := ctx.Err(); err != nil {
-			return err
+			return errors.Join(err, flush())
 		}
 		d, ok, err := ch.Get(r.cfg.Queue, false)
 		if err != nil {
-			return fmt.Errorf("reading %s: %w", r.cfg.Queue, err)
+			return errors.Join(fmt.Errorf("reading %s: %w", r.cfg.Queue, err), flush())
 		}
 		if !ok {
+			// Fewer than counted: another reader holds the rest.
 			break
 		}
-		l := r.letter(&d, i)
-		act, err := decide(&l)
-		if err != nil {
-			return walkErr(err)
+		act := Keep
+		var l Letter
+		if decideErr == nil && (limit <= 0 || i <= limit) {
+			l = r.letter(&d, i)
+			if act, decideErr = decide(&d, &l); decideErr != nil {
+				act = Keep
+			}
 		}
 		switch act {
 		case Keep:
-			kept = append(kept, l)
+			if err := keep(&d, i); err != nil {
+				return err
+			}
 			continue
 		case Drop:
 			if err := d.Ack(false); err != nil {
-				return fmt.Errorf("acknowledging %q in %s (it stays): %w", l.ID, r.cfg.Queue, err)
+				return errors.Join(fmt.Errorf("acknowledging %q in %s (it stays): %w", l.ID, r.cfg.Queue, err), flush())
 			}
-			removed++
 			report(done, &l, act, true)
 			continue
 		}
-		if l.Target == "" {
-			return fmt.Errorf("letter %q names no origin queue to redrive to", l.ID)
-		}
-		if pub == nil {
-			if pub, err = r.conn.Channel(); err != nil {
-				return fmt.Errorf("opening the publishing channel: %w", err)
-			}
-			defer pub.Close()
-			if err := pub.Confirm(false); err != nil {
-				return fmt.Errorf("enabling publisher confirms: %w", err)
-			}
-			returns = pub.NotifyReturn(make(chan amqp.Return, 1))
-		}
-		if err := r.republish(ctx, pub, returns, &d, &l); err != nil {
+		// A return read after the confirm of a republish must be its own:
+		// the copies in flight are settled first.
+		if err := flush(); err != nil {
 			return err
+		}
+		if l.Target == "" {
+			decideErr = fmt.Errorf("letter %q names no origin queue to redrive to", l.ID)
+		} else if err := r.republish(ctx, pub, returns, &d, &l); err != nil {
+			decideErr = err
+		}
+		if decideErr != nil {
+			// Not sent (or not known to be): the letter stays, copied
+			// back in its place in the round, and the round goes on.
+			if err := keep(&d, i); err != nil {
+				return errors.Join(decideErr, err)
+			}
+			continue
 		}
 		if r.afterConfirm != nil {
 			r.afterConfirm(&l)
@@ -348,22 +344,80 @@ func (r *RabbitMQ) Walk(ctx context.Context, limit int, decide func(*Letter) (Ac
 			report(done, &l, act, false)
 			return fmt.Errorf("acknowledging %q in %s after its republish was confirmed (it stays in the DLQ; the consumer's inbox absorbs a second redrive, and a second replay of it is refused as already replayed): %w", l.ID, r.cfg.Queue, err)
 		}
-		removed++
 		report(done, &l, act, true)
 	}
-	return walkErr(nil)
+	if err := flush(); err != nil {
+		return errors.Join(decideErr, err)
+	}
+	return decideErr
 }
 
-// settle waits, a few seconds at most, until the queue holds at least n
-// ready messages again.
-func (r *RabbitMQ) settle(ctx context.Context, n int) {
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		if d, err := r.depth(); err != nil || d >= n {
-			return
+// copyOf is the copy of a letter a read puts back: the same properties,
+// headers and body, without the broker's delivery counts and user_id.
+func copyOf(d *amqp.Delivery) amqp.Publishing {
+	var h amqp.Table
+	if d.Headers != nil {
+		h = make(amqp.Table, len(d.Headers))
+		for k, v := range d.Headers {
+			if !deliveryAnnotation(k) {
+				h[k] = v
+			}
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
+	return amqp.Publishing{
+		Headers: h, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding, DeliveryMode: d.DeliveryMode,
+		Priority: d.Priority, CorrelationId: d.CorrelationId, ReplyTo: d.ReplyTo, Expiration: d.Expiration,
+		MessageId: d.MessageId, Timestamp: d.Timestamp, Type: d.Type, AppId: d.AppId, Body: d.Body,
+	}
+}
+
+// deliveryAnnotation reports whether a header is one the broker sets on a
+// delivery rather than one the letter carries.
+func deliveryAnnotation(k string) bool {
+	return k == "x-delivery-count" || k == "x-acquired-count"
+}
+
+// fingerprint identifies a letter by everything a copy keeps: a letter
+// and its copy have the same.
+func fingerprint(d *amqp.Delivery) [sha256.Size]byte {
+	p := copyOf(d)
+	h := sha256.New()
+	keys := make([]string, 0, len(p.Headers))
+	for k := range p.Headers {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	fmt.Fprintf(h, "%q %q %d %d %q %q %q %q %d %q %q %d\n", p.ContentType, p.ContentEncoding, p.DeliveryMode, p.Priority,
+		p.CorrelationId, p.ReplyTo, p.Expiration, p.MessageId, p.Timestamp.UnixNano(), p.Type, p.AppId, len(keys))
+	for _, k := range keys {
+		// fmt prints maps with their keys sorted.
+		fmt.Fprintf(h, "%q %T %v\n", k, p.Headers[k], p.Headers[k])
+	}
+	h.Write(p.Body)
+	var out [sha256.Size]byte
+	h.Sum(out[:0])
+	return out
+}
+
+// confirmed waits for the confirm of one publish to queue and checks it
+// was neither returned nor nacked.
+func (r *RabbitMQ) confirmed(ctx context.Context, c *amqp.DeferredConfirmation, returns chan amqp.Return, queue string) error {
+	cctx, cancel := context.WithTimeout(ctx, r.cfg.ConfirmTimeout)
+	defer cancel()
+	ok, err := c.WaitContext(cctx)
+	if err != nil {
+		return fmt.Errorf("waiting for the confirm: %w", err)
+	}
+	// A return comes before the confirm of the same message.
+	select {
+	case ret := <-returns:
+		return fmt.Errorf("the broker could not route it to queue %s (%d %s)", queue, ret.ReplyCode, ret.ReplyText)
+	default:
+	}
+	if !ok {
+		return errors.New("the broker nacked it")
+	}
+	return nil
 }
 
 func report(done func(*Letter, Action, bool), l *Letter, a Action, removed bool) {
@@ -386,24 +440,12 @@ func (r *RabbitMQ) republish(ctx context.Context, pub *amqp.Channel, returns cha
 		Priority: d.Priority, CorrelationId: d.CorrelationId, ReplyTo: d.ReplyTo, MessageId: d.MessageId,
 		Timestamp: d.Timestamp, Type: d.Type, AppId: d.AppId, Body: d.Body,
 	}
-	cctx, cancel := context.WithTimeout(ctx, r.cfg.ConfirmTimeout)
-	defer cancel()
-	c, err := pub.PublishWithDeferredConfirmWithContext(cctx, "", l.Target, true, false, msg)
+	c, err := pub.PublishWithDeferredConfirmWithContext(ctx, "", l.Target, true, false, msg)
 	if err != nil {
 		return fmt.Errorf("republishing %q to %s: %w", l.ID, l.Target, err)
 	}
-	ok, err := c.WaitContext(cctx)
-	if err != nil {
-		return fmt.Errorf("waiting for the confirm of %q: %w", l.ID, err)
-	}
-	// A return comes before the confirm of the same message.
-	select {
-	case ret := <-returns:
-		return fmt.Errorf("republishing %q: the broker could not route it to queue %s (%d %s); it stays in the DLQ", l.ID, l.Target, ret.ReplyCode, ret.ReplyText)
-	default:
-	}
-	if !ok {
-		return fmt.Errorf("republishing %q: the broker nacked it; it stays in the DLQ", l.ID)
+	if err := r.confirmed(ctx, c, returns, l.Target); err != nil {
+		return fmt.Errorf("republishing %q: %w; it stays in the DLQ", l.ID, err)
 	}
 	return nil
 }

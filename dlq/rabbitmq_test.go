@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -363,20 +364,6 @@ func TestRedriveUnroutableKeepsLetter(t *testing.T) {
 	}
 }
 
-// Every read of a quorum queue counts as a delivery: a listing warns
-// before a delivery limit could bite.
-func TestListWarnsOfManyReads(t *testing.T) {
-	t.Parallel()
-	ls := Summarize("q", []Letter{{ID: "a", Reason: "r", Headers: map[string]string{"x-delivery-count": "3"}}})
-	if len(ls.Warnings) != 0 {
-		t.Fatalf("warnings %v", ls.Warnings)
-	}
-	ls = Summarize("q", []Letter{{ID: "a", Reason: "r", Headers: map[string]string{"x-delivery-count": "12"}}})
-	if len(ls.Warnings) != 1 || !strings.Contains(ls.Warnings[0], "delivery limit") {
-		t.Fatalf("warnings %v", ls.Warnings)
-	}
-}
-
 // killAt is the republish whose confirm the child of TestKillMidRedrive
 // dies after, with killedCode.
 const (
@@ -698,56 +685,299 @@ func TestReplayRestoresMarkerWhenRepublishFails(t *testing.T) {
 	}
 }
 
-// On a quorum DLQ with a delivery limit, every read returns the letters
-// and counts a delivery: a read that finds a letter near the limit
-// refuses, while a redrive or purge that takes it out still can.
-func TestReadRefusesNearDeliveryLimit(t *testing.T) {
-	t.Parallel()
+// limitedDLQ declares a quorum queue with a delivery limit of 3 and no
+// dead-letter exchange, as a DLQ under a policy or a user's declaration
+// would be: a letter delivered and given back more than three times is
+// dropped for good. It holds letters with ids, in order, without an
+// origin (a redrive refuses them); an empty id is a letter without one.
+func limitedDLQ(t *testing.T, ids ...string) (*amqp.Connection, string) {
+	t.Helper()
 	ctx := context.Background()
 	conn, err := amqp.Dial(amqpURL())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
+	t.Cleanup(func() { _ = conn.Close() })
 	ch, err := conn.Channel()
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer ch.Close()
 	q := uniqueName(t)
 	if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum, "x-delivery-limit": int64(3)}); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _, _ = ch.QueueDelete(q, false, false, false) }()
-	if err := ch.PublishWithContext(ctx, "", q, false, false, amqp.Publishing{MessageId: "inv-1", DeliveryMode: amqp.Persistent, Body: []byte(`{}`),
-		Headers: amqp.Table{HeaderReason: "boom", HeaderConsumer: "c", HeaderOrigin: "work"}}); err != nil {
+	t.Cleanup(func() {
+		if ch, err := conn.Channel(); err == nil {
+			_, _ = ch.QueueDelete(q, false, false, false)
+		}
+	})
+	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
-	src, err := NewRabbitMQ(RabbitMQConfig{URL: amqpURL(), Queue: q, DeliveryLimit: 3})
+	for i, id := range ids {
+		c, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, true, false, amqp.Publishing{MessageId: id, DeliveryMode: amqp.Persistent,
+			Timestamp: time.Now().Add(-time.Duration(len(ids)-i) * time.Minute).Truncate(time.Second), ContentType: "application/json",
+			Body: []byte(fmt.Sprintf(`{"n":%d}`, i)), Headers: amqp.Table{HeaderReason: "boom", HeaderConsumer: "billing", HeaderAttempts: int64(5)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := c.WaitContext(ctx); !ok || err != nil {
+			t.Fatalf("publishing letter %d: %v %v", i, ok, err)
+		}
+	}
+	return conn, q
+}
+
+// readyDepth is the count of ready messages in queue q.
+func readyDepth(t *testing.T, conn *amqp.Connection, q string) int {
+	t.Helper()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	st, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Messages
+}
+
+// letterIDs are the IDs of ls, in order, an ID-less letter written "-",
+// with their positions.
+func letterIDs(ls []Letter) string {
+	var b strings.Builder
+	for _, l := range ls {
+		id := l.ID
+		if id == "" {
+			id = "-"
+		}
+		fmt.Fprintf(&b, "%s@%s ", id, l.Position)
+	}
+	return b.String()
+}
+
+// Reading a DLQ spends no delivery: on a quorum queue that drops a
+// letter given back more than three times, a hundred rounds of listings
+// (whole and partial), shows, dry runs and refused redrives leave every
+// letter there, in the order it had, with no delivery counted.
+func TestReadingIsFreeUnderDeliveryLimit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ids := []string{"inv-1", "inv-2", "", "inv-4", "inv-5"}
+	conn, q := limitedDLQ(t, ids...)
+	src, err := NewRabbitMQ(RabbitMQConfig{URL: amqpURL(), Queue: q})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer src.Close()
-	for d, _ := src.depth(); d != 1; d, _ = src.depth() {
-		time.Sleep(10 * time.Millisecond)
+	first, err := src.Peek(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
 	}
-	reads := 0
-	for ; reads < 6; reads++ {
-		ls, err := List(ctx, src, 0)
-		if errors.Is(err, ErrDeliveryLimit) {
-			break
+	want := letterIDs(first)
+	if want != "inv-1@#1 inv-2@#2 -@#3 inv-4@#4 inv-5@#5 " {
+		t.Fatalf("first read: %s", want)
+	}
+	// A hundred reads of every kind, and after every fifth the letters
+	// are all there, in the order a read found.
+	for round := 1; round <= 100; round++ {
+		switch round % 5 {
+		case 0:
+			ls, err := List(ctx, src, 0)
+			if err != nil {
+				t.Fatalf("round %d: list: %v", round, err)
+			}
+			if ls.Total != len(ids) || len(ls.Warnings) != 0 {
+				t.Fatalf("round %d: the listing holds %d letters (warnings %q), want %d: letters dropped", round, ls.Total, ls.Warnings, len(ids))
+			}
+		case 1:
+			part, err := src.Peek(ctx, 2)
+			if err != nil || letterIDs(part) != "inv-1@#1 inv-2@#2 " {
+				t.Fatalf("round %d: a read of two: %s %v", round, letterIDs(part), err)
+			}
+		case 2:
+			id := []string{"inv-1", "inv-2", "inv-4", "inv-5"}[round/5%4]
+			sh, err := Show(ctx, src, nil, id)
+			if err != nil || sh.Letter.ID != id {
+				t.Fatalf("round %d: show %s: %+v %v", round, id, sh.Letter, err)
+			}
+			if c := sh.Letter.Headers["x-delivery-count"]; c != "" && c != "0" {
+				t.Fatalf("round %d: letter %s was counted delivered %s times", round, id, c)
+			}
+		case 3:
+			dry, err := Redrive(ctx, src, nil, Selection{})
+			if err != nil || dry.Matched != len(ids) || !dry.DryRun {
+				t.Fatalf("round %d: dry run %+v %v", round, dry, err)
+			}
+		case 4:
+			// Nowhere to send them: every letter is refused and stays.
+			res, err := Redrive(ctx, src, nil, Selection{Apply: true})
+			if err != nil || res.Refused != len(ids) || res.Done != 0 {
+				t.Fatalf("round %d: refused redrive %+v %v", round, res, err)
+			}
+			all, err := src.Peek(ctx, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := letterIDs(all); got != want {
+				t.Fatalf("round %d: letters %s, want %s (the order a read found)", round, got, want)
+			}
 		}
+	}
+	if n := readyDepth(t, conn, q); n != len(ids) {
+		t.Fatalf("the queue holds %d messages after the reads, want %d", n, len(ids))
+	}
+	// What a read copies back is the letter: properties, headers, body.
+	last, err := src.Peek(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range last {
+		if !first[i].Time.Equal(last[i].Time) || string(first[i].Body) != string(last[i].Body) || first[i].Reason != last[i].Reason ||
+			first[i].Attempts != last[i].Attempts || first[i].Consumer != last[i].Consumer || len(first[i].Headers) != len(last[i].Headers) {
+			t.Fatalf("letter %d changed:\nfirst %+v\nnow   %+v", i, first[i], last[i])
+		}
+	}
+}
+
+// afterCopyCode is the exit code the child of TestKillMidRead must not
+// reach: it is killed first.
+const afterCopyCode = 43
+
+// A reader SIGKILLed between the confirm of a letter's copy and the
+// acknowledgement of the letter (the one window where a letter is in the
+// queue twice) loses nothing: every letter is read afterwards, each once,
+// and the listing says some are held twice.
+func TestKillMidRead(t *testing.T) {
+	if q := os.Getenv("IDEM_DLQ_KILL_READ"); q != "" {
+		src, err := NewRabbitMQ(RabbitMQConfig{URL: amqpURL(), Queue: q})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ls.Total != 1 {
-			t.Fatalf("after %d listings the letter is gone from the DLQ", reads)
+		src.afterCopy = func(n int) {
+			if n == 3 {
+				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			}
+		}
+		_, _ = List(context.Background(), src, 0)
+		os.Exit(afterCopyCode)
+	}
+	t.Parallel()
+	ctx := context.Background()
+	ids := make([]string, 10)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("inv-r%02d", i)
+	}
+	conn, q := limitedDLQ(t, ids...)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestKillMidRead$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "IDEM_DLQ_KILL_READ="+q)
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("the child was not killed inside the confirm-to-ack window: %v\n%s", err, out)
+	}
+	src, err := NewRabbitMQ(RabbitMQConfig{URL: amqpURL(), Queue: q})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	// The letters the dead connection held come back a moment later.
+	var ls Listing
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if ls, err = List(ctx, src, 0); err != nil {
+			t.Fatal(err)
+		}
+		if ls.Total == len(ids) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	all, err := src.Peek(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	for _, l := range all {
+		seen[l.ID]++
+	}
+	for _, id := range ids {
+		if seen[id] != 1 {
+			t.Fatalf("letter %s read %d times after the kill, want once: %s", id, seen[id], letterIDs(all))
 		}
 	}
-	if reads != 1 {
-		t.Fatalf("listings refused after %d reads, want after 1 (limit 3: two more returns would keep it, no more)", reads)
+	// Letters 1 and 2 were copied and acknowledged; the third was copied
+	// and not acknowledged, so it is there twice.
+	if n := readyDepth(t, conn, q); n < len(ids)+1 {
+		t.Fatalf("the queue holds %d, want at least %d (the letter in the window twice)", n, len(ids)+1)
 	}
-	res, err := Purge(ctx, src, nil, Selection{Apply: true})
-	if err != nil || res.Done != 1 {
-		t.Fatalf("purge after the refusal: %v %+v, want the letter taken out", err, res)
+	if len(src.Warnings()) != 1 || !strings.Contains(src.Warnings()[0], "twice") {
+		t.Fatalf("warnings %q, want one about letters held twice", src.Warnings())
+	}
+	if len(ls.Warnings) != 1 {
+		t.Fatalf("listing warnings %q", ls.Warnings)
+	}
+}
+
+// Two readers at once (a console and a command line) never lose or
+// double a letter: each may see a letter the other copied back, but the
+// queue holds every letter once when they are done.
+func TestConcurrentReadsLoseNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ids := make([]string, 20)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("inv-c%02d", i)
+	}
+	conn, q := limitedDLQ(t, ids...)
+	errc := make(chan error, 2)
+	for range 2 {
+		src, err := NewRabbitMQ(RabbitMQConfig{URL: amqpURL(), Queue: q})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer src.Close()
+		go func() {
+			for range 10 {
+				if _, err := List(ctx, src, 0); err != nil {
+					errc <- err
+					return
+				}
+			}
+			errc <- nil
+		}()
+	}
+	for range 2 {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := readyDepth(t, conn, q); n != len(ids) {
+		t.Fatalf("the queue holds %d after two readers, want %d", n, len(ids))
+	}
+	src, err := NewRabbitMQ(RabbitMQConfig{URL: amqpURL(), Queue: q})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	all, err := src.Peek(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	for _, l := range all {
+		seen[l.ID]++
+		if c := l.Headers["x-delivery-count"]; c != "" && c != "0" {
+			t.Fatalf("letter %s counted delivered %s times", l.ID, c)
+		}
+	}
+	for _, id := range ids {
+		if seen[id] != 1 {
+			t.Fatalf("letter %s read %d times, want once: %s", id, seen[id], letterIDs(all))
+		}
+	}
+	if len(src.Warnings()) != 0 {
+		t.Fatalf("warnings %q", src.Warnings())
 	}
 }

@@ -94,25 +94,19 @@ func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	f := &dlqFlags{inbox: true}
 	f.fs = newCmdFlags("console", "[--queue Q,...] [--topic T,...] [--guard table:key,...] [--token T | $IDEM_CONSOLE_TOKEN] [flags]", consoleDoc, stdout)
 	fs := f.fs
-	f.db.add(fs.FlagSet)
 	var queues, topics listFlag
 	var guards guardFlag
 	var hosts listFlag
 	fs.Var(&queues, "queue", "RabbitMQ dead-letter queue to show, comma-separated or repeated")
 	fs.Var(&topics, "topic", "Kafka dead-letter topic to show, comma-separated or repeated (needs --brokers)")
-	fs.StringVar(&f.amqpURL, "amqp", "", "RabbitMQ URL (default $IDEM_AMQP_URL, else "+defaultAMQPURL+")")
-	fs.StringVar(&f.brokers, "brokers", "", "Kafka seed brokers, comma-separated (default $IDEM_KAFKA_BROKERS)")
-	fs.StringVar(&f.group, "group", dlq.DefaultGroup, "Kafka consumer group whose committed offsets mark the letters settled")
-	fs.StringVar(&f.idHeader, "id-header", "", "header carrying the message ID (RabbitMQ default: the message_id property; Kafka: idem-message-id)")
-	fs.StringVar(&f.table, "table", "idem_inbox", "inbox table, optionally schema-qualified")
-	fs.StringVar(&f.consumer, "default-consumer", "", "consumer to judge letters that name none (dead-lettered by the broker itself)")
-	fs.StringVar(&f.key, "key", "", keyDoc)
+	f.addSource()
+	f.addInbox("inbox table, optionally schema-qualified")
 	fs.Var(&guards, "guard", "guarded table whose audit check is shown, table:key[,key] with audit check's column defaults (id, created_at, status), or table:key;status=-;id=-;time=C;void=V; repeatable")
 	fs.Var(&hosts, "allow-host", "host name the console answers to besides IP addresses and localhost (a proxy's), comma-separated or repeated; any other Host is refused")
 	listen := fs.String("listen", "127.0.0.1:8080", "address to serve on; anything but a loopback address exposes the console to the network")
 	token := fs.String("token", "", "token that allows actions (default $IDEM_CONSOLE_TOKEN; none: the console only reads)")
 	readOnly := fs.Bool("read-only", false, "refuse every action, even with a token")
-	cacheFor := fs.Duration("cache", 5*time.Second, "how long a read of a DLQ is shown before the next page reads it again (a RabbitMQ read takes the letters and returns them)")
+	cacheFor := fs.Duration("cache", 5*time.Second, "how long a read of a DLQ is shown before the next page reads it again (a read spends no delivery, but a RabbitMQ read goes round the whole queue)")
 	rate := fs.Float64("rate", 100, "republishes per second at most in a redrive (0: no limit)")
 	if err := fs.parse(args, false); err != nil {
 		return err
@@ -120,14 +114,12 @@ func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	switch {
 	case len(topics) > 0 && f.brokerList() == nil:
 		return fs.usagef("--topic needs --brokers (or IDEM_KAFKA_BROKERS)")
-	case !tableName.MatchString(f.table):
-		return fs.usagef("--table %q: want a table name, optionally schema.table, of letters, digits and _ (starting with a letter or _)", f.table)
 	case *cacheFor < 0:
 		return fs.usagef("--cache must not be negative")
 	case *rate < 0:
 		return fs.usagef("--rate must not be negative (0: no limit)")
 	}
-	if err := f.db.validate(); err != nil {
+	if err := f.checkInbox(); err != nil {
 		return err
 	}
 	host, _, err := net.SplitHostPort(*listen)
@@ -137,15 +129,12 @@ func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if *token == "" {
 		*token = os.Getenv("IDEM_CONSOLE_TOKEN")
 	}
-	if err := f.parseKey(); err != nil {
-		return err
-	}
 	pool, err := f.db.pool(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	in, err := dlq.NewInbox(pool, &dlq.InboxConfig{Table: f.table, Consumer: f.consumer, Key: f.keyFunc})
+	in, err := dlq.NewInbox(pool, &dlq.InboxConfig{Table: f.table, Consumer: f.consumer, Key: f.keyFunc, MaxAhead: f.ahead, RefuseUntimed: f.untimed})
 	if err != nil {
 		return err
 	}

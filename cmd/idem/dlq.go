@@ -39,16 +39,19 @@ it) or a Kafka dead-letter topic (--topic):
            first replay creates it otherwise)
 
 show, redrive and replay judge each letter with the consumer's inbox key:
---key says how the consumer derives it (id, json:/pointer, template:TEXT).
+--key says how the consumer derives it (id, the default; json:/pointer;
+template:TEXT).
 
 A letter leaves its DLQ only after the broker confirmed its republish: a
 failure in between leaves a copy in both places, and the inbox absorbs the
 second. A replay retires a key's marker once per run (more copies of the
 message are redriven plainly), refuses a copy whose marker a replay of the
 same message wrote, and puts the marker back if the republish fails.
-Reading a RabbitMQ DLQ takes its messages and returns them; on a quorum
-queue each read counts as a delivery, so give dead-letter queues no
-delivery limit (until then, reads refuse near --delivery-limit).
+
+Reading spends nothing: a read of a RabbitMQ DLQ copies each letter back
+to the queue (publisher confirm) before it acknowledges it, so no list,
+show or dry run counts against a quorum queue's delivery limit, whatever
+it is, and the letters keep their order; a Kafka read commits no offset.
 
 Exit 1 when letters were refused or stayed in the DLQ; with --json, a run
 that fails part-way prints one error object that says what it did.
@@ -96,7 +99,7 @@ type dlqFlags struct {
 	consumer string // for letters that name none
 	key      string // how the consumers derive their inbox key
 	keyFunc  idem.KeyFunc
-	limit    int // the RabbitMQ queue's delivery limit
+	limit    int // --delivery-limit, ignored: reads spend no delivery
 	timeHdr  string
 	ahead    time.Duration
 	untimed  bool // the consumer refuses untimed messages
@@ -105,14 +108,14 @@ type dlqFlags struct {
 }
 
 // keyDoc documents --key.
-const keyDoc = "how the consumer derives its inbox key, required to judge: id (the message ID), json:/pointer (the string or number at a JSON pointer into the body) or template:TEXT ({id} and {/pointer} replaced: template:invoice:{/customer}:{/period})"
+const keyDoc = "how the consumer derives its inbox key, to judge with: id (the message ID, idem.ByMessageID), json:/pointer (the string or number at a JSON pointer into the body) or template:TEXT ({id} and {/pointer} replaced: template:invoice:{/customer}:{/period}); a verdict made with another key than the consumer's is wrong"
 
-// parseKey reads --key, which a command that judges letters requires: a
-// verdict made with another key than the consumer's is wrong, and a
-// replay would retire the wrong marker, or none.
+// parseKey reads --key: a verdict made with another key than the
+// consumer's is wrong, and a replay would retire the wrong marker, or
+// none.
 func (f *dlqFlags) parseKey() error {
 	if strings.TrimSpace(f.key) == "" {
-		return f.fs.usagef("--key is required: %s", keyDoc)
+		return f.fs.usagef("--key is empty: %s", keyDoc)
 	}
 	k, err := dlq.ParseKey(f.key)
 	if err != nil {
@@ -125,23 +128,49 @@ func (f *dlqFlags) parseKey() error {
 func newDLQFlags(name, synopsis, doc string, stdout io.Writer, inbox bool) *dlqFlags {
 	f := &dlqFlags{fs: newCmdFlags("dlq "+name, synopsis, doc, stdout), inbox: inbox}
 	f.fs.StringVar(&f.queue, "queue", "", "RabbitMQ dead-letter queue (\"billing.dlq\")")
-	f.fs.StringVar(&f.amqpURL, "amqp", "", "RabbitMQ URL (default $IDEM_AMQP_URL, else "+defaultAMQPURL+")")
 	f.fs.StringVar(&f.topic, "topic", "", "Kafka dead-letter topic (\"billing.dlq\"), instead of --queue")
+	f.addSource()
+	if inbox {
+		f.addInbox("inbox table, optionally schema-qualified, that judges the redrive")
+	}
+	f.fs.BoolVar(&f.jsonOut, "json", false, "print JSON")
+	return f
+}
+
+// addSource adds the flags that say how to read the DLQs, the same for
+// idem dlq and idem console.
+func (f *dlqFlags) addSource() {
+	f.fs.StringVar(&f.amqpURL, "amqp", "", "RabbitMQ URL (default $IDEM_AMQP_URL, else "+defaultAMQPURL+")")
 	f.fs.StringVar(&f.brokers, "brokers", "", "Kafka seed brokers, comma-separated (default $IDEM_KAFKA_BROKERS)")
 	f.fs.StringVar(&f.group, "group", dlq.DefaultGroup, "Kafka consumer group whose committed offsets mark the letters settled")
 	f.fs.StringVar(&f.idHeader, "id-header", "", "header carrying the message ID (RabbitMQ default: the message_id property; Kafka: idem-message-id)")
-	if inbox {
-		f.db.add(f.fs.FlagSet)
-		f.fs.StringVar(&f.table, "table", "idem_inbox", "inbox table, optionally schema-qualified, that judges the redrive")
-		f.fs.StringVar(&f.consumer, "default-consumer", "", "consumer to judge letters that name none (dead-lettered by the broker itself)")
-		f.fs.StringVar(&f.key, "key", "", keyDoc)
-		f.fs.DurationVar(&f.ahead, "max-ahead", time.Hour, "the consumer's horizon MaxAhead: an event time further ahead is not trusted, and the letter is judged untimed")
-		f.fs.BoolVar(&f.untimed, "refuse-untimed", false, "the consumer refuses untimed messages (Config.RefuseUntimed): judge them invalid")
-	}
 	f.fs.StringVar(&f.timeHdr, "time-header", "", "Kafka: the producers' event-time header (default x-event-time)")
-	f.fs.IntVar(&f.limit, "delivery-limit", 20, "delivery limit of the RabbitMQ queue (quorum queues; RabbitMQ 4's default is 20; -1: none): a read returns the letters it does not take out, each return counts, and a read refuses to go on when fewer than two more would keep a letter")
-	f.fs.BoolVar(&f.jsonOut, "json", false, "print JSON")
-	return f
+	f.fs.IntVar(&f.limit, "delivery-limit", 0, "ignored, kept for scripts that pass it: a read spends no delivery, whatever the RabbitMQ queue's delivery limit (each letter read is copied back to the queue before it is acknowledged)")
+}
+
+// addInbox adds the flags that say how to judge letters, the same for
+// idem dlq and idem console.
+func (f *dlqFlags) addInbox(tableDoc string) {
+	f.db.add(f.fs.FlagSet)
+	f.fs.StringVar(&f.table, "table", "idem_inbox", tableDoc)
+	f.fs.StringVar(&f.consumer, "default-consumer", "", "consumer to judge letters that name none (dead-lettered by the broker itself)")
+	f.fs.StringVar(&f.key, "key", "id", keyDoc)
+	f.fs.DurationVar(&f.ahead, "max-ahead", time.Hour, "the consumer's horizon MaxAhead: an event time further ahead is not trusted, and the letter is judged untimed")
+	f.fs.BoolVar(&f.untimed, "refuse-untimed", false, "the consumer refuses untimed messages (Config.RefuseUntimed): judge them invalid")
+}
+
+// checkInbox checks the judging flags and reads --key.
+func (f *dlqFlags) checkInbox() error {
+	switch {
+	case f.ahead <= 0 || f.ahead > time.Hour:
+		return f.fs.usagef("--max-ahead %v: want more than 0 and at most 1h, as the consumer's horizon", f.ahead)
+	case !tableName.MatchString(f.table):
+		return f.fs.usagef("--table %q: want a table name, optionally schema.table, of letters, digits and _ (starting with a letter or _)", f.table)
+	}
+	if err := f.parseKey(); err != nil {
+		return err
+	}
+	return f.db.validate()
 }
 
 func (f *dlqFlags) parse(args []string) error {
@@ -155,19 +184,9 @@ func (f *dlqFlags) parse(args []string) error {
 		return f.fs.usagef("--queue and --topic name two DLQs: give one")
 	case f.topic != "" && f.brokerList() == nil:
 		return f.fs.usagef("--topic needs --brokers (or IDEM_KAFKA_BROKERS)")
-	case f.inbox && (f.ahead <= 0 || f.ahead > time.Hour):
-		return f.fs.usagef("--max-ahead %v: want more than 0 and at most 1h, as the consumer's horizon", f.ahead)
-	case f.inbox && !tableName.MatchString(f.table):
-		return f.fs.usagef("--table %q: want a table name, optionally schema.table, of letters, digits and _ (starting with a letter or _)", f.table)
-	}
-	if f.limit == 0 || f.limit < -1 {
-		return f.fs.usagef("--delivery-limit %d: want the queue's limit, or -1 for none", f.limit)
 	}
 	if f.inbox {
-		if err := f.parseKey(); err != nil {
-			return err
-		}
-		return f.db.validate()
+		return f.checkInbox()
 	}
 	return nil
 }
@@ -205,7 +224,7 @@ func (f *dlqFlags) source(ctx context.Context) (dlq.Source, error) {
 	if u == "" {
 		u = defaultAMQPURL
 	}
-	return dlq.NewRabbitMQ(dlq.RabbitMQConfig{URL: u, Queue: f.queue, IDHeader: f.idHeader, DeliveryLimit: f.limit})
+	return dlq.NewRabbitMQ(dlq.RabbitMQConfig{URL: u, Queue: f.queue, IDHeader: f.idHeader})
 }
 
 // openInbox opens the inbox that judges redrives; close closes its pool.
@@ -268,13 +287,15 @@ func dlqList(ctx context.Context, args []string, stdout, stderr io.Writer) error
 }
 
 func dlqShow(ctx context.Context, args []string, stdout io.Writer) error {
-	f := newDLQFlags("show", "--id ID --key K (--queue Q | --topic T) [flags]", "Shows one dead letter (the first with the message ID): its reason, consumer, attempts,\norigin, headers and body, and what a redrive would do, judged from the inbox: apply\n(no marker for its key), duplicate (its key has a marker: the consumer acks it without\nan effect; idem dlq replay applies it once more), expire (older than the inbox's\nwindow) or invalid (no ID). Exit 1 when no letter has the ID.", stdout, true)
+	f := newDLQFlags("show", "(--id ID | --at POSITION) [--key K] (--queue Q | --topic T) [flags]", "Shows one dead letter (the first with the message ID, or the one at a position): its\nreason, consumer, attempts, origin, headers and body, and what a redrive would do,\njudged from the inbox: apply (no marker for its key), duplicate (its key has a marker:\nthe consumer acks it without an effect; idem dlq replay applies it once more), expire\n(older than the inbox's window) or invalid (no ID). The body is cut at "+strconv.Itoa(bodyShown)+" bytes unless\n--full (--json prints it whole). Exit 1 when no letter has the ID or the position.", stdout, true)
 	id := f.fs.String("id", "", "message ID of the letter")
+	at := f.fs.String("at", "", "position of the letter, as a listing or a redrive says it (RabbitMQ: #3, the third in the queue; Kafka: partition/offset): for a letter without a message ID")
+	full := f.fs.Bool("full", false, "print the whole body, however long")
 	if err := f.parse(args); err != nil {
 		return err
 	}
-	if *id == "" {
-		return f.fs.usagef("--id is required")
+	if (*id == "") == (*at == "") {
+		return f.fs.usagef("give --id or --at, one of them")
 	}
 	src, err := f.source(ctx)
 	if err != nil {
@@ -286,10 +307,15 @@ func dlqShow(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	defer closeDB()
-	sh, err := dlq.Show(ctx, src, in, *id)
+	var sh dlq.Shown
+	if *at != "" {
+		sh, err = showAt(ctx, src, in, *at)
+	} else {
+		sh, err = dlq.Show(ctx, src, in, *id)
+	}
 	if errors.Is(err, dlq.ErrNotFound) {
 		if f.jsonOut {
-			_ = printJSON(stdout, map[string]any{"found": false, "id": *id, "dlq": src.Name()})
+			_ = printJSON(stdout, map[string]any{"found": false, "id": *id, "at": *at, "dlq": src.Name()})
 		}
 		return &exitError{code: exitFindings, msg: err.Error()}
 	}
@@ -306,7 +332,7 @@ func dlqShow(ctx context.Context, args []string, stdout io.Writer) error {
 		t = fmt.Sprintf("%s (from %s)", l.Time.UTC().Format(time.RFC3339), l.TimeSource)
 	}
 	for _, row := range [][2]string{
-		{"message", l.ID}, {"dlq", l.DLQ + " at " + l.Position}, {"consumer", orDash(l.Consumer)}, {"reason", l.Reason},
+		{"message", orDash(l.ID)}, {"dlq", l.DLQ + " at " + l.Position}, {"consumer", orDash(l.Consumer)}, {"reason", l.Reason},
 		{"outcome", orDash(l.Outcome)}, {"attempts", strconv.Itoa(l.Attempts)}, {"origin", orDash(l.Origin)},
 		{"redrive to", orDash(l.Target)}, {"redriven", strconv.Itoa(l.Redriven)}, {"event time", t},
 		{"inbox key", orDash(j.InboxKey)}, {"verdict", string(j.Verdict) + ": " + j.Why},
@@ -326,12 +352,47 @@ func dlqShow(ctx context.Context, args []string, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "  %s: %s\n", k, clip(l.Headers[k], 200))
 	}
 	fmt.Fprintf(stdout, "body (%d bytes)\n", len(l.Body))
-	if utf8.Valid(l.Body) {
-		fmt.Fprintf(stdout, "  %s\n", strings.ReplaceAll(string(l.Body), "\n", "\n  "))
-	} else {
-		fmt.Fprintf(stdout, "  (binary) %x\n", l.Body[:min(len(l.Body), 64)])
+	body, cut := l.Body, 0
+	if !*full && len(body) > bodyShown {
+		// Cut on a rune boundary, so that a cut text stays text.
+		n := bodyShown
+		for n > 0 && !utf8.RuneStart(body[n]) {
+			n--
+		}
+		body, cut = body[:n], len(body)-n
+	}
+	switch {
+	case utf8.Valid(body):
+		fmt.Fprintf(stdout, "  %s\n", strings.ReplaceAll(string(body), "\n", "\n  "))
+	case *full:
+		fmt.Fprintf(stdout, "  (binary) %x\n", body)
+	default:
+		fmt.Fprintf(stdout, "  (binary) %x\n", body[:min(len(body), 64)])
+		cut = len(l.Body) - min(len(body), 64)
+	}
+	if cut > 0 {
+		fmt.Fprintf(stdout, "  … %d more bytes (--full prints them, --json too)\n", cut)
 	}
 	return nil
+}
+
+// bodyShown is how much of a body idem dlq show prints without --full: a
+// body of megabytes must not flood the terminal.
+const bodyShown = 4096
+
+// showAt finds the letter at position at and judges its redrive.
+func showAt(ctx context.Context, src dlq.Source, in *dlq.Inbox, at string) (dlq.Shown, error) {
+	ls, err := src.Peek(ctx, 0)
+	if err != nil {
+		return dlq.Shown{}, err
+	}
+	for i := range ls {
+		if ls[i].Position == at {
+			j, err := in.Judge(ctx, &ls[i])
+			return dlq.Shown{Letter: ls[i], Judgement: j}, err
+		}
+	}
+	return dlq.Shown{}, fmt.Errorf("%w: none at %s in %s", dlq.ErrNotFound, at, src.Name())
 }
 
 func dlqDDL(args []string, stdout io.Writer) error {

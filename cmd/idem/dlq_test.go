@@ -6,6 +6,7 @@ import (
 	crand "crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -293,10 +294,10 @@ func TestDLQUsage(t *testing.T) {
 		{"redrive", "--queue", "a", "--rate", "-1"},
 		{"show", "--queue", "a"},
 		{"replay", "--queue", "a", "--why", "x"},
-		{"show", "--queue", "a", "--id", "x"},               // no --key
+		{"show", "--queue", "a", "--id", "x", "--at", "#1"}, // two selectors
+		{"show", "--queue", "a", "--id", "x", "--key", ""},  // an empty key
 		{"redrive", "--queue", "a", "--key", "body"},        // no such key spec
 		{"replay", "--queue", "a", "--key", "json:invoice"}, // not a JSON pointer
-		{"list", "--queue", "a", "--delivery-limit", "0"},
 		{"show", "--queue", "a", "--id", "x", "--key", "id", "--max-ahead", "2h"},
 		{"redrive", "--queue", "a", "--key", "id", "--id", ","},
 		{"redrive", "--queue", "a", "--key", "id", "--reason", ""},
@@ -544,4 +545,53 @@ func TestDLQKafkaLetterThatStaysExits1(t *testing.T) {
 	if !strings.Contains(out, "2 dead letters") {
 		t.Fatalf("list: %s", out)
 	}
+}
+
+// show cuts a long body unless --full (a 20 MB body must not flood the
+// terminal), --json prints it whole, and --at shows a letter without a
+// message ID; the judging flags default to the message ID as the key.
+func TestDLQShowBodyAndPosition(t *testing.T) {
+	t.Parallel()
+	e := newDLQEnv(t)
+	ch, err := e.conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	big := bytes.Repeat([]byte("0123456789abcdef"), 20<<20/16)
+	for _, p := range []amqp.Publishing{
+		{MessageId: "inv-big", Body: big, Headers: amqp.Table{"x-idem-reason": "too big", "x-idem-consumer": "billing-invoice", "x-idem-origin": e.topo.Queue}},
+		{Body: []byte(`{"no":"id"}`), Headers: amqp.Table{"x-idem-reason": "no id", "x-idem-consumer": "billing-invoice", "x-idem-origin": e.topo.Queue}},
+	} {
+		p.DeliveryMode = amqp.Persistent
+		c, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), "", e.topo.DeadLetterQueue, true, false, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := c.WaitContext(context.Background()); !ok || err != nil {
+			t.Fatalf("confirm %v %v", ok, err)
+		}
+	}
+	q := []string{"--database", e.db, "--queue", e.topo.DeadLetterQueue}
+	out, _ := dlqRun(t, 0, append([]string{"show", "--id", "inv-big"}, q...)...)
+	if len(out) > 8<<10 || !strings.Contains(out, fmt.Sprintf("… %d more bytes (--full", len(big)-bodyShown)) || !strings.Contains(out, "inbox key   inv-big") {
+		t.Fatalf("show of a 20 MB body printed %d bytes:\n%.2000s", len(out), out)
+	}
+	out, _ = dlqRun(t, 0, append([]string{"show", "--id", "inv-big", "--full"}, q...)...)
+	if !strings.Contains(out, string(big)) || strings.Contains(out, "more bytes") {
+		t.Fatalf("show --full printed %d bytes, want the whole body", len(out))
+	}
+	out, _ = dlqRun(t, 0, append([]string{"show", "--id", "inv-big", "--json"}, q...)...)
+	var sh struct{ Letter struct{ Body []byte } }
+	if err := json.Unmarshal([]byte(out), &sh); err != nil || !bytes.Equal(sh.Letter.Body, big) {
+		t.Fatalf("show --json: %v, body of %d bytes", err, len(sh.Letter.Body))
+	}
+	out, _ = dlqRun(t, 0, append([]string{"show", "--at", "#2"}, q...)...)
+	if !strings.Contains(out, `{"no":"id"}`) || !strings.Contains(out, "message     -") || !strings.Contains(out, "invalid") {
+		t.Fatalf("show --at #2:\n%s", out)
+	}
+	dlqRun(t, 1, append([]string{"show", "--at", "#3"}, q...)...)
 }
