@@ -2,7 +2,9 @@ package dlq
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +12,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
+	"github.com/idemkit/idem/sqliteinbox"
 )
 
 // The verdicts, straight from the inbox: a marker is a duplicate, a key a
@@ -167,8 +170,8 @@ func TestJudgeTimeRules(t *testing.T) {
 	}{
 		{lax, Letter{ID: "a", Time: now.Add(2 * time.Hour)}, Apply, "ahead"},
 		{lax, Letter{ID: "a", Time: now.Add(30 * time.Minute)}, Apply, "no marker for key"},
-		{strict, Letter{ID: "a"}, Invalid, "refuses untimed"},
-		{strict, Letter{ID: "a", Time: now.Add(30 * time.Minute)}, Invalid, "refuses untimed"},
+		{strict, Letter{ID: "a"}, Invalid, "RefuseUntimed"},
+		{strict, Letter{ID: "a", Time: now.Add(30 * time.Minute)}, Invalid, "RefuseUntimed"},
 		{strict, Letter{ID: "a", Time: now}, Apply, "no marker"},
 	} {
 		j, err := c.in.Judge(ctx, &c.l)
@@ -190,6 +193,114 @@ func TestNewInboxNeedsKey(t *testing.T) {
 	for _, cfg := range []*InboxConfig{nil, {Table: "idem_inbox"}} {
 		if _, err := NewInbox(pool, cfg); !errors.Is(err, ErrNoKey) {
 			t.Errorf("NewInbox(%+v): %v, want ErrNoKey", cfg, err)
+		}
+	}
+}
+
+// A letter whose inbox key the consumer's key validation refuses (blank,
+// invalid UTF-8, a NUL byte) is judged invalid, as the consumer
+// dead-letters it again, whatever the key function: the judge is the
+// processor's own decision.
+func TestJudgeRefusesBadKeys(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	store, err := pgxinbox.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	byHeader := func(m idem.Message) (string, error) { return m.Headers["customer"], nil }
+	byID, err := NewInbox(pool, &InboxConfig{Consumer: "c", Key: idem.ByMessageID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byCustomer, err := NewInbox(pool, &InboxConfig{Consumer: "c", Key: byHeader})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for _, c := range []struct {
+		in *Inbox
+		l  Letter
+	}{
+		{byID, Letter{ID: "inv-\x00-1", Time: now}},
+		{byID, Letter{ID: "inv-\xff", Time: now}},
+		{byID, Letter{ID: "   ", Time: now}},
+		{byCustomer, Letter{ID: "inv-1", Time: now, Headers: map[string]string{"customer": "c-\x00"}}},
+		{byCustomer, Letter{ID: "inv-2", Time: now, Headers: map[string]string{"customer": " "}}},
+		{byCustomer, Letter{ID: "inv-3", Time: now, Headers: map[string]string{"customer": "c-\xfe"}}},
+	} {
+		j, err := c.in.Judge(ctx, &c.l)
+		if err != nil {
+			t.Errorf("letter %q (key header %q): %v, want invalid", c.l.ID, c.l.Headers["customer"], err)
+			continue
+		}
+		if j.Verdict != Invalid || j.Outcome != idem.DeadLettered {
+			t.Errorf("letter %q (key header %q): %s (%s), want invalid", c.l.ID, c.l.Headers["customer"], j.Verdict, j.Why)
+		}
+	}
+}
+
+// The judge can be the consumer's own processor over any store: here
+// sqlinbox on SQLite, while the inbox the letters are retired from is
+// given for its replays. A letter of another consumer is judged by a
+// processor the inbox builds.
+func TestJudgeWithTheConsumersProcessor(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, err := sqliteinbox.Open(filepath.Join(t.TempDir(), "inbox.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	lite, err := sqliteinbox.New(db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lite.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	proc, err := idem.NewProcessor(lite, &idem.Config[*sql.Tx]{
+		Consumer: "ledger", Key: idem.ByMessageID,
+		Handler: func(context.Context, *sql.Tx, idem.Message) error { return nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := proc.Process(ctx, idem.Message{ID: "led-1", Time: time.Now(), TimeSource: idem.TimeFromBroker}); r.Outcome != idem.Applied {
+		t.Fatalf("process: %s %v", r.Outcome, r.Err)
+	}
+	pool := pgtest.Pool(t)
+	store, err := pgxinbox.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	in, err := NewInbox(pool, &InboxConfig{Judges: []Judge{proc}, Key: idem.ByMessageID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for _, c := range []struct {
+		l    Letter
+		want Verdict
+	}{
+		{Letter{ID: "led-1", Consumer: "ledger", Time: now}, Duplicate},
+		{Letter{ID: "led-2", Consumer: "ledger", Time: now}, Apply},
+		{Letter{ID: "led-\x00", Consumer: "ledger", Time: now}, Invalid},
+		{Letter{ID: "led-1", Consumer: "billing", Time: now}, Apply},
+	} {
+		j, err := in.Judge(ctx, &c.l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j.Verdict != c.want {
+			t.Errorf("%s of %s: %s (%s), want %s", c.l.ID, c.l.Consumer, j.Verdict, j.Why, c.want)
 		}
 	}
 }
