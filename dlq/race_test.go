@@ -1,0 +1,201 @@
+package dlq
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemrabbitmq"
+)
+
+// heldDB is the pool of a replay that is held, once it looked up key's
+// marker (its judgment), before its next statement: the way a replay
+// waiting on its rate limit, or a slow operator's terminal, lets another
+// replay of the same letter run in between.
+type heldDB struct {
+	DB
+	key     string
+	judged  chan struct{} // closed once key was looked up
+	release chan struct{} // closed by the test
+	once    sync.Once
+	held    atomic.Bool
+}
+
+func newHeldDB(db DB, key string) *heldDB {
+	return &heldDB{DB: db, key: key, judged: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (h *heldDB) wait(ctx context.Context) error {
+	if !h.held.Load() {
+		return nil
+	}
+	select {
+	case <-h.release:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (h *heldDB) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := h.wait(ctx); err != nil {
+		return nil, err
+	}
+	tx, err := h.DB.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &watchedTx{Tx: tx, h: h}, nil
+}
+
+func (h *heldDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if err := h.wait(ctx); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return h.DB.Exec(ctx, sql, args...)
+}
+
+// watchedTx notices the lookup of the held key's marker.
+type watchedTx struct {
+	pgx.Tx
+	h *heldDB
+}
+
+func (t *watchedTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	rows, err := t.Tx.Query(ctx, sql, args...)
+	for _, a := range args {
+		if ks, ok := a.([]string); ok && slices.Contains(ks, t.h.key) {
+			t.h.once.Do(func() {
+				t.h.held.Store(true)
+				close(t.h.judged)
+			})
+		}
+	}
+	return rows, err
+}
+
+// runConsumer runs a consumer of the work queue with a working handler
+// until the test ends.
+func (e *rabbitEnv) runConsumer() *settled {
+	e.t.Helper()
+	s := &settled{}
+	proc, err := idem.NewProcessor(e.store, &idem.Config[pgx.Tx]{Consumer: e.consumer, Key: idem.ByMessageID,
+		Handler: func(ctx context.Context, tx pgx.Tx, m idem.Message) error {
+			_, err := tx.Exec(ctx, `INSERT INTO effects (message_id, body) VALUES ($1, $2)`, m.ID, string(m.Body))
+			return err
+		}})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	c, err := idemrabbitmq.NewConsumer(proc, &idemrabbitmq.Config{URL: amqpURL(), Queue: e.topo.Queue, BatchSize: 1, Hooks: []idem.Hook{s}})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = c.Run(ctx)
+	}()
+	e.t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return s
+}
+
+// waitFor polls cond until it holds, or fails the test after a minute.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited a minute for %s", what)
+		}
+	}
+}
+
+// Two operators replay the same dead letter at the same time (two copies
+// of it in the DLQ, one taken by each): the first replay's judgment is
+// held between its look at the marker and its retirement, while the
+// second retires the marker, sends its copy and the consumer applies it.
+// The first then finds the marker it judged gone and refuses: the message
+// is applied once more, not twice.
+func TestConcurrentReplaysApplyOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newRabbitEnv(t)
+	const id = "inv-77"
+	e.poison(id)
+	e.publish(invoice(id))
+	e.consume(1, false) // applied once: the marker M0 exists
+	e.deadLetter(id, e.topo.Queue, time.Now())
+	if d := e.settledDepth(e.topo.DeadLetterQueue, 2); d != 2 {
+		t.Fatalf("DLQ holds %d, want two copies of %s", d, id)
+	}
+	s := e.runConsumer()
+	held := newHeldDB(e.pool, id)
+	slow, err := NewInbox(held, &InboxConfig{Key: idem.ByMessageID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sel := Selection{Filter: Filter{IDs: []string{id}}, Apply: true, Limit: 1}
+	type outcome struct {
+		res Result
+		err error
+	}
+	first := make(chan outcome, 1)
+	go func() {
+		res, err := Replay(ctx, e.source(), slow, sel, Retirement{By: "alice", Why: "INC-77: issue it once more"})
+		first <- outcome{res, err}
+	}()
+	select {
+	case <-held.judged:
+	case o := <-first:
+		t.Fatalf("the first replay ended before it judged the letter: %+v %v", o.res, o.err)
+	case <-time.After(time.Minute):
+		t.Fatal("the first replay did not judge the letter within a minute")
+	}
+	res, err := Replay(ctx, e.source(), e.inbox, sel, Retirement{By: "bob", Why: "INC-77: issue it once more"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Done != 1 || res.Items[0].Retired == nil {
+		t.Fatalf("second replay: %+v, want its copy replayed", res)
+	}
+	waitFor(t, "the consumer to apply the second replay", func() bool { return e.effects(id) == 2 })
+	close(held.release)
+	var o outcome
+	select {
+	case o = <-first:
+	case <-time.After(time.Minute):
+		t.Fatal("the first replay did not end within a minute of its release")
+	}
+	if o.err != nil && !errors.Is(o.err, ErrNoMarker) {
+		t.Fatalf("first replay: %v", o.err)
+	}
+	// Whatever the first replay sent, the consumer settles it.
+	sent := 0
+	for _, it := range o.res.Items {
+		if it.Sent {
+			sent++
+		}
+	}
+	waitFor(t, "the consumer to settle what the replays sent", func() bool { return s.n.Load() >= int64(1+sent) })
+	if n := e.effects(id); n != 2 {
+		t.Errorf("effects of %s: %d, want 2 (applied, then once more by one replay); first replay: %+v", id, n, o.res.Items)
+	}
+	if o.err == nil && (o.res.Refused != 1 || o.res.Done != 0) {
+		t.Errorf("first replay: %+v, want its copy refused", o.res)
+	}
+	if m, a := e.markers(); m != 1 || a != 1 {
+		t.Errorf("markers %d, audit rows %d; want 1, 1", m, a)
+	}
+}
