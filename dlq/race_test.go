@@ -2,6 +2,8 @@ package dlq
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"errors"
 	"slices"
 	"sync"
@@ -11,9 +13,15 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemkafka"
 	"github.com/idemkit/idem/idemrabbitmq"
+	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/pgxinbox"
 )
 
 // heldDB is the pool of a replay that is held, once it looked up key's
@@ -197,5 +205,170 @@ func TestConcurrentReplaysApplyOnce(t *testing.T) {
 	}
 	if m, a := e.markers(); m != 1 || a != 1 {
 		t.Errorf("markers %d, audit rows %d; want 1, 1", m, a)
+	}
+}
+
+// The same race on a Kafka dead-letter topic, where two replays read the
+// same letter: the replay held between its judgment and its retirement
+// finds the marker it judged gone, written anew by the other replay's
+// re-application, and refuses. The message is applied once more.
+func TestKafkaConcurrentReplaysApplyOnce(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	brokers := c.ListenAddrs()
+	b := make([]byte, 4)
+	_, _ = crand.Read(b)
+	topic := "orders-" + hex.EncodeToString(b)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for _, tn := range []string{topic, topic + ".dlq"} {
+		if _, err := kadm.NewClient(cl).CreateTopic(ctx, 1, 1, nil, tn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pool := pgtest.Pool(t)
+	store, err := pgxinbox.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE effects (message_id text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	const id = "ord-7"
+	effects := func() int {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE message_id = $1`, id).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// run runs a consumer of the topic until stop is called.
+	run := func(broken bool) (o *outcomes, stop func()) {
+		t.Helper()
+		o = &outcomes{}
+		proc, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{
+			Consumer: "orders-ship", Key: idem.ByMessageID, Hooks: []idem.Hook{o},
+			Handler: func(ctx context.Context, tx pgx.Tx, m idem.Message) error {
+				if broken {
+					return idem.Permanent(errors.New("carrier unknown for order " + m.ID))
+				}
+				_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1)`, m.ID)
+				return err
+			},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cons, err := idemkafka.New(idemkafka.ClientConfig{Brokers: brokers, Group: "orders-ship", Topics: []string{topic},
+			Options: []kgo.Opt{kgo.FetchMaxWait(100 * time.Millisecond)}}, proc, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		errc := make(chan error, 1)
+		go func() { errc <- cons.Run(rctx) }()
+		return o, func() {
+			cancel()
+			if err := <-errc; err != nil && !errors.Is(err, context.Canceled) {
+				t.Errorf("consumer: %v", err)
+			}
+		}
+	}
+	produce := func() {
+		if err := cl.ProduceSync(ctx, idemkafka.NewRecord(topic, id, []byte(id), []byte(`{"order":"`+id+`"}`))).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	open := func() *Kafka {
+		k, err := NewKafka(ctx, KafkaConfig{Brokers: brokers, Topic: topic + ".dlq"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = k.Close() })
+		return k
+	}
+	peek := open()
+	produce()
+	_, stop := run(true)
+	waitFor(t, "the broken consumer to dead-letter the order", func() bool {
+		ls, err := peek.Peek(ctx, 0)
+		return err == nil && len(ls) == 1
+	})
+	stop()
+	produce()
+	o, stop := run(false)
+	defer stop()
+	waitFor(t, "the consumer to apply the order", func() bool { return effects() == 1 })
+	held := newHeldDB(pool, id)
+	slow, err := NewInbox(held, &InboxConfig{Key: idem.ByMessageID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fast, err := NewInbox(pool, &InboxConfig{Key: idem.ByMessageID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sel := Selection{Filter: Filter{IDs: []string{id}}, Apply: true}
+	type outcome struct {
+		res Result
+		err error
+	}
+	first := make(chan outcome, 1)
+	go func() {
+		res, err := Replay(ctx, open(), slow, sel, Retirement{By: "alice", Why: "INC-7: ship it once more"})
+		first <- outcome{res, err}
+	}()
+	select {
+	case <-held.judged:
+	case r := <-first:
+		t.Fatalf("the first replay ended before it judged the letter: %+v %v", r.res, r.err)
+	case <-ctx.Done():
+		t.Fatal("the first replay did not judge the letter in time")
+	}
+	res, err := Replay(ctx, open(), fast, sel, Retirement{By: "bob", Why: "INC-7: ship it once more"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Items) != 1 || res.Items[0].Retired == nil || !res.Items[0].Sent {
+		t.Fatalf("second replay: %+v, want the letter replayed", res)
+	}
+	waitFor(t, "the consumer to apply the second replay", func() bool { return effects() == 2 })
+	close(held.release)
+	var r outcome
+	select {
+	case r = <-first:
+	case <-ctx.Done():
+		t.Fatal("the first replay did not end in time after its release")
+	}
+	if r.err != nil && !errors.Is(r.err, ErrNoMarker) {
+		t.Fatalf("first replay: %v", r.err)
+	}
+	sent := 0
+	for _, it := range r.res.Items {
+		if it.Sent {
+			sent++
+		}
+	}
+	// The consumer has settled the order twice (dead letter aside): the
+	// first application and the second replay; and whatever the first
+	// replay sent.
+	waitFor(t, "the consumer to settle what the replays sent", func() bool { return o.count() >= 2+sent })
+	if n := effects(); n != 2 {
+		t.Errorf("effects of %s: %d, want 2 (applied, then once more by one replay); first replay: %+v", id, n, r.res.Items)
+	}
+	if r.err == nil && (r.res.Refused != 1 || len(r.res.Items) != 1 || r.res.Items[0].Sent) {
+		t.Errorf("first replay: %+v, want the letter refused", r.res)
 	}
 }
