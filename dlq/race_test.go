@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -208,19 +210,26 @@ func TestConcurrentReplaysApplyOnce(t *testing.T) {
 	}
 }
 
-// The same race on a Kafka dead-letter topic, where two replays read the
-// same letter: the replay held between its judgment and its retirement
-// finds the marker it judged gone, written anew by the other replay's
-// re-application, and refuses. The message is applied once more.
-func TestKafkaConcurrentReplaysApplyOnce(t *testing.T) {
-	t.Parallel()
+// kafkaReplayEnv is a topic whose consumer applied the order id once, and
+// whose dead-letter topic holds an earlier copy of it, dead-lettered by a
+// broken handler; the consumer runs until the test ends.
+type kafkaReplayEnv struct {
+	ctx     context.Context
+	pool    *pgxpool.Pool
+	o       *outcomes
+	open    func() *Kafka
+	effects func() int
+}
+
+func newKafkaReplayEnv(t *testing.T, id string) *kafkaReplayEnv {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	t.Cleanup(cancel)
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(c.Close)
 	brokers := c.ListenAddrs()
 	b := make([]byte, 4)
 	_, _ = crand.Read(b)
@@ -229,7 +238,7 @@ func TestKafkaConcurrentReplaysApplyOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cl.Close()
+	t.Cleanup(cl.Close)
 	for _, tn := range []string{topic, topic + ".dlq"} {
 		if _, err := kadm.NewClient(cl).CreateTopic(ctx, 1, 1, nil, tn); err != nil {
 			t.Fatal(err)
@@ -246,7 +255,6 @@ func TestKafkaConcurrentReplaysApplyOnce(t *testing.T) {
 	if _, err := pool.Exec(ctx, `CREATE TABLE effects (message_id text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	const id = "ord-7"
 	effects := func() int {
 		var n int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE message_id = $1`, id).Scan(&n); err != nil {
@@ -309,8 +317,20 @@ func TestKafkaConcurrentReplaysApplyOnce(t *testing.T) {
 	stop()
 	produce()
 	o, stop := run(false)
-	defer stop()
+	t.Cleanup(stop)
 	waitFor(t, "the consumer to apply the order", func() bool { return effects() == 1 })
+	return &kafkaReplayEnv{ctx: ctx, pool: pool, o: o, open: open, effects: effects}
+}
+
+// The same race on a Kafka dead-letter topic, where two replays read the
+// same letter: the replay held between its judgment and its retirement
+// finds the marker it judged gone, written anew by the other replay's
+// re-application, and refuses. The message is applied once more.
+func TestKafkaConcurrentReplaysApplyOnce(t *testing.T) {
+	t.Parallel()
+	const id = "ord-7"
+	e := newKafkaReplayEnv(t, id)
+	ctx, pool, o, open, effects := e.ctx, e.pool, e.o, e.open, e.effects
 	held := newHeldDB(pool, id)
 	slow, err := NewInbox(held, &InboxConfig{Key: idem.ByMessageID})
 	if err != nil {
@@ -370,5 +390,42 @@ func TestKafkaConcurrentReplaysApplyOnce(t *testing.T) {
 	}
 	if r.err == nil && (r.res.Refused != 1 || len(r.res.Items) != 1 || r.res.Items[0].Sent) {
 		t.Errorf("first replay: %+v, want the letter refused", r.res)
+	}
+}
+
+// A replay killed between the produce of the letter and the commit that
+// settles it (its client closed there, as a SIGKILL leaves it) leaves the
+// letter in the topic and the message sent: the consumer applies it once
+// more, and the replay run again refuses the copy left behind, since the
+// marker there is its own effect. No double.
+func TestKafkaReplayCrashBetweenProduceAndCommit(t *testing.T) {
+	t.Parallel()
+	const id = "ord-8"
+	e := newKafkaReplayEnv(t, id)
+	in, err := NewInbox(e.pool, &InboxConfig{Key: idem.ByMessageID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sel := Selection{Filter: Filter{IDs: []string{id}}, Apply: true}
+	ret := Retirement{By: "alice", Why: "INC-8: ship it once more"}
+	k := e.open()
+	k.afterProduce = func(*Letter) { k.cl.Close() }
+	res, err := Replay(e.ctx, k, in, sel, ret)
+	if err == nil || len(res.Items) != 1 || !res.Items[0].Sent || res.Items[0].Done || res.Items[0].Retired == nil {
+		t.Fatalf("replay over a client closed after the produce: %v %+v, want sent, not settled", err, res)
+	}
+	waitFor(t, "the consumer to apply the replay", func() bool { return e.effects() == 2 })
+	for _, apply := range []bool{false, true} {
+		sel.Apply = apply
+		res, err = Replay(e.ctx, e.open(), in, sel, ret)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Refused != 1 || len(res.Items) != 1 || res.Items[0].Sent || !strings.Contains(res.Items[0].Why, "already replayed") {
+			t.Fatalf("replay run again (apply %v): %+v, want the copy refused as already replayed", apply, res)
+		}
+	}
+	if n := e.effects(); n != 2 {
+		t.Errorf("effects of %s: %d, want 2", id, n)
 	}
 }
