@@ -5,9 +5,10 @@
 //
 // The sources are a RabbitMQ dead-letter queue ([RabbitMQ]) and a Kafka
 // dead-letter topic ([Kafka]), as idemrabbitmq and idemkafka fill them. The
-// verdict of a redrive comes from the inbox ([Inbox]): a key that has a
-// marker is skipped as a duplicate by the consumer, a message older than
-// the inbox's window is expired again, anything else is applied.
+// verdict of a redrive is the consumer's own decision: its processor
+// predicts what a delivery would do (idem.Processor.Predict), with the
+// settings and pruned-key summaries read again before a letter is shown
+// and before it is sent ([Inbox.Judge]).
 //
 // Every function returns structs and prints nothing, so a command line and a
 // web console can share it. Redrive, purge and replay are dry runs unless
@@ -17,9 +18,10 @@
 // offset is committed): a failure in between leaves one copy in each place,
 // and the consumer's inbox absorbs the second. A replay retires a marker
 // at most once per consumer and key in a run (later copies of the message
-// are redriven plainly), refuses a letter whose key's marker a replay of
-// the same message wrote, and puts a marker back when its republish
-// failed. Nothing is ever lost.
+// are redriven plainly), retires only the marker it judged, in the
+// transaction that checks no replay of the same message wrote it (so two
+// replays of one letter at once apply it once more, not twice), and puts
+// a marker back when its republish failed. Nothing is ever lost.
 package dlq
 
 import (

@@ -197,6 +197,11 @@ func (in *Inbox) judgeLetter(ctx context.Context, l *Letter, fresh bool) (Judgem
 		consumer = noConsumer
 	}
 	p, err := in.judge(consumer)
+	if errors.Is(err, idem.ErrConfig) {
+		// A consumer name no processor takes (a header written by hand):
+		// no consumer of it exists to predict.
+		return Judgement{Verdict: Unknown, Why: err.Error()}, nil
+	}
 	if err != nil {
 		return Judgement{}, err
 	}

@@ -304,3 +304,26 @@ func TestJudgeWithTheConsumersProcessor(t *testing.T) {
 		}
 	}
 }
+
+// A letter naming a consumer no processor could have (a header written by
+// hand) is judged unknown, and the walk goes on.
+func TestJudgeUnknownConsumerName(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	store, err := pgxinbox.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	in, err := NewInbox(pool, &InboxConfig{Key: idem.ByMessageID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := in.Judge(ctx, &Letter{ID: "a", Consumer: "Not A Consumer", Time: time.Now()})
+	if err != nil || j.Verdict != Unknown {
+		t.Fatalf("judge: %+v %v, want unknown", j, err)
+	}
+}
