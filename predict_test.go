@@ -13,7 +13,9 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/mysqlinbox"
 	"github.com/idemkit/idem/pgxinbox"
 	"github.com/idemkit/idem/retention"
 	"github.com/idemkit/idem/sqlinbox"
@@ -35,8 +37,8 @@ type predictEnv[TTx any] struct {
 // TestPredictAgreesWithProcess: for each way a message can go — applied,
 // duplicate, a blank, invalid UTF-8 or NUL key, expired, a late duplicate
 // refused or applied again — Predict says what Process then does, and
-// writes nothing itself, on pgxinbox and on sqlinbox's SQLite and
-// PostgreSQL.
+// writes nothing itself, on pgxinbox and on sqlinbox's SQLite, MySQL (or
+// MariaDB) and PostgreSQL.
 func TestPredictAgreesWithProcess(t *testing.T) {
 	t.Parallel()
 	t.Run("pgxinbox", func(t *testing.T) {
@@ -73,18 +75,28 @@ func TestPredictAgreesWithProcess(t *testing.T) {
 	})
 	sqlEnv := func(t *testing.T, db *sql.DB, d sqlinbox.Dialect, ph func(int) string, ts func(time.Time) any) predictEnv[*sql.Tx] {
 		ctx := context.Background()
-		store, err := sqlinbox.New(db, d, nil)
+		var store *sqlinbox.Store
+		var err error
+		if d == nil {
+			store, err = mysqlinbox.New(db, nil)
+		} else {
+			store, err = sqlinbox.New(db, d, nil)
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
 		if err := store.Migrate(ctx); err != nil {
 			t.Fatal(err)
 		}
+		quotedKey := "key"
+		if d == nil {
+			quotedKey = `"key"` // ANSI_QUOTES, as mysqlinbox.Open sets
+		}
 		return predictEnv[*sql.Tx]{
 			store: store,
 			age: func(t *testing.T, key string) {
 				old := ts(time.Now().Add(-400 * 24 * time.Hour))
-				if _, err := db.ExecContext(ctx, `UPDATE idem_inbox SET processed_at = `+ph(1)+`, keep_until = `+ph(2)+` WHERE key = `+ph(3), old, old, key); err != nil {
+				if _, err := db.ExecContext(ctx, `UPDATE idem_inbox SET processed_at = `+ph(1)+`, keep_until = `+ph(2)+` WHERE `+quotedKey+` = `+ph(3), old, old, key); err != nil {
 					t.Fatal(err)
 				}
 			},
@@ -112,6 +124,18 @@ func TestPredictAgreesWithProcess(t *testing.T) {
 		testPredict(t, sqlEnv(t, db, sqlinbox.SQLite,
 			func(n int) string { return "?" },
 			func(tm time.Time) any { return tm.UTC().Format("2006-01-02T15:04:05.000000Z") }))
+	})
+	t.Run("sqlinbox-mysql", func(t *testing.T) {
+		t.Parallel()
+		cfg := mysqltest.Database(t, "idem_predict_")
+		db, err := mysqlinbox.Open(cfg.FormatDSN())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = db.Close() })
+		testPredict(t, sqlEnv(t, db, nil,
+			func(int) string { return "?" },
+			func(tm time.Time) any { return tm.UTC() }))
 	})
 	t.Run("sqlinbox-postgres", func(t *testing.T) {
 		t.Parallel()
