@@ -107,6 +107,8 @@ func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.StringVar(&f.table, "table", "idem_inbox", "inbox table, optionally schema-qualified")
 	fs.StringVar(&f.consumer, "default-consumer", "", "consumer to judge letters that name none (dead-lettered by the broker itself)")
 	fs.StringVar(&f.key, "key", "", keyDoc)
+	fs.DurationVar(&f.ahead, "max-ahead", time.Hour, "the consumers' horizon MaxAhead: an event time further ahead is not trusted, and the letter is judged untimed")
+	fs.BoolVar(&f.untimed, "refuse-untimed", false, "the consumers refuse untimed messages (Config.RefuseUntimed): judge them invalid")
 	fs.Var(&guards, "guard", "guarded table whose audit check is shown, table:key[,key] with audit check's column defaults (id, created_at, status), or table:key;status=-;id=-;time=C;void=V; repeatable")
 	fs.Var(&hosts, "allow-host", "host name the console answers to besides IP addresses and localhost (a proxy's), comma-separated or repeated; any other Host is refused")
 	listen := fs.String("listen", "127.0.0.1:8080", "address to serve on; anything but a loopback address exposes the console to the network")
@@ -122,6 +124,8 @@ func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fs.usagef("--topic needs --brokers (or IDEM_KAFKA_BROKERS)")
 	case !tableName.MatchString(f.table):
 		return fs.usagef("--table %q: want a table name, optionally schema.table, of letters, digits and _ (starting with a letter or _)", f.table)
+	case f.ahead <= 0 || f.ahead > time.Hour:
+		return fs.usagef("--max-ahead %v: want more than 0 and at most 1h, as the consumers' horizon", f.ahead)
 	case *cacheFor < 0:
 		return fs.usagef("--cache must not be negative")
 	case *rate < 0:
@@ -145,7 +149,7 @@ func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer pool.Close()
-	in, err := dlq.NewInbox(pool, &dlq.InboxConfig{Table: f.table, Consumer: f.consumer, Key: f.keyFunc})
+	in, err := dlq.NewInbox(pool, &dlq.InboxConfig{Table: f.table, Consumer: f.consumer, Key: f.keyFunc, MaxAhead: f.ahead, RefuseUntimed: f.untimed})
 	if err != nil {
 		return err
 	}
