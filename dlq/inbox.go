@@ -51,6 +51,9 @@ type InboxConfig struct {
 	// MaxAhead is the consumers' idem.Horizon.MaxAhead. Defaults to the
 	// processor's default.
 	MaxAhead time.Duration
+	// PartitionTime is the consumers' idem.Config.PartitionTime, for a
+	// partitioned inbox whose consumers do not key by message ID.
+	PartitionTime func(key string) (time.Time, error)
 	// RefuseUntimed is the consumers' idem.Config.RefuseUntimed.
 	RefuseUntimed bool
 	// RefuseLate is the consumers' idem.Config.RefuseLate. Either way a
@@ -86,6 +89,9 @@ type Inbox struct {
 	created bool
 	actions bool             // the actions table exists
 	judges  map[string]Judge // by consumer
+	// judgeStore is the store of the judges the inbox builds, laid out as
+	// the table is.
+	judgeStore *pgxinbox.Store
 }
 
 // ErrNoKey is returned by [NewInbox] without [InboxConfig.Key] or
@@ -141,7 +147,7 @@ func (in *Inbox) Settings(ctx context.Context) (idem.Settings, error) {
 
 // judge returns the judge of consumer: its own processor when given one,
 // else one built over the inbox table from the configuration.
-func (in *Inbox) judge(consumer string) (Judge, error) {
+func (in *Inbox) judge(ctx context.Context, consumer string) (Judge, error) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if j, ok := in.judges[consumer]; ok {
@@ -150,9 +156,24 @@ func (in *Inbox) judge(consumer string) (Judge, error) {
 	if in.cfg.Key == nil {
 		return nil, fmt.Errorf("no judge for consumer %s (InboxConfig.Judges) and no key function to build one with", consumer)
 	}
-	p, err := idem.NewProcessor(in.store, &idem.Config[pgx.Tx]{
+	if in.judgeStore == nil {
+		// The processor checks its store's layout against the table's.
+		set, err := in.Settings(ctx)
+		if err != nil {
+			return nil, err
+		}
+		st := in.store
+		if set.Layout == idem.LayoutPartitioned {
+			if st, err = pgxinbox.New(in.db, &pgxinbox.Config{Table: in.cfg.Table, Layout: pgxinbox.Partitioned}); err != nil {
+				return nil, err
+			}
+		}
+		in.judgeStore = st
+	}
+	p, err := idem.NewProcessor(in.judgeStore, &idem.Config[pgx.Tx]{
 		Consumer:      consumer,
 		Key:           in.cfg.Key,
+		PartitionTime: in.cfg.PartitionTime,
 		Handler:       func(context.Context, pgx.Tx, idem.Message) error { return errors.New("dlq: a judge runs no handler") },
 		RefuseUntimed: in.cfg.RefuseUntimed,
 		RefuseLate:    in.cfg.RefuseLate,
@@ -196,7 +217,7 @@ func (in *Inbox) judgeLetter(ctx context.Context, l *Letter, fresh bool) (Judgem
 		// depends on the consumer.
 		consumer = noConsumer
 	}
-	p, err := in.judge(consumer)
+	p, err := in.judge(ctx, consumer)
 	if errors.Is(err, idem.ErrConfig) {
 		// A consumer name no processor takes (a header written by hand):
 		// no consumer of it exists to predict.

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
@@ -325,5 +327,59 @@ func TestJudgeUnknownConsumerName(t *testing.T) {
 	j, err := in.Judge(ctx, &Letter{ID: "a", Consumer: "Not A Consumer", Time: time.Now()})
 	if err != nil || j.Verdict != Unknown {
 		t.Fatalf("judge: %+v %v, want unknown", j, err)
+	}
+}
+
+// On a partitioned inbox the judge the inbox builds is laid out as the
+// table is: a message ID whose UUIDv7 time is past the window is
+// expired, one whose marker exists is a duplicate, and a key that is
+// not the ID, without the consumers' partition time, cannot be judged.
+func TestJudgePartitioned(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	store, err := pgxinbox.New(pool, &pgxinbox.Config{Layout: pgxinbox.Partitioned})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	proc, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{Consumer: "c", Key: idem.ByMessageID,
+		Handler: func(context.Context, pgx.Tx, idem.Message) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	seen := idem.NewUUIDv7(now)
+	if r := proc.Process(ctx, idem.Message{ID: seen, Time: now, TimeSource: idem.TimeFromID}); r.Outcome != idem.Applied {
+		t.Fatalf("process: %s %v", r.Outcome, r.Err)
+	}
+	byID, err := NewInbox(pool, &InboxConfig{Consumer: "c", Key: idem.ByMessageID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byHeader, err := NewInbox(pool, &InboxConfig{Consumer: "c", Key: func(m idem.Message) (string, error) { return m.Headers["k"], nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := now.Add(-30 * 24 * time.Hour)
+	for _, c := range []struct {
+		in   *Inbox
+		l    Letter
+		want Verdict
+	}{
+		{byID, Letter{ID: seen, Time: now, TimeSource: idem.TimeFromID}, Duplicate},
+		{byID, Letter{ID: idem.NewUUIDv7(now), Time: now, TimeSource: idem.TimeFromID}, Apply},
+		{byID, Letter{ID: idem.NewUUIDv7(old), Time: old, TimeSource: idem.TimeFromID}, Expire},
+		{byHeader, Letter{ID: "x", Time: now, Headers: map[string]string{"k": "inv-1"}}, Unknown},
+	} {
+		j, err := c.in.Judge(ctx, &c.l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j.Verdict != c.want {
+			t.Errorf("%s: %s (%s), want %s", c.l.ID, j.Verdict, j.Why, c.want)
+		}
 	}
 }
