@@ -240,6 +240,13 @@ func (p *Processor[TTx]) prepare(msg Message) *item {
 // prepareInto is prepare into it, which a batch allocates with its
 // neighbours in one slice.
 func (p *Processor[TTx]) prepareInto(it *item, msg Message) {
+	p.admit(it, msg, false)
+}
+
+// admit is prepareInto; quiet leaves out the logs of a message handled
+// (a time ahead, an untimed message, an expired one applied), for Predict,
+// which handles nothing.
+func (p *Processor[TTx]) admit(it *item, msg Message, quiet bool) {
 	*it = item{msg: msg, res: Result{MessageID: msg.ID}}
 	if err := validID(msg.ID); err != nil {
 		it.res.Outcome, it.res.Err = DeadLettered, err
@@ -249,7 +256,9 @@ func (p *Processor[TTx]) prepareInto(it *item, msg Message) {
 	if h.ahead(it.msg.Time) {
 		// A clock gone wrong: a marker kept until then would outlive every
 		// prune, and the time says nothing about the message's age.
-		p.notes.future(p.cfg.Logger, p.cfg.Consumer, msg.ID, msg.Time, h.MaxAhead)
+		if !quiet {
+			p.notes.future(p.cfg.Logger, p.cfg.Consumer, msg.ID, msg.Time, h.MaxAhead)
+		}
 		it.msg.Time, it.msg.TimeSource = time.Time{}, TimeNone
 	}
 	it.res.TimeSource = it.msg.TimeSource
@@ -259,10 +268,12 @@ func (p *Processor[TTx]) prepareInto(it *item, msg Message) {
 			it.res.Outcome, it.res.Err = DeadLettered, fmt.Errorf("%w (Config.RefuseUntimed)", ErrUntimed)
 			return
 		}
-		p.notes.untimed(p.cfg.Logger, p.cfg.Consumer, msg.ID)
+		if !quiet {
+			p.notes.untimed(p.cfg.Logger, p.cfg.Consumer, msg.ID)
+		}
 	}
 	if p.partitionTime == nil {
-		if p.expired(it, h.check(it.msg)) {
+		if p.expired(it, h.check(it.msg), quiet) {
 			return
 		}
 	}
@@ -291,7 +302,7 @@ func (p *Processor[TTx]) prepareInto(it *item, msg Message) {
 			return
 		}
 		it.claim.PartitionTime = pt
-		if p.expired(it, h.checkPartition(pt)) {
+		if p.expired(it, h.checkPartition(pt), quiet) {
 			return
 		}
 	}
@@ -303,14 +314,18 @@ func (p *Processor[TTx]) prepareInto(it *item, msg Message) {
 const maxPartitionAhead = 24 * time.Hour
 
 // expired makes it Expired when err says it is too old, unless expired
-// messages are applied anyway, and reports whether it did.
-func (p *Processor[TTx]) expired(it *item, err error) bool {
+// messages are applied anyway (logged unless quiet), and reports whether
+// it did.
+func (p *Processor[TTx]) expired(it *item, err error, quiet bool) bool {
 	if err == nil {
 		return false
 	}
 	if !p.horizon().ApplyExpired {
 		it.res.Outcome, it.res.Err = Expired, err
 		return true
+	}
+	if quiet {
+		return false
 	}
 	p.cfg.Logger.Warn("applying an expired message (Horizon.ApplyExpired)",
 		"consumer", p.cfg.Consumer, "message_id", it.msg.ID, "error", err)

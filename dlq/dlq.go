@@ -5,9 +5,10 @@
 //
 // The sources are a RabbitMQ dead-letter queue ([RabbitMQ]) and a Kafka
 // dead-letter topic ([Kafka]), as idemrabbitmq and idemkafka fill them. The
-// verdict of a redrive comes from the inbox ([Inbox]): a key that has a
-// marker is skipped as a duplicate by the consumer, a message older than
-// the inbox's window is expired again, anything else is applied.
+// verdict of a redrive is the consumer's own decision: its processor
+// predicts what a delivery would do (idem.Processor.Predict), with the
+// settings and pruned-key summaries read again before a letter is shown
+// and before it is sent ([Inbox.Judge]).
 //
 // Every function returns structs and prints nothing, so a command line and a
 // web console can share it. Redrive, purge and replay are dry runs unless
@@ -17,13 +18,15 @@
 // offset is committed): a failure in between leaves one copy in each place,
 // and the consumer's inbox absorbs the second. A replay retires a marker
 // at most once per consumer and key in a run (later copies of the message
-// are redriven plainly), refuses a letter whose key's marker a replay of
-// the same message wrote, and puts a marker back when its republish
-// failed. Nothing is ever lost.
+// are redriven plainly), retires only the marker it judged, in the
+// transaction that checks no replay of the same message wrote it (so two
+// replays of one letter at once apply it once more, not twice), and puts
+// a marker back when its republish failed. Nothing is ever lost.
 package dlq
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -121,35 +124,55 @@ type Source interface {
 	Close() error
 }
 
-// Verdict is what a redrive of a letter would do at its consumer.
+// Verdict is what a redrive of a letter would do at its consumer, in an
+// operator's words: the outcome its consumer's processor predicts
+// ([Judgement.Outcome]), a late duplicate called Expire.
 type Verdict string
 
 const (
-	// Apply: no marker for its key, inside the horizon: the handler runs.
+	// Apply: the processor would apply it (idem.Applied): the handler runs.
 	Apply Verdict = "apply"
-	// Duplicate: its key has a marker; the consumer acks it as a
-	// duplicate without running the handler (a replay retires the marker
-	// first).
+	// Duplicate: its key has a marker (idem.Duplicate); the consumer acks
+	// it without running the handler (a replay retires the marker first).
 	Duplicate Verdict = "duplicate"
-	// Expire: older than the inbox's window (DESIGN.md 8); the consumer
-	// expires it again unless its horizon applies expired messages.
+	// Expire: the processor would expire it (idem.Expired: older than the
+	// inbox's window, or a late duplicate it refuses), or would apply it
+	// although a prune probably deleted its key's marker (a late
+	// duplicate applied a second time).
 	Expire Verdict = "expire"
-	// Invalid: no ID or no valid inbox key; the consumer dead-letters it
-	// again.
+	// Invalid: the processor would dead-letter it again (idem.DeadLettered:
+	// no ID, no valid inbox key, no event time it requires).
 	Invalid Verdict = "invalid"
-	// Unknown: no inbox was given to judge with.
+	// Unknown: no inbox was given to judge with, or no consumer named.
 	Unknown Verdict = "unknown"
 )
 
 // Judgement is a verdict with what it rests on.
 type Judgement struct {
 	Verdict Verdict `json:"verdict"`
+	// Outcome is what the consumer's processor predicts (0 for Unknown).
+	Outcome idem.Outcome `json:"-"`
 	// Why in words: the marker found, the horizon crossed.
 	Why string `json:"why"`
 	// InboxKey is the key the consumer will claim.
 	InboxKey string `json:"inbox_key,omitempty"`
 	// Marker is the marker found, for Duplicate.
 	Marker *idem.Marker `json:"marker,omitempty"`
+	// PrunedOn is the day a prune probably deleted the key's marker.
+	PrunedOn time.Time `json:"pruned_on,omitzero"`
+}
+
+// MarshalJSON writes the outcome by name.
+func (j Judgement) MarshalJSON() ([]byte, error) {
+	type plain Judgement
+	var o string
+	if j.Outcome != 0 {
+		o = j.Outcome.String()
+	}
+	return json.Marshal(struct {
+		plain
+		Outcome string `json:"outcome,omitempty"`
+	}{plain(j), o})
 }
 
 // Group is the letters of one reason and consumer.
@@ -475,24 +498,34 @@ func walk(ctx context.Context, src Source, in *Inbox, sel Selection, op string, 
 	// redriven plainly, and the consumer acks it as a duplicate of the
 	// first.
 	replayed := map[[2]string]bool{}
+	// read: when each consumer's settings and pruned-key summaries were
+	// last read for this walk. Its first judgment reads them, and a send
+	// is judged with them read at most freshFor before.
+	read := map[string]time.Time{}
 	var expiredWarned, invalidWarned bool
-	decide := func(l *Letter) (Action, error) {
-		if !sel.Match(l) {
-			return Keep, nil
+	consumerOf := func(l *Letter) string {
+		if l.Consumer == "" && in != nil {
+			return in.cfg.Consumer
 		}
-		res.Matched++
-		j, err := in.Judge(ctx, l)
-		if err != nil {
-			return Keep, err
+		return l.Consumer
+	}
+	judge := func(l *Letter) (Judgement, error) {
+		c := consumerOf(l)
+		at, ok := read[c]
+		fresh := !ok || time.Since(at) > freshFor
+		if fresh {
+			read[c] = time.Now()
 		}
-		it := Item{ID: l.ID, Position: l.Position, Target: l.Target, Judgement: j, Action: op}
-		consumer := l.Consumer
-		if consumer == "" && in != nil {
-			consumer = in.cfg.Consumer
-		}
+		return in.judgeLetter(ctx, l, fresh)
+	}
+	// classify decides what to do with l under its judgement j; mark says
+	// to record its (consumer, key) as replayed, warn which warning it
+	// calls for.
+	classify := func(l *Letter, j Judgement) (it Item, act Action, retire, mark bool, warn string, err error) {
+		it = Item{ID: l.ID, Position: l.Position, Target: l.Target, Judgement: j, Action: op}
+		consumer := consumerOf(l)
 		pair := [2]string{consumer, j.InboxKey}
-		retire := false
-		act := Send
+		act = Send
 		switch {
 		case op == "purge":
 			act = Drop
@@ -503,24 +536,18 @@ func walk(ctx context.Context, src Source, in *Inbox, sel Selection, op string, 
 		case j.Verdict == Expire && !sel.Expired:
 			it.Action, it.Why, act = "refuse", "expired: "+j.Why+"; redrive it with the expired flag to send it anyway (the consumer expires it again unless its horizon applies expired messages)", Keep
 		case j.Verdict == Expire:
-			if !expiredWarned {
-				expiredWarned = true
-				res.Warnings = append(res.Warnings, "redriving expired messages: they are older than the inbox window, so their markers may be gone and the consumer cannot prove them new; it expires them again unless its horizon applies expired messages (idem.Horizon.ApplyExpired)")
-			}
+			warn = "expired"
 		case j.Verdict == Invalid && !sel.Invalid:
 			it.Action, it.Why, act = "refuse", "invalid: "+j.Why+"; the consumer would dead-letter it again", Keep
 		case j.Verdict == Invalid:
-			if !invalidWarned {
-				invalidWarned = true
-				res.Warnings = append(res.Warnings, "redriving messages without a valid ID or key: the consumer dead-letters them again unless its key function changed")
-			}
+			warn = "invalid"
 		case op == "replay" && replayed[pair]:
 			it.Action = "redrive"
 			it.Why = "another copy of a message this replay replays: redriven without retiring anything, so the consumer applies the message once (the first copy) and acks this one as a duplicate"
 		case j.Verdict == Duplicate && op == "replay":
 			prior, err := in.replayedBefore(ctx, consumer, j.InboxKey, l.ID, j.Marker)
 			if err != nil {
-				return Keep, err
+				return it, Keep, false, false, "", err
 			}
 			if prior != nil {
 				it.Action, act = "refuse", Keep
@@ -528,15 +555,71 @@ func walk(ctx context.Context, src Source, in *Inbox, sel Selection, op string, 
 					prior.ID, j.InboxKey, l.ID, prior.RetiredAt.UTC().Format(time.RFC3339), prior.RetiredBy)
 				break
 			}
-			retire = true
-			replayed[pair] = true
+			retire, mark = true, true
 			it.Why = "marker retired to the audit table, then redriven: the consumer applies it once more"
 		case j.Verdict == Duplicate:
 			it.Why = "its key has a marker: the consumer acks it as a duplicate without an effect (replay it to apply it once more)"
 		case op == "replay" && j.InboxKey != "":
 			// Applied by the first copy redriven; later copies are its
 			// duplicates.
-			replayed[pair] = true
+			mark = true
+		}
+		return it, act, retire, mark, warn, nil
+	}
+	decide := func(l *Letter) (Action, error) {
+		if !sel.Match(l) {
+			return Keep, nil
+		}
+		res.Matched++
+		j, err := judge(l)
+		if err != nil {
+			return Keep, err
+		}
+		it, act, retire, mark, warn, err := classify(l, j)
+		if err != nil {
+			return Keep, err
+		}
+		if act == Send && sel.Apply {
+			if err := pace.wait(ctx); err != nil {
+				return Keep, err
+			}
+			if time.Since(read[consumerOf(l)]) > freshFor {
+				// The rate limit held it: judge it again on settings and
+				// summaries read now, right before it is sent.
+				if j, err = judge(l); err != nil {
+					return Keep, err
+				}
+				if it, act, retire, mark, warn, err = classify(l, j); err != nil {
+					return Keep, err
+				}
+			}
+		}
+		if mark {
+			replayed[[2]string{consumerOf(l), j.InboxKey}] = true
+		}
+		switch {
+		case warn == "expired" && !expiredWarned:
+			expiredWarned = true
+			res.Warnings = append(res.Warnings, "redriving expired messages: they are older than the inbox window, so their markers may be gone and the consumer cannot prove them new; it expires them again unless its horizon applies expired messages (idem.Horizon.ApplyExpired)")
+		case warn == "invalid" && !invalidWarned:
+			invalidWarned = true
+			res.Warnings = append(res.Warnings, "redriving messages without a valid ID or key: the consumer dead-letters them again unless its key function changed")
+		}
+		if act == Send && sel.Apply && retire {
+			r, err := in.retireJudged(ctx, consumerOf(l), j.InboxKey, l.ID, j.Marker, *ret)
+			switch {
+			case errors.Is(err, ErrMarkerChanged):
+				// Another replay of this letter got there first, or the
+				// marker is now a replay's own effect: sending it would
+				// apply the message once more than asked.
+				delete(replayed, [2]string{consumerOf(l), j.InboxKey})
+				it.Action, act = "refuse", Keep
+				it.Why = "not replayed: " + err.Error() + " (another replay of it, running at the same time, retired the marker first, or a replay of it wrote the marker there now): this letter is a copy; redrive or purge it"
+			case err != nil:
+				return Keep, fmt.Errorf("retiring the marker of %q: %w", l.ID, err)
+			default:
+				it.Retired = &r
+			}
 		}
 		if act == Keep {
 			res.Refused++
@@ -547,18 +630,6 @@ func walk(ctx context.Context, src Source, in *Inbox, sel Selection, op string, 
 				sel.Progress(len(res.Items), res.Matched)
 			}
 			return Keep, nil
-		}
-		if act == Send {
-			if err := pace.wait(ctx); err != nil {
-				return Keep, err
-			}
-			if retire {
-				r, err := in.Retire(ctx, j.InboxKey, consumer, l.ID, *ret)
-				if err != nil {
-					return Keep, fmt.Errorf("retiring the marker of %q: %w", l.ID, err)
-				}
-				it.Retired = &r
-			}
 		}
 		byLetter[l] = len(res.Items)
 		res.Items = append(res.Items, it)
@@ -613,6 +684,11 @@ func walk(ctx context.Context, src Source, in *Inbox, sel Selection, op string, 
 	}
 	return res, err
 }
+
+// freshFor is how long a walk judges with a consumer's settings and
+// pruned-key summaries before it reads them again: a letter about to be
+// sent is judged on a read at most this old.
+const freshFor = time.Second
 
 // restoreTimeout bounds putting markers back after a failed replay, which
 // runs even when the replay was interrupted.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -30,28 +31,53 @@ type InboxConfig struct {
 	// Table is the inbox table, optionally schema-qualified. Defaults to
 	// "idem_inbox".
 	Table string
+	// Judges are the consumers' own processors (an *idem.Processor over
+	// any store has the methods of [Judge]): a letter of consumer c is
+	// judged by the one whose Consumer is c, so a redrive predicts exactly
+	// what that consumer does. A letter of a consumer without one is
+	// judged by a processor the inbox builds over Table from the fields
+	// below, which must then say what the consumer's Config says.
+	Judges []Judge
 	// Key is the consumers' key function (idem.ByMessageID when they key
-	// by message ID; [ParseKey] names one in words). Required: a letter
-	// judged with another key than its consumer's gets a wrong verdict,
-	// and a replay retires the wrong marker or none.
+	// by message ID; [ParseKey] names one in words). Required without
+	// Judges: a letter judged with another key than its consumer's gets a
+	// wrong verdict, and a replay retires the wrong marker or none.
 	Key idem.KeyFunc
 	// Consumer judges letters that name no consumer (those the broker
 	// dead-lettered itself at its delivery limit). Optional.
 	Consumer string
 	// Now is the clock of the horizon. Defaults to time.Now.
 	Now func() time.Time
-	// MaxAhead is the consumers' idem.Horizon.MaxAhead: an event time
-	// further ahead is not trusted, and the letter is judged untimed, as
-	// the consumer takes it. Defaults to an hour, the processor's default.
+	// MaxAhead is the consumers' idem.Horizon.MaxAhead. Defaults to the
+	// processor's default.
 	MaxAhead time.Duration
-	// RefuseUntimed is the consumers' idem.Config.RefuseUntimed: a letter
-	// without an event time is judged invalid, as the consumer
-	// dead-letters it.
+	// PartitionTime is the consumers' idem.Config.PartitionTime, for a
+	// partitioned inbox whose consumers do not key by message ID.
+	PartitionTime func(key string) (time.Time, error)
+	// RefuseUntimed is the consumers' idem.Config.RefuseUntimed.
 	RefuseUntimed bool
+	// RefuseLate is the consumers' idem.Config.RefuseLate. Either way a
+	// letter whose key a prune probably deleted is judged [Expire] (a
+	// late duplicate): without RefuseLate the consumer would apply it
+	// again, so a redrive sends it only when told to.
+	RefuseLate bool
 }
 
-// Inbox judges redrives against an inbox table on PostgreSQL and retires
-// markers for replays.
+// Judge is what an [Inbox] judges a letter with: a consumer's processor
+// (*idem.Processor has these methods), which predicts what a delivery
+// would do without running its handler.
+type Judge interface {
+	// Consumer names the consumer.
+	Consumer() string
+	// Predict is idem.Processor.Predict.
+	Predict(ctx context.Context, msg idem.Message) (idem.Result, error)
+	// Refresh is idem.Processor.Refresh: the stored settings and
+	// pruned-key summaries are read again now.
+	Refresh(ctx context.Context) error
+}
+
+// Inbox judges redrives with the consumers' processors and retires
+// markers for replays on PostgreSQL.
 type Inbox struct {
 	db    DB
 	store *pgxinbox.Store
@@ -59,36 +85,21 @@ type Inbox struct {
 	audit string // quoted audit table
 	cfg   InboxConfig
 
-	mu       sync.Mutex
-	settings *idem.Settings
-	created  bool
-	actions  bool                            // the actions table exists
-	summary  map[string][]idem.PrunedSummary // by consumer
+	mu      sync.Mutex
+	created bool
+	actions bool             // the actions table exists
+	judges  map[string]Judge // by consumer
+	// judgeStore is the store of the judges the inbox builds, laid out as
+	// the table is.
+	judgeStore *pgxinbox.Store
 }
 
-// pruned reads, once per consumer, the summaries of the keys prunes
-// deleted.
-func (in *Inbox) pruned(ctx context.Context, consumer string) ([]idem.PrunedSummary, error) {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if s, ok := in.summary[consumer]; ok {
-		return s, nil
-	}
-	s, err := in.store.PrunedSummaries(ctx, consumer)
-	if err != nil {
-		return nil, err
-	}
-	if in.summary == nil {
-		in.summary = map[string][]idem.PrunedSummary{}
-	}
-	in.summary[consumer] = s
-	return s, nil
-}
-
-// ErrNoKey is returned by [NewInbox] without [InboxConfig.Key].
+// ErrNoKey is returned by [NewInbox] without [InboxConfig.Key] or
+// [InboxConfig.Judges].
 var ErrNoKey = errors.New("dlq: InboxConfig.Key is required: the consumers' key function (idem.ByMessageID when they key by message ID)")
 
-// NewInbox returns the inbox of cfg.Table on db. cfg.Key is required.
+// NewInbox returns the inbox of cfg.Table on db. cfg.Key or cfg.Judges is
+// required.
 func NewInbox(db DB, cfg *InboxConfig) (*Inbox, error) {
 	var c InboxConfig
 	if cfg != nil {
@@ -97,14 +108,11 @@ func NewInbox(db DB, cfg *InboxConfig) (*Inbox, error) {
 	if c.Table == "" {
 		c.Table = "idem_inbox"
 	}
-	if c.Key == nil {
+	if c.Key == nil && len(c.Judges) == 0 {
 		return nil, ErrNoKey
 	}
 	if c.Now == nil {
 		c.Now = time.Now
-	}
-	if c.MaxAhead <= 0 {
-		c.MaxAhead = time.Hour
 	}
 	st, err := pgxinbox.New(db, &pgxinbox.Config{Table: c.Table})
 	if err != nil {
@@ -115,7 +123,11 @@ func NewInbox(db DB, cfg *InboxConfig) (*Inbox, error) {
 	if len(id) == 2 {
 		audit = pgx.Identifier{id[0], RetiredTable}
 	}
-	return &Inbox{db: db, store: st, table: id, audit: audit.Sanitize(), cfg: c}, nil
+	in := &Inbox{db: db, store: st, table: id, audit: audit.Sanitize(), cfg: c, judges: map[string]Judge{}}
+	for _, j := range c.Judges {
+		in.judges[j.Consumer()] = j
+	}
+	return in, nil
 }
 
 // Table is the inbox table.
@@ -124,141 +136,164 @@ func (in *Inbox) Table() string { return in.cfg.Table }
 // AuditTable is the audit table of retired markers.
 func (in *Inbox) AuditTable() string { return in.audit }
 
-// Settings reads, once, the layout and window stored with the table.
+// Settings reads the layout and window stored with the table.
 func (in *Inbox) Settings(ctx context.Context) (idem.Settings, error) {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if in.settings != nil {
-		return *in.settings, nil
-	}
 	s, err := in.store.Settings(ctx)
 	if err != nil {
 		return s, fmt.Errorf("reading the settings of inbox %s: %w", in.cfg.Table, err)
 	}
-	in.settings = &s
 	return s, nil
 }
 
-// Judge says what a redrive of l would do at its consumer, in the order
-// the consumer decides: no ID is invalid, a time past the horizon expires
-// (before any marker is looked at, as the processor checks the horizon
-// before it claims), then the key's marker, then the pruned-key
-// summaries. A nil inbox judges Unknown; so does one that cannot say
-// which consumer the letter is for.
+// judge returns the judge of consumer: its own processor when given one,
+// else one built over the inbox table from the configuration.
+func (in *Inbox) judge(ctx context.Context, consumer string) (Judge, error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if j, ok := in.judges[consumer]; ok {
+		return j, nil
+	}
+	if in.cfg.Key == nil {
+		return nil, fmt.Errorf("no judge for consumer %s (InboxConfig.Judges) and no key function to build one with", consumer)
+	}
+	if in.judgeStore == nil {
+		// The processor checks its store's layout against the table's.
+		set, err := in.Settings(ctx)
+		if err != nil {
+			return nil, err
+		}
+		st := in.store
+		if set.Layout == idem.LayoutPartitioned {
+			if st, err = pgxinbox.New(in.db, &pgxinbox.Config{Table: in.cfg.Table, Layout: pgxinbox.Partitioned}); err != nil {
+				return nil, err
+			}
+		}
+		in.judgeStore = st
+	}
+	p, err := idem.NewProcessor(in.judgeStore, &idem.Config[pgx.Tx]{
+		Consumer:      consumer,
+		Key:           in.cfg.Key,
+		PartitionTime: in.cfg.PartitionTime,
+		Handler:       func(context.Context, pgx.Tx, idem.Message) error { return errors.New("dlq: a judge runs no handler") },
+		RefuseUntimed: in.cfg.RefuseUntimed,
+		RefuseLate:    in.cfg.RefuseLate,
+		Horizon:       idem.Horizon{MaxAhead: in.cfg.MaxAhead, Now: in.cfg.Now},
+		Logger:        slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("building the judge of consumer %s: %w", consumer, err)
+	}
+	in.judges[consumer] = p
+	return p, nil
+}
+
+// Judge says what a redrive of l would do at its consumer: the consumer's
+// processor predicts it (idem.Processor.Predict), on the stored settings
+// and pruned-key summaries read again now, so that a judgment shown by a
+// long-running console is never older than the prune before it. A nil
+// inbox judges Unknown; so does one that cannot say which consumer the
+// letter is for.
 func (in *Inbox) Judge(ctx context.Context, l *Letter) (Judgement, error) {
+	return in.judgeLetter(ctx, l, true)
+}
+
+// judgeLetter is Judge; fresh reads the consumer's settings and summaries
+// again first.
+func (in *Inbox) judgeLetter(ctx context.Context, l *Letter, fresh bool) (Judgement, error) {
 	if in == nil {
 		return Judgement{Verdict: Unknown, Why: "no inbox given to judge with"}, nil
-	}
-	if l.ID == "" {
-		return Judgement{Verdict: Invalid, Why: "the message has no ID"}, nil
-	}
-	lt, ahead := l.Time, false
-	if !lt.IsZero() && lt.After(in.cfg.Now().Add(in.cfg.MaxAhead)) {
-		// A clock gone wrong: the consumer takes the message as untimed.
-		lt, ahead = time.Time{}, true
-	}
-	if lt.IsZero() && in.cfg.RefuseUntimed {
-		return Judgement{Verdict: Invalid, Why: "the message has no event time (or one more than " + in.cfg.MaxAhead.String() + " ahead), and the consumer refuses untimed messages"}, nil
-	}
-	set, err := in.Settings(ctx)
-	if err != nil {
-		return Judgement{}, err
-	}
-	partitioned := set.Layout == idem.LayoutPartitioned
-	if !partitioned {
-		if j, ok := in.expired(set, lt, "event time", l.TimeSource.String()); ok {
-			return j, nil
-		}
 	}
 	consumer := l.Consumer
 	if consumer == "" {
 		consumer = in.cfg.Consumer
 	}
-	if consumer == "" {
-		return Judgement{Verdict: Unknown, Why: "the letter names no consumer (give one)"}, nil
+	unnamed := consumer == ""
+	if unnamed {
+		if in.cfg.Key == nil {
+			return Judgement{Verdict: Unknown, Why: "the letter names no consumer (give one)"}, nil
+		}
+		// The rules before the marker (the ID, the horizon, the key) are
+		// the same for every consumer of the inbox; which marker it meets
+		// depends on the consumer.
+		consumer = noConsumer
 	}
-	key, err := in.cfg.Key(l.message())
+	p, err := in.judge(ctx, consumer)
+	if errors.Is(err, idem.ErrConfig) {
+		// A consumer name no processor takes (a header written by hand):
+		// no consumer of it exists to predict.
+		return Judgement{Verdict: Unknown, Why: err.Error()}, nil
+	}
 	if err != nil {
-		return Judgement{Verdict: Invalid, Why: "no inbox key: " + err.Error()}, nil
+		return Judgement{}, err
 	}
-	if key == "" || len(key) > idem.MaxKeyLen {
-		return Judgement{Verdict: Invalid, Why: fmt.Sprintf("inbox key %q is empty or longer than %d bytes", key, idem.MaxKeyLen)}, nil
-	}
-	j := Judgement{InboxKey: key}
-	// timed: the horizon accepted the message by a time every copy of it
-	// carries, so its marker, had a copy been seen, is not pruned yet.
-	timed := !lt.IsZero() && l.TimeSource == idem.TimeFromID
-	if partitioned {
-		if pt, ok := idem.TimeFromUUIDv7(key); ok {
-			if jj, ok := in.expired(set, pt, "partition time", "the key"); ok {
-				jj.InboxKey = key
-				return jj, nil
-			}
-			timed = true
-		} else if jj, ok := in.expired(set, lt, "event time", l.TimeSource.String()); ok {
-			jj.InboxKey = key
-			return jj, nil
+	if fresh {
+		if err := p.Refresh(ctx); err != nil {
+			return Judgement{}, fmt.Errorf("reading the settings of consumer %s: %w", consumer, err)
 		}
 	}
-	m, err := in.lookup(ctx, consumer, key)
+	r, err := p.Predict(ctx, l.message())
 	if err != nil {
-		return j, err
+		return Judgement{InboxKey: r.Key}, fmt.Errorf("judging message %q of consumer %s: %w", l.ID, consumer, err)
 	}
-	if m != nil {
-		j.Verdict, j.Marker = Duplicate, m
-		j.Why = fmt.Sprintf("consumer %s has a marker for key %q, written %s by message %q", consumer, key, m.ProcessedAt.UTC().Format(time.RFC3339), m.MessageID)
-		return j, nil
-	}
-	if !timed || set.Window <= 0 {
-		pruned, err := in.pruned(ctx, consumer)
-		if err != nil {
-			return j, err
+	if unnamed {
+		switch r.Outcome {
+		case idem.Applied, idem.Duplicate:
+			return Judgement{Verdict: Unknown, InboxKey: r.Key, Why: "the letter names no consumer (give one)"}, nil
 		}
-		for _, p := range pruned {
-			if p.Has(key) {
-				j.Verdict = Expire
-				j.Why = fmt.Sprintf("key %q is probably among the markers a prune deleted on %s (a pruned-key summary holds it): a late duplicate, which a consumer with RefuseLate expires and one without applies again", key, p.Day.UTC().Format(time.DateOnly))
-				return j, nil
-			}
-		}
+		consumer = "of this inbox"
 	}
-	j.Verdict = Apply
-	j.Why = fmt.Sprintf("consumer %s has no marker for key %q", consumer, key)
-	switch {
-	case ahead:
-		j.Why += fmt.Sprintf("; its event time %s is more than %v ahead, so the consumer takes it as untimed and the horizon cannot judge it", l.Time.UTC().Format(time.RFC3339), in.cfg.MaxAhead)
-	case lt.IsZero():
-		j.Why += "; the message has no event time, so the horizon cannot judge it"
-	}
-	return j, nil
+	return judgement(consumer, l, r), nil
 }
 
-// expired judges t against the horizon of the inbox's window.
-func (in *Inbox) expired(set idem.Settings, t time.Time, what, from string) (Judgement, bool) {
-	if set.Window <= 0 || t.IsZero() {
-		return Judgement{}, false
-	}
-	limit := in.cfg.Now().Add(-set.Window + min(5*time.Minute, set.Window/10))
-	if !t.Before(limit) {
-		return Judgement{}, false
-	}
-	return Judgement{Verdict: Expire, Why: fmt.Sprintf("%s %s (from %s) is before %s, the horizon of the inbox's %v window: the consumer expires it before it looks at any marker", what, t.UTC().Format(time.RFC3339), from, limit.UTC().Format(time.RFC3339), set.Window)}, true
-}
+// noConsumer judges the letters that name no consumer; what its lookups
+// find is not used.
+const noConsumer = "idem-dlq-unnamed-consumer"
 
-func (in *Inbox) lookup(ctx context.Context, consumer, key string) (*idem.Marker, error) {
-	tx, err := in.db.Begin(ctx)
-	if err != nil {
-		return nil, err
+// judgement puts the processor's prediction r for l in an operator's
+// words. The verdict is the outcome, but for a key a prune probably
+// deleted, which the consumer expires (RefuseLate) or applies a second
+// time: Expire either way, so that it is sent only on purpose.
+func judgement(consumer string, l *Letter, r idem.Result) Judgement {
+	j := Judgement{InboxKey: r.Key, Outcome: r.Outcome, Marker: r.First}
+	if !r.PrunedOn.IsZero() {
+		j.PrunedOn = r.PrunedOn
 	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	ms, err := in.store.Lookup(ctx, tx, consumer, []string{key})
-	if err != nil {
-		return nil, fmt.Errorf("looking up the marker of %q in %s: %w", key, in.cfg.Table, err)
+	switch r.Outcome {
+	case idem.Duplicate:
+		j.Verdict = Duplicate
+		if m := r.First; m != nil {
+			j.Why = fmt.Sprintf("consumer %s has a marker for key %q, written %s by message %q", consumer, r.Key, m.ProcessedAt.UTC().Format(time.RFC3339), m.MessageID)
+		} else {
+			j.Why = fmt.Sprintf("consumer %s has a marker for key %q", consumer, r.Key)
+		}
+	case idem.Expired:
+		j.Verdict = Expire
+		j.Why = fmt.Sprintf("consumer %s expires it: %v", consumer, r.Err)
+		if r.PrunedOn.IsZero() {
+			j.Why += "; the consumer expires it before it looks at any marker"
+		}
+	case idem.DeadLettered:
+		j.Verdict = Invalid
+		j.Why = fmt.Sprintf("consumer %s dead-letters it: %v", consumer, r.Err)
+	case idem.Applied:
+		if !r.PrunedOn.IsZero() {
+			j.Verdict = Expire
+			j.Why = fmt.Sprintf("key %q is probably among the markers a prune deleted on %s (a pruned-key summary holds it): a late duplicate, which consumer %s would apply again (it does not set RefuseLate)", r.Key, r.PrunedOn.UTC().Format(time.DateOnly), consumer)
+			break
+		}
+		j.Verdict = Apply
+		j.Why = fmt.Sprintf("consumer %s has no marker for key %q: it applies it", consumer, r.Key)
+		switch {
+		case r.Untimed && !l.Time.IsZero():
+			j.Why += fmt.Sprintf("; its event time %s is too far ahead, so the consumer takes it as untimed and the horizon cannot judge it", l.Time.UTC().Format(time.RFC3339))
+		case r.Untimed:
+			j.Why += "; the message has no event time, so the horizon cannot judge it"
+		}
+	default:
+		j.Verdict = Unknown
+		j.Why = fmt.Sprintf("consumer %s predicts %s: %v", consumer, r.Outcome, r.Err)
 	}
-	if m, ok := ms[key]; ok {
-		return &m, nil
-	}
-	return nil, nil
+	return j
 }
 
 // Retired is one row of the audit table: a marker retired for a replay.
@@ -389,6 +424,67 @@ RETURNING id, retired_at, retired_by, why, inbox_table, consumer, key, message_i
 		&out.Consumer, &out.Key, &out.MessageID, &out.ReplayOf, &out.BodySHA256, &et, &out.ProcessedAt, &out.KeepUntil)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Retired{}, fmt.Errorf("%w: consumer %s, key %q in %s", ErrNoMarker, consumer, key, in.cfg.Table)
+	}
+	if err != nil {
+		return Retired{}, fmt.Errorf("retiring the marker of %q: %w", key, err)
+	}
+	if et != nil {
+		out.EventTime = *et
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return Retired{}, fmt.Errorf("retiring the marker of %q: %w", key, err)
+	}
+	return out, nil
+}
+
+// ErrMarkerChanged is returned when the marker a replay judged is no
+// longer the key's: another replay retired it (and its re-application may
+// have written a new one), or a replay of the same message retired the key's
+// marker before the judged one was written, which is then that replay's
+// effect. Retiring it would apply the message once more than asked.
+var ErrMarkerChanged = errors.New("the marker judged is no longer the key's, or a replay of the message wrote it")
+
+// retireJudged retires m, the marker of (consumer, key) a replay of
+// message replayOf judged, in one statement and one transaction that both
+// decide and act: the marker is deleted only while it is still m (same
+// message ID and write time), and only when no replay of replayOf retired a
+// marker of the key before m was written (m would be that replay's effect).
+// A concurrent replay of the same letter that judged m too waits on the
+// row, finds it gone and gets [ErrMarkerChanged]: each letter is applied
+// at most once more, however many replays race.
+func (in *Inbox) retireJudged(ctx context.Context, consumer, key, replayOf string, m *idem.Marker, r Retirement) (Retired, error) {
+	if m == nil {
+		return Retired{}, fmt.Errorf("%w: consumer %s, key %q in %s", ErrNoMarker, consumer, key, in.cfg.Table)
+	}
+	if strings.TrimSpace(r.By) == "" || strings.TrimSpace(r.Why) == "" {
+		return Retired{}, errors.New("retiring a marker needs who and why")
+	}
+	if err := in.ensureAudit(ctx); err != nil {
+		return Retired{}, err
+	}
+	tx, err := in.db.Begin(ctx)
+	if err != nil {
+		return Retired{}, fmt.Errorf("retiring the marker of %q: %w", key, err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var out Retired
+	var et *time.Time
+	err = tx.QueryRow(ctx, `WITH gone AS (
+    DELETE FROM `+in.table.Sanitize()+` AS i WHERE i.consumer = $1 AND i.key = $2 AND i.message_id = $7 AND i.processed_at = $8
+      AND NOT EXISTS (
+        SELECT 1 FROM `+in.audit+` AS a
+        WHERE a.inbox_table = $5 AND a.consumer = $1 AND a.key = $2 AND a.replay_of = $6 AND a.restores IS NULL
+          AND a.retired_at <= $8
+          AND NOT EXISTS (SELECT 1 FROM `+in.audit+` AS b WHERE b.restores = a.id))
+    RETURNING i.*
+)
+INSERT INTO `+in.audit+` (retired_by, why, inbox_table, consumer, key, message_id, replay_of, body_sha256, event_time, processed_at, keep_until, marker)
+SELECT $3, $4, $5, g.consumer, g.key, g.message_id, $6, g.body_sha256, g.event_time, g.processed_at, g.keep_until, to_jsonb(g) FROM gone AS g
+RETURNING id, retired_at, retired_by, why, inbox_table, consumer, key, message_id, replay_of, body_sha256, event_time, processed_at, keep_until`,
+		consumer, key, r.By, r.Why, in.cfg.Table, replayOf, m.MessageID, m.ProcessedAt).Scan(&out.ID, &out.RetiredAt, &out.RetiredBy, &out.Why, &out.InboxTable,
+		&out.Consumer, &out.Key, &out.MessageID, &out.ReplayOf, &out.BodySHA256, &et, &out.ProcessedAt, &out.KeepUntil)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Retired{}, fmt.Errorf("%w: consumer %s, key %q in %s: marker of message %q written %s", ErrMarkerChanged, consumer, key, in.cfg.Table, m.MessageID, m.ProcessedAt.UTC().Format(time.RFC3339Nano))
 	}
 	if err != nil {
 		return Retired{}, fmt.Errorf("retiring the marker of %q: %w", key, err)

@@ -2,14 +2,19 @@ package dlq
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
+	"github.com/idemkit/idem/sqliteinbox"
 )
 
 // The verdicts, straight from the inbox: a marker is a duplicate, a key a
@@ -167,8 +172,8 @@ func TestJudgeTimeRules(t *testing.T) {
 	}{
 		{lax, Letter{ID: "a", Time: now.Add(2 * time.Hour)}, Apply, "ahead"},
 		{lax, Letter{ID: "a", Time: now.Add(30 * time.Minute)}, Apply, "no marker for key"},
-		{strict, Letter{ID: "a"}, Invalid, "refuses untimed"},
-		{strict, Letter{ID: "a", Time: now.Add(30 * time.Minute)}, Invalid, "refuses untimed"},
+		{strict, Letter{ID: "a"}, Invalid, "RefuseUntimed"},
+		{strict, Letter{ID: "a", Time: now.Add(30 * time.Minute)}, Invalid, "RefuseUntimed"},
 		{strict, Letter{ID: "a", Time: now}, Apply, "no marker"},
 	} {
 		j, err := c.in.Judge(ctx, &c.l)
@@ -190,6 +195,191 @@ func TestNewInboxNeedsKey(t *testing.T) {
 	for _, cfg := range []*InboxConfig{nil, {Table: "idem_inbox"}} {
 		if _, err := NewInbox(pool, cfg); !errors.Is(err, ErrNoKey) {
 			t.Errorf("NewInbox(%+v): %v, want ErrNoKey", cfg, err)
+		}
+	}
+}
+
+// A letter whose inbox key the consumer's key validation refuses (blank,
+// invalid UTF-8, a NUL byte) is judged invalid, as the consumer
+// dead-letters it again, whatever the key function: the judge is the
+// processor's own decision.
+func TestJudgeRefusesBadKeys(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	store, err := pgxinbox.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	byHeader := func(m idem.Message) (string, error) { return m.Headers["customer"], nil }
+	byID, err := NewInbox(pool, &InboxConfig{Consumer: "c", Key: idem.ByMessageID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byCustomer, err := NewInbox(pool, &InboxConfig{Consumer: "c", Key: byHeader})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for _, c := range []struct {
+		in *Inbox
+		l  Letter
+	}{
+		{byID, Letter{ID: "inv-\x00-1", Time: now}},
+		{byID, Letter{ID: "inv-\xff", Time: now}},
+		{byID, Letter{ID: "   ", Time: now}},
+		{byCustomer, Letter{ID: "inv-1", Time: now, Headers: map[string]string{"customer": "c-\x00"}}},
+		{byCustomer, Letter{ID: "inv-2", Time: now, Headers: map[string]string{"customer": " "}}},
+		{byCustomer, Letter{ID: "inv-3", Time: now, Headers: map[string]string{"customer": "c-\xfe"}}},
+	} {
+		j, err := c.in.Judge(ctx, &c.l)
+		if err != nil {
+			t.Errorf("letter %q (key header %q): %v, want invalid", c.l.ID, c.l.Headers["customer"], err)
+			continue
+		}
+		if j.Verdict != Invalid || j.Outcome != idem.DeadLettered {
+			t.Errorf("letter %q (key header %q): %s (%s), want invalid", c.l.ID, c.l.Headers["customer"], j.Verdict, j.Why)
+		}
+	}
+}
+
+// The judge can be the consumer's own processor over any store: here
+// sqlinbox on SQLite, while the inbox the letters are retired from is
+// given for its replays. A letter of another consumer is judged by a
+// processor the inbox builds.
+func TestJudgeWithTheConsumersProcessor(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, err := sqliteinbox.Open(filepath.Join(t.TempDir(), "inbox.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	lite, err := sqliteinbox.New(db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lite.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	proc, err := idem.NewProcessor(lite, &idem.Config[*sql.Tx]{
+		Consumer: "ledger", Key: idem.ByMessageID,
+		Handler: func(context.Context, *sql.Tx, idem.Message) error { return nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := proc.Process(ctx, idem.Message{ID: "led-1", Time: time.Now(), TimeSource: idem.TimeFromBroker}); r.Outcome != idem.Applied {
+		t.Fatalf("process: %s %v", r.Outcome, r.Err)
+	}
+	pool := pgtest.Pool(t)
+	store, err := pgxinbox.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	in, err := NewInbox(pool, &InboxConfig{Judges: []Judge{proc}, Key: idem.ByMessageID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for _, c := range []struct {
+		l    Letter
+		want Verdict
+	}{
+		{Letter{ID: "led-1", Consumer: "ledger", Time: now}, Duplicate},
+		{Letter{ID: "led-2", Consumer: "ledger", Time: now}, Apply},
+		{Letter{ID: "led-\x00", Consumer: "ledger", Time: now}, Invalid},
+		{Letter{ID: "led-1", Consumer: "billing", Time: now}, Apply},
+	} {
+		j, err := in.Judge(ctx, &c.l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j.Verdict != c.want {
+			t.Errorf("%s of %s: %s (%s), want %s", c.l.ID, c.l.Consumer, j.Verdict, j.Why, c.want)
+		}
+	}
+}
+
+// A letter naming a consumer no processor could have (a header written by
+// hand) is judged unknown, and the walk goes on.
+func TestJudgeUnknownConsumerName(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	store, err := pgxinbox.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	in, err := NewInbox(pool, &InboxConfig{Key: idem.ByMessageID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := in.Judge(ctx, &Letter{ID: "a", Consumer: "Not A Consumer", Time: time.Now()})
+	if err != nil || j.Verdict != Unknown {
+		t.Fatalf("judge: %+v %v, want unknown", j, err)
+	}
+}
+
+// On a partitioned inbox the judge the inbox builds is laid out as the
+// table is: a message ID whose UUIDv7 time is past the window is
+// expired, one whose marker exists is a duplicate, and a key that is
+// not the ID, without the consumers' partition time, cannot be judged.
+func TestJudgePartitioned(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	store, err := pgxinbox.New(pool, &pgxinbox.Config{Layout: pgxinbox.Partitioned})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	proc, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{Consumer: "c", Key: idem.ByMessageID,
+		Handler: func(context.Context, pgx.Tx, idem.Message) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	seen := idem.NewUUIDv7(now)
+	if r := proc.Process(ctx, idem.Message{ID: seen, Time: now, TimeSource: idem.TimeFromID}); r.Outcome != idem.Applied {
+		t.Fatalf("process: %s %v", r.Outcome, r.Err)
+	}
+	byID, err := NewInbox(pool, &InboxConfig{Consumer: "c", Key: idem.ByMessageID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byHeader, err := NewInbox(pool, &InboxConfig{Consumer: "c", Key: func(m idem.Message) (string, error) { return m.Headers["k"], nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := now.Add(-30 * 24 * time.Hour)
+	for _, c := range []struct {
+		in   *Inbox
+		l    Letter
+		want Verdict
+	}{
+		{byID, Letter{ID: seen, Time: now, TimeSource: idem.TimeFromID}, Duplicate},
+		{byID, Letter{ID: idem.NewUUIDv7(now), Time: now, TimeSource: idem.TimeFromID}, Apply},
+		{byID, Letter{ID: idem.NewUUIDv7(old), Time: old, TimeSource: idem.TimeFromID}, Expire},
+		{byHeader, Letter{ID: "x", Time: now, Headers: map[string]string{"k": "inv-1"}}, Unknown},
+	} {
+		j, err := c.in.Judge(ctx, &c.l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j.Verdict != c.want {
+			t.Errorf("%s: %s (%s), want %s", c.l.ID, j.Verdict, j.Why, c.want)
 		}
 	}
 }

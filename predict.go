@@ -1,0 +1,85 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+)
+
+// Predict says what a delivery of msg would do now, without running the
+// handler and without writing anything: the outcome Process would give it
+// if nothing changed in between, decided by the processor's own rules in
+// its own order — the message ID, the event time and the horizon, the key
+// function and the key's validity, the partition time, the pruned-key
+// summaries (Config.RefuseLate) and last the key's marker, looked up in a
+// transaction that is rolled back. Tools that judge a message before they
+// send it (dead-letter redrives and replays, a console) ask this rather
+// than re-deriving the rules.
+//
+// The result is Applied (PrunedOn set when a prune probably deleted the
+// key's marker: a late duplicate applied again), Duplicate (First is the
+// marker found, Conflict says whether its body differs), DeadLettered or
+// Expired with the error Process would give. The settings and summaries
+// are those the processor guards with, read at most a minute ago; call
+// [Processor.Refresh] first to read them now. An error means the inbox
+// could not be read: nothing is predicted.
+func (p *Processor[TTx]) Predict(ctx context.Context, msg Message) (Result, error) {
+	if err := p.ready(ctx, false); err != nil {
+		return Result{MessageID: msg.ID}, err
+	}
+	it := new(item)
+	p.admit(it, msg, true)
+	if it.res.Outcome != 0 {
+		return it.res, nil
+	}
+	if p.cfg.Natural {
+		// No marker is kept: every delivery runs the handler.
+		it.res.Outcome = Applied
+		return it.res, nil
+	}
+	m, ok, err := p.lookupMarker(ctx, it.claim.Key)
+	if err != nil {
+		return Result{MessageID: msg.ID, Key: it.res.Key}, err
+	}
+	if ok {
+		it.res.Outcome = Duplicate
+		it.res.First = &m
+		it.res.Conflict = !bytes.Equal(m.BodySHA256, it.claim.BodySHA256)
+		return it.res, nil
+	}
+	it.res.Outcome = Applied
+	if p.needsLateCheck(it) {
+		if day, ok := p.prunedOn(it.claim.Key); ok {
+			it.res.PrunedOn = day
+		}
+	}
+	return it.res, nil
+}
+
+// Refresh reads the inbox's stored settings and pruned-key summaries now,
+// instead of at most a minute ago: for a tool about to act on what
+// [Processor.Predict] said.
+func (p *Processor[TTx]) Refresh(ctx context.Context) error {
+	return p.ready(ctx, true)
+}
+
+// lookupMarker reads key's marker in a transaction of its own, which it
+// rolls back: it writes nothing and holds no lock past its return.
+func (p *Processor[TTx]) lookupMarker(ctx context.Context, key string) (Marker, bool, error) {
+	if p.cfg.TxTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, p.cfg.TxTimeout)
+		defer cancel()
+	}
+	tx, err := p.store.Begin(ctx)
+	if err != nil {
+		return Marker{}, false, wrapStep(stepBegin, err)
+	}
+	defer func() { _ = p.store.Rollback(context.WithoutCancel(ctx), tx) }()
+	ms, err := p.store.Lookup(ctx, tx, p.cfg.Consumer, []string{key})
+	if err != nil {
+		return Marker{}, false, wrapStep(stepLookup, fmt.Errorf("key %q: %w", key, err))
+	}
+	m, ok := ms[key]
+	return m, ok, nil
+}
