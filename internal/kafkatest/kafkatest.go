@@ -35,7 +35,7 @@ const (
 	SessionTimeout         = 8 * time.Second
 	RebalanceTimeout       = 6 * time.Second
 	HeartbeatInterval      = 300 * time.Millisecond
-	RequestTimeoutOverhead = 3 * time.Second
+	RequestTimeoutOverhead = 5 * time.Second
 	// FetchMaxWait keeps an idle fetch short, so that tests move on fast.
 	FetchMaxWait = 100 * time.Millisecond
 )
