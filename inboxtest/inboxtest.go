@@ -240,10 +240,14 @@ func (s suite[TTx]) concurrentSameMessage(t *testing.T) {
 // lock and transaction timeouts: those are raised far above it, so that
 // the only way for a batch to fail here is the deadlock under test (which
 // the database reports at once). A failed batch is named with its error.
+// A store that serializes writers instead of locking rows (SQLite: no
+// deadlock is possible) bounds the wait for the other batch with its own
+// busy timeout, outside the processor's settings: there a batch that found
+// the database busy and was tried again whole is what the contract asks.
 func (s suite[TTx]) overlappingBatches(t *testing.T) {
 	ctx := context.Background()
 	env := s.h.Open(t)
-	failed := &batchFailures{}
+	failed := &batchFailures{serialWriters: !s.h.LockTimeout}
 	p := s.proc(t, env, "stock", nil, func(c *idem.Config[TTx]) {
 		c.Retry.MaxAttempts = 1
 		c.LockTimeout, c.TxTimeout = 5*time.Minute, 5*time.Minute
@@ -268,7 +272,7 @@ func (s suite[TTx]) overlappingBatches(t *testing.T) {
 			t.Fatalf("round %d: a batch's shared transaction failed (its messages then went one at a time): %v", r, errors.Join(errs...))
 		}
 		for _, res := range append(a, b...) {
-			if res.Attempts != 1 {
+			if res.Attempts != 1 && s.h.LockTimeout {
 				t.Fatalf("round %d: %s took %d transactions, want 1 (outcome %v, err %v)", r, res.MessageID, res.Attempts, res.Outcome, errText(res.Err))
 			}
 			switch res.Outcome {
@@ -290,12 +294,14 @@ func (s suite[TTx]) overlappingBatches(t *testing.T) {
 
 // batchFailures records why a batch's shared transaction failed.
 type batchFailures struct {
-	mu   sync.Mutex
-	errs []error
+	// serialWriters ignores a busy batch tried again whole.
+	serialWriters bool
+	mu            sync.Mutex
+	errs          []error
 }
 
 func (f *batchFailures) OnAttempt(_ string, a idem.Attempt) {
-	if !a.Batch {
+	if !a.Batch || f.serialWriters && a.Class == idem.ClassBusy && a.Again {
 		return
 	}
 	f.mu.Lock()
