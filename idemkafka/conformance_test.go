@@ -15,12 +15,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/adaptertest"
 	"github.com/idemkit/idem/idemkafka"
+	"github.com/idemkit/idem/internal/kafkatest"
 	"github.com/idemkit/idem/internal/netfault"
 )
 
@@ -46,12 +46,7 @@ func newConformanceHarness(t *testing.T) *conformanceHarness {
 	if s := os.Getenv("IDEM_KAFKA_BROKERS"); s != "" {
 		h.brokers = strings.Split(s, ",")
 	} else {
-		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(100*time.Millisecond))
-		if err != nil {
-			t.Fatalf("starting kfake: %v", err)
-		}
-		t.Cleanup(c.Close)
-		h.brokers = c.ListenAddrs()
+		h.brokers = kafkatest.NewCluster(t).ListenAddrs()
 	}
 	admin, err := kgo.NewClient(kgo.SeedBrokers(h.brokers...), kgo.ProducerLinger(0))
 	if err != nil {
@@ -153,20 +148,16 @@ func (h *conformanceHarness) Consumer(t testing.TB, topic string, proc *idem.Pro
 		c.proxies[b] = netfault.New(t, b)
 	}
 	// A real cluster refuses sessions under 6s by default.
-	session, rebalance := 3*time.Second, 6*time.Second
+	timeouts := kafkatest.GroupOptions()
 	if os.Getenv("IDEM_KAFKA_BROKERS") != "" {
-		session, rebalance = 6*time.Second, 10*time.Second
+		timeouts = kafkatest.RealGroupOptions()
 	}
 	// Consumers of one topic are one group: a later one takes up what an
 	// earlier one left.
-	cl, err := kgo.NewClient(append(idemkafka.GroupOptions(topic+".group", topic),
+	cl, err := kgo.NewClient(append(append(idemkafka.GroupOptions(topic+".group", topic),
 		kgo.SeedBrokers(h.brokers...),
 		kgo.Dialer(c.dial),
-		kgo.SessionTimeout(session),
-		kgo.RebalanceTimeout(rebalance),
-		kgo.HeartbeatInterval(300*time.Millisecond),
-		kgo.FetchMaxWait(100*time.Millisecond),
-	)...)
+	), timeouts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

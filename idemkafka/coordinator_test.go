@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemkafka"
+	"github.com/idemkit/idem/internal/kafkatest"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -21,11 +22,7 @@ import (
 // do on demand).
 func newKfake(t *testing.T, nodes int) (*kfake.Cluster, *kafkaEnv) {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(nodes), kfake.GroupMinSessionTimeout(100*time.Millisecond))
-	if err != nil {
-		t.Fatalf("starting kfake: %v", err)
-	}
-	t.Cleanup(c.Close)
+	c := kafkatest.NewCluster(t, kfake.NumBrokers(nodes))
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	return c, &kafkaEnv{brokers: c.ListenAddrs(), suffix: hex.EncodeToString(b[:])}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/kafkatest"
 	"github.com/idemkit/idem/internal/testrun"
 
 	"github.com/idemkit/idem"
@@ -42,17 +43,7 @@ func newKafka(t testing.TB) *kafkaEnv {
 		env.brokers, env.real = strings.Split(s, ","), true
 		return env
 	}
-	c, err := kfake.NewCluster(
-		kfake.NumBrokers(1),
-		kfake.AllowAutoTopicCreation(),
-		// Short sessions so that churn settles in seconds (see DESIGN.md).
-		kfake.GroupMinSessionTimeout(100*time.Millisecond),
-	)
-	if err != nil {
-		t.Fatalf("starting kfake: %v", err)
-	}
-	t.Cleanup(c.Close)
-	env.brokers = c.ListenAddrs()
+	env.brokers = kafkatest.NewCluster(t, kfake.AllowAutoTopicCreation()).ListenAddrs()
 	return env
 }
 
@@ -94,20 +85,17 @@ func (e *kafkaEnv) client(t testing.TB, opts ...kgo.Opt) *kgo.Client {
 	return cl
 }
 
-// groupClient returns a client fit for a Consumer, with short session and
-// rebalance timeouts so that members that leave or die are replaced fast.
+// groupClient returns a client fit for a Consumer, with the group timeouts
+// of package kafkatest (short, so that members that leave or die are
+// replaced fast, and a session longer than the rebalance timeout, so that
+// a rejoining member is never dropped while it waits).
 func (e *kafkaEnv) groupClient(t testing.TB, group string, topics []string, extra ...kgo.Opt) *kgo.Client {
 	t.Helper()
-	session, rebalance := 3*time.Second, 6*time.Second
+	timeouts := kafkatest.GroupOptions()
 	if e.real {
-		session, rebalance = 6*time.Second, 10*time.Second // brokers refuse sessions under 6s by default
+		timeouts = kafkatest.RealGroupOptions()
 	}
-	opts := append(idemkafka.GroupOptions(group, topics...),
-		kgo.SessionTimeout(session),
-		kgo.RebalanceTimeout(rebalance),
-		kgo.HeartbeatInterval(300*time.Millisecond),
-		kgo.FetchMaxWait(100*time.Millisecond),
-	)
+	opts := append(idemkafka.GroupOptions(group, topics...), timeouts...)
 	return e.client(t, append(opts, extra...)...)
 }
 

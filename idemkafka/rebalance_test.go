@@ -3,6 +3,7 @@ package idemkafka_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,11 +16,15 @@ import (
 
 // A record whose handler does not return holds its partition, not the
 // group: when a second member joins, the first gives up what it has not
-// settled within RebalanceGrace, commits nothing past the slow record, and
-// the new member owns partitions well within the rebalance timeout (without
-// the give-up the group would wait the whole timeout, then expel the
-// first member). Once the handler lets go, the slow record is applied once
-// by whoever owns its partition.
+// settled within RebalanceGrace (the slow handler's context is cancelled),
+// commits nothing past the slow record, and rejoins; the new member owns
+// partitions while the slow record still holds, and the first member is
+// never expelled. Without the give-up the group would wait its whole
+// rebalance timeout, here minutes (with a session longer still), for a
+// member that does not rejoin: the new member would own nothing within the
+// test's deadline, and the first would lose its partitions. Once the
+// handler lets go, the slow record is applied once by whoever owns its
+// partition. Every step is a signal, none a duration.
 func TestRebalanceGivesUpSlowRecord(t *testing.T) {
 	t.Parallel()
 	const parts = 2
@@ -32,8 +37,9 @@ func TestRebalanceGivesUpSlowRecord(t *testing.T) {
 	produce(t, prod, topic, parts, 0, len(ids), func(i int) string { return ids[i] })
 	d := newDB(t)
 	out := newOutcomes()
-	slowStarted, release := make(chan struct{}), make(chan struct{})
+	slowStarted, slowCancelled, release := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	var slowRuns atomic.Int32
+	var cancelledOnce sync.Once
 	handler := func(ctx context.Context, tx pgx.Tx, m idem.Message) error {
 		if m.ID == "slow" {
 			if slowRuns.Add(1) == 1 {
@@ -42,41 +48,57 @@ func TestRebalanceGivesUpSlowRecord(t *testing.T) {
 			select {
 			case <-release:
 			case <-ctx.Done():
+				cancelledOnce.Do(func() { close(slowCancelled) })
 				return ctx.Err()
 			}
 		}
 		return write(ctx, tx, m)
 	}
-	proc := d.processor(t, out, handler)
+	// No transaction deadline: only the give-up cancels the slow handler.
+	proc := d.processor(t, out, handler, func(c *idem.Config[pgx.Tx]) { c.TxTimeout = -1 })
 	obs := newCommits(t, ends(len(ids), parts))
-	// A short grace leaves most of the rebalance timeout as margin for a
-	// loaded machine.
-	a, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), proc, &idemkafka.Config{Hooks: []idem.Hook{obs}, MaxBatch: 1, RebalanceGrace: 300 * time.Millisecond})
+	// Timeouts far beyond the test's deadlines: only the give-up can let
+	// the new member in while the slow record holds.
+	long := []kgo.Opt{kgo.SessionTimeout(3 * time.Minute), kgo.RebalanceTimeout(2 * time.Minute)}
+	lost := make(chan struct{})
+	var lostOnce sync.Once
+	aOpts := append(long, kgo.OnPartitionsLost(func(context.Context, *kgo.Client, map[string][]int32) {
+		lostOnce.Do(func() { close(lost) })
+	}))
+	a, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}, aOpts...), proc, &idemkafka.Config{Hooks: []idem.Hook{obs}, MaxBatch: 1, RebalanceGrace: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	stopA := run(t, a)
-	wait(t, slowStarted, 30*time.Second, "the slow record to start")
+	wait(t, slowStarted, 60*time.Second, "the slow record to start")
 
 	assigned := make(chan struct{})
 	var once atomic.Bool
-	bOpts := []kgo.Opt{kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+	bOpts := append(long, kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
 		for _, ps := range m {
 			if len(ps) > 0 && once.CompareAndSwap(false, true) {
 				close(assigned)
 			}
 		}
-	})}
+	}))
 	b, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}, bOpts...), proc, &idemkafka.Config{Hooks: []idem.Hook{obs}, MaxBatch: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	joined := time.Now()
 	stopB := run(t, b)
-	// groupClient's rebalance timeout is 6s: the first member must let the
-	// group go on well before it.
-	wait(t, assigned, 6*time.Second, "the new member to own partitions within the rebalance timeout")
-	took := time.Since(joined)
+	waitOr(t, assigned, 60*time.Second, "the new member to own partitions while the slow record holds", func() string {
+		return fmt.Sprintf("slow record ran %d times, its context cancelled: %v; first member: %s; second member: %s",
+			slowRuns.Load(), closed(slowCancelled), consumerState(a), consumerState(b))
+	})
+	// The group went on because the first member gave up, not because it
+	// waited out a member: the slow handler was cancelled before the new
+	// member got its partitions, and the first member kept its place.
+	if !closed(slowCancelled) {
+		t.Errorf("the new member owns partitions, but the slow record's handler was never cancelled")
+	}
+	if closed(lost) {
+		t.Errorf("the first member lost its partitions (expelled from the group) instead of giving up the slow record")
+	}
 	obs.mu.Lock()
 	p0 := obs.last[0]
 	obs.mu.Unlock()
@@ -103,7 +125,17 @@ func TestRebalanceGivesUpSlowRecord(t *testing.T) {
 	if sa.Rebalances == 0 || sa.GivenUp == 0 || sa.DeadLettered+b.Stats().DeadLettered != 0 {
 		t.Errorf("first member's stats %+v: want a rebalance, records given up, no dead letter", sa)
 	}
-	t.Logf("new member owned partitions %v after joining; slow record ran %d times; first member %+v", took.Round(time.Millisecond), slowRuns.Load(), sa)
+	t.Logf("slow record ran %d times; first member %+v", slowRuns.Load(), sa)
+}
+
+// closed reports whether ch is closed.
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // A database outage holds the records, not the group: a member that joins

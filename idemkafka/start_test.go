@@ -12,9 +12,9 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemkafka"
+	"github.com/idemkit/idem/internal/kafkatest"
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -193,11 +193,7 @@ func TestDeadLetterTopicDeletedWhileRunning(t *testing.T) {
 	}
 	// No topic is created on first use here, so a missing dead-letter
 	// topic stays missing until the consumer creates it.
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	c := kafkatest.NewCluster(t)
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	k := &kafkaEnv{brokers: c.ListenAddrs(), suffix: hex.EncodeToString(b[:])}

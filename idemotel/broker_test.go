@@ -206,8 +206,13 @@ func TestKafkaConsumerUnderProducerTrace(t *testing.T) {
 	p := d.processor(t, "ledger-post", nil, []idem.Hook{tr.tracer(idemotel.Kafka, idemotel.WithConsumerGroup(group))})
 	cl, err := kgo.NewClient(append(idemkafka.GroupOptions(group, topic),
 		kgo.SeedBrokers(cluster.ListenAddrs()...),
-		kgo.SessionTimeout(3*time.Second), kgo.RebalanceTimeout(6*time.Second),
-		kgo.HeartbeatInterval(300*time.Millisecond), kgo.FetchMaxWait(100*time.Millisecond))...)
+		// The group timeouts of the root module's tests (internal/kafkatest,
+		// out of this module's reach): a session longer than the rebalance
+		// timeout, so that a rejoining member is never dropped while it
+		// waits.
+		kgo.SessionTimeout(8*time.Second), kgo.RebalanceTimeout(6*time.Second),
+		kgo.HeartbeatInterval(300*time.Millisecond), kgo.RequestTimeoutOverhead(5*time.Second),
+		kgo.FetchMaxWait(100*time.Millisecond))...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,12 +13,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemkafka"
 	"github.com/idemkit/idem/idemprom"
+	"github.com/idemkit/idem/internal/kafkatest"
 	"github.com/idemkit/idem/internal/netfault"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
@@ -185,11 +185,7 @@ func (s *deadLetterSignal) OnDeadLetter(_, _ string, _ idem.Result, err error) {
 func TestDeadLettersByReason(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cluster.Close()
+	cluster := kafkatest.NewCluster(t)
 	seeds := kgo.SeedBrokers(cluster.ListenAddrs()...)
 	admin, err := kgo.NewClient(seeds, kgo.ProducerLinger(0))
 	if err != nil {
@@ -234,9 +230,7 @@ func TestDeadLettersByReason(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl, err := kgo.NewClient(append(idemkafka.GroupOptions("billing", topic), seeds,
-		kgo.SessionTimeout(3*time.Second), kgo.RebalanceTimeout(6*time.Second),
-		kgo.FetchMaxWait(100*time.Millisecond))...)
+	cl, err := kgo.NewClient(append(append(idemkafka.GroupOptions("billing", topic), seeds), kafkatest.GroupOptions()...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -92,10 +92,10 @@ func (s retentionSuite[TTx]) storedWindow(t *testing.T) {
 	err = other.Migrate(ctx)
 	if !errors.Is(err, idem.ErrConfig) || !strings.Contains(err.Error(), "720h0m0s") || !strings.Contains(err.Error(), "336h0m0s") ||
 		!strings.Contains(err.Error(), "idem inbox window set") {
-		t.Fatalf("Migrate with a window other than the stored one: %v, want a configuration error naming both windows and the command", err)
+		t.Fatalf("Migrate with a window other than the stored one: %v, want a configuration error naming both windows and the command", errText(err))
 	}
 	if got, err := other.Settings(ctx); err != nil || got.Window != defaultWindow {
-		t.Fatalf("stored window after a refused Migrate: %+v %v, want it unchanged", got, err)
+		t.Fatalf("stored window after a refused Migrate: %+v %v, want it unchanged", got, errText(err))
 	}
 	adopt := env.Reopen(t, 0)
 	if err := adopt.Migrate(ctx); err != nil {
@@ -121,7 +121,7 @@ func (s retentionSuite[TTx]) pruneShorterRefused(t *testing.T) {
 		for _, dry := range []bool{false, true} {
 			_, err := env.Store.Prune(ctx, retention.Options{Window: w, DryRun: dry})
 			if !errors.Is(err, retention.ErrShortWindow) || !strings.Contains(err.Error(), w.String()) || !strings.Contains(err.Error(), defaultWindow.String()) {
-				t.Fatalf("prune with window %v (dry run %v): %v, want it refused with retention.ErrShortWindow naming both windows", w, dry, err)
+				t.Fatalf("prune with window %v (dry run %v): %v, want it refused with retention.ErrShortWindow naming both windows", w, dry, errText(err))
 			}
 		}
 	}
@@ -155,18 +155,18 @@ func (s retentionSuite[TTx]) setWindow(t *testing.T) {
 	// The consumer's horizon is longer than the stored window: lengthening
 	// to cover it is fine, shortening below it is not.
 	if old, err := env.Store.SetWindow(ctx, 30*24*time.Hour, false); err != nil || old != defaultWindow {
-		t.Fatalf("lengthening the window: old %v, %v", old, err)
+		t.Fatalf("lengthening the window: old %v, %v", old, errText(err))
 	}
 	_, err := env.Store.SetWindow(ctx, 15*24*time.Hour, false)
 	if err == nil || !strings.Contains(err.Error(), "ledger") || !strings.Contains(err.Error(), "480h0m0s") {
-		t.Fatalf("shortening below a recorded horizon: %v, want it refused naming the consumer and its horizon", err)
+		t.Fatalf("shortening below a recorded horizon: %v, want it refused naming the consumer and its horizon", errText(err))
 	}
 	// Markers older than the old window may be gone: processors may guard
 	// with no more than the old window yet (it grows as time passes), while
 	// the prune keeps markers for the new one at once.
 	reader := env.Reopen(t, 0)
 	if set, err := reader.Settings(ctx); err != nil || set.Window < defaultWindow || set.Window > defaultWindow+5*time.Minute {
-		t.Fatalf("another process reads %+v %v, want the old window as the guard right after lengthening", set, err)
+		t.Fatalf("another process reads %+v %v, want the old window as the guard right after lengthening", set, errText(err))
 	}
 	res, err := reader.Prune(ctx, retention.Options{DryRun: true})
 	if err != nil {
@@ -176,10 +176,10 @@ func (s retentionSuite[TTx]) setWindow(t *testing.T) {
 		t.Fatalf("prune cut-off %v ago, want the new window's 720h", age)
 	}
 	if old, err := env.Store.SetWindow(ctx, 10*time.Minute, true); err != nil || old != 30*24*time.Hour {
-		t.Fatalf("forced window: old %v, %v", old, err)
+		t.Fatalf("forced window: old %v, %v", old, errText(err))
 	}
 	if set, err := env.Store.Settings(ctx); err != nil || set.Window != 10*time.Minute {
-		t.Fatalf("after a forced set: %+v %v", set, err)
+		t.Fatalf("after a forced set: %+v %v", set, errText(err))
 	}
 }
 
@@ -460,7 +460,7 @@ func (s retentionSuite[TTx]) lateDuplicateAfterPrune(t *testing.T) {
 	}
 	sums, err := env.Store.PrunedSummaries(ctx, "ledger")
 	if err != nil || len(sums) != 1 || !sums[0].Has("evt-old") || sums[0].Has("evt-kept") {
-		t.Fatalf("summaries %v (%v): want one that holds evt-old and not evt-kept", len(sums), err)
+		t.Fatalf("summaries %v (%v): want one that holds evt-old and not evt-kept", len(sums), errText(err))
 	}
 	today := time.Now().UTC().Format(time.DateOnly)
 
@@ -487,15 +487,15 @@ func (s retentionSuite[TTx]) lateDuplicateAfterPrune(t *testing.T) {
 	// prune runs.
 	sums, err = env.Store.PrunedSummaries(ctx, "ledger")
 	if err != nil || len(sums) != 1 || !sums[0].Has("evt-old") || !sums[0].Has("evt-old-2") || sums[0].Has("evt-kept") {
-		t.Fatalf("after a second prune the same day: %d summaries (%v), want one holding both runs' keys", len(sums), err)
+		t.Fatalf("after a second prune the same day: %d summaries (%v), want one holding both runs' keys", len(sums), errText(err))
 	}
 	strict := s.proc(t, env.Env, "ledger", func(c *idem.Config[TTx]) { c.RefuseLate = true })
 	r = strict.Process(ctx, idem.Message{ID: "evt-old"})
 	if r.Outcome != idem.Expired || !errors.Is(r.Err, idem.ErrMarkerPruned) || !strings.Contains(r.Err.Error(), today) {
-		t.Fatalf("late duplicate with RefuseLate: %v (%v), want Expired naming the day of the prune", r.Outcome, r.Err)
+		t.Fatalf("late duplicate with RefuseLate: %v (%v), want Expired naming the day of the prune", r.Outcome, errText(r.Err))
 	}
 	if r := strict.Process(ctx, idem.Message{ID: "evt-old-2"}); r.Outcome != idem.Expired {
-		t.Fatalf("a key the second prune removed, with RefuseLate: %v (%v), want Expired", r.Outcome, r.Err)
+		t.Fatalf("a key the second prune removed, with RefuseLate: %v (%v), want Expired", r.Outcome, errText(r.Err))
 	}
 	if c := count(t, env.Effects, "ledger", "evt-old"); c != 2 {
 		t.Fatalf("effects of evt-old = %d, want 2 (applied again once, flagged; then refused)", c)
@@ -518,7 +518,7 @@ func (s retentionSuite[TTx]) checkRecordsHorizon(t *testing.T) {
 	}
 	_, err := env.Store.SetWindow(ctx, 7*24*time.Hour, false)
 	if err == nil || !strings.Contains(err.Error(), "ledger") || strings.Contains(err.Error(), "stats") {
-		t.Fatalf("shortening below the horizon ledger checked in with: %v, want it refused naming ledger only", err)
+		t.Fatalf("shortening below the horizon ledger checked in with: %v, want it refused naming ledger only", errText(err))
 	}
 	if _, err := env.Store.SetWindow(ctx, 10*24*time.Hour, false); err != nil {
 		t.Fatalf("shortening to the recorded horizon: %v", err)
@@ -549,11 +549,11 @@ func (s retentionSuite[TTx]) storedWindowJudgesHorizon(t *testing.T) {
 		c.Retry.WaitUnavailable = 50 * time.Millisecond
 	})
 	if err := long.Check(ctx); !errors.Is(err, idem.ErrConfig) || !strings.Contains(err.Error(), "168h0m0s") {
-		t.Fatalf("a 10-day horizon under a stored 7-day window: %v, want a configuration error naming the stored window", err)
+		t.Fatalf("a 10-day horizon under a stored 7-day window: %v, want a configuration error naming the stored window", errText(err))
 	}
 	r := long.Process(ctx, idem.Message{ID: idem.NewUUIDv7(time.Now()), Time: time.Now(), TimeSource: idem.TimeFromHeader})
 	if r.Outcome == idem.Applied || r.Outcome == idem.DeadLettered || long.Dispose(r).Action != idem.ActionHold {
-		t.Fatalf("a message under the refused horizon: %v (%v), want it held, neither applied nor dead-lettered", r.Outcome, r.Err)
+		t.Fatalf("a message under the refused horizon: %v (%v), want it held, neither applied nor dead-lettered", r.Outcome, errText(r.Err))
 	}
 }
 
@@ -568,7 +568,7 @@ func (s retentionSuite[TTx]) shortenedWindowPrunesLate(t *testing.T) {
 		t.Fatal(err)
 	}
 	if set, err := env.Store.Settings(ctx); err != nil || set.Window != 7*24*time.Hour {
-		t.Fatalf("guard right after shortening: %+v %v, want the new window at once", set, err)
+		t.Fatalf("guard right after shortening: %+v %v, want the new window at once", set, errText(err))
 	}
 	res, err := env.Store.Prune(ctx, retention.Options{DryRun: true})
 	if err != nil {

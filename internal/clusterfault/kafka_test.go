@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemkafka"
+	"github.com/idemkit/idem/internal/kafkatest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/testrun"
 	"github.com/idemkit/idem/pgxinbox"
@@ -199,15 +200,7 @@ type brokerCommit struct {
 }
 
 func newKafkaRig(t *testing.T) *kafkaRig {
-	c, err := kfake.NewCluster(
-		kfake.NumBrokers(kafkaNodes),
-		// Short sessions so that churn settles in seconds (see DESIGN.md).
-		kfake.GroupMinSessionTimeout(100*time.Millisecond),
-	)
-	if err != nil {
-		t.Fatalf("starting kfake: %v", err)
-	}
-	t.Cleanup(c.Close)
+	c := kafkatest.NewCluster(t, kfake.NumBrokers(kafkaNodes))
 	r := &kafkaRig{
 		t: t, c: c, down: map[int32]bool{}, nextNode: kafkaNodes - 1,
 		topic: "ledger", group: "ledger-consumers",
@@ -232,6 +225,7 @@ func newKafkaRig(t *testing.T) *kafkaRig {
 	})
 
 	url := pgtest.Schema(t)
+	var err error
 	r.pool, err = pgxpool.New(context.Background(), url)
 	if err != nil {
 		t.Fatalf("opening pool: %v", err)
@@ -569,15 +563,12 @@ func (r *kafkaRig) processor(t *testing.T) *idem.Processor[pgx.Tx] {
 // join starts a member of the group.
 func (r *kafkaRig) join(t *testing.T, name string) *kafkaMember {
 	m := &kafkaMember{name: name, rig: r, revoked: map[int32]bool{}}
-	opts := append([]kgo.Opt{
-		kgo.SessionTimeout(3 * time.Second),
-		kgo.RebalanceTimeout(6 * time.Second),
-		kgo.HeartbeatInterval(300 * time.Millisecond),
-		kgo.FetchMaxWait(100 * time.Millisecond),
+	opts := append(kafkatest.GroupOptions(),
 		kgo.OnPartitionsAssigned(m.assigned),
 		kgo.OnPartitionsRevoked(m.revoke),
 		kgo.OnPartitionsLost(m.revoke),
-	}, idemkafka.GroupOptions(r.group, r.topic)...)
+	)
+	opts = append(opts, idemkafka.GroupOptions(r.group, r.topic)...)
 	cons, err := idemkafka.NewConsumer(r.client(t, opts...), r.processor(t), &idemkafka.Config{
 		Hooks: []idem.Hook{m}, Logger: r.log, RebalanceGrace: 300 * time.Millisecond,
 		// Small batches: many commits, so that the faults meet commits

@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemkafka"
+	"github.com/idemkit/idem/internal/kafkatest"
 	"github.com/idemkit/idem/pgxinbox"
 )
 
@@ -124,12 +125,7 @@ func pgFailover(t *testing.T, mode string, behind bool, n int) {
 		t.Fatalf("claim on the hot standby: outcome %v blameless %v err %v; want a blameless Retry wrapping ErrUnavailable and SQLSTATE 25006", res.Outcome, res.Blameless, res.Err)
 	}
 
-	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(pgPartitions, "ledger", "ledger.dlq"),
-		kfake.GroupMinSessionTimeout(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer kc.Close()
+	kc := kafkatest.NewCluster(t, kfake.SeedTopics(pgPartitions, "ledger", "ledger.dlq"))
 	producer, err := kgo.NewClient(kgo.SeedBrokers(kc.ListenAddrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerLinger(0))
 	if err != nil {
 		t.Fatal(err)
@@ -170,10 +166,8 @@ func pgFailover(t *testing.T, mode string, behind bool, n int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl, err := kgo.NewClient(append(idemkafka.GroupOptions("ledger", "ledger"),
-		kgo.SeedBrokers(kc.ListenAddrs()...),
-		kgo.SessionTimeout(3*time.Second), kgo.RebalanceTimeout(6*time.Second),
-		kgo.HeartbeatInterval(300*time.Millisecond), kgo.FetchMaxWait(100*time.Millisecond))...)
+	cl, err := kgo.NewClient(append(append(idemkafka.GroupOptions("ledger", "ledger"),
+		kgo.SeedBrokers(kc.ListenAddrs()...)), kafkatest.GroupOptions()...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

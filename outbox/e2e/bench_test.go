@@ -13,12 +13,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemkafka"
 	"github.com/idemkit/idem/idemrabbitmq"
+	"github.com/idemkit/idem/internal/kafkatest"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/outbox/amqppub"
 	"github.com/idemkit/idem/outbox/kafkapub"
@@ -59,11 +59,7 @@ func enqueue(b *testing.B, p *pipeline, n, keys int, kafka bool, dest string) {
 // kafkaTopic starts kfake with a four-partition topic.
 func kafkaTopic(b *testing.B) (brokers []string, topic string) {
 	b.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(c.Close)
+	c := kafkatest.NewCluster(b)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
 	if err != nil {
 		b.Fatal(err)

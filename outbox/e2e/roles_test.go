@@ -21,6 +21,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemkafka"
 	"github.com/idemkit/idem/idemrabbitmq"
+	"github.com/idemkit/idem/internal/kafkatest"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/outbox/amqppub"
 	"github.com/idemkit/idem/outbox/kafkapub"
@@ -204,9 +205,9 @@ func runConsumer(ctx context.Context, role string, pool *pgxpool.Pool, ob *outbo
 	}
 	if brokers := os.Getenv(kafkaEnv); brokers != "" && role == "b" {
 		topic := os.Getenv(topicEnv)
-		cl, err := kgo.NewClient(append(idemkafka.GroupOptions("consumer-b", topic), kgo.SeedBrokers(strings.Split(brokers, ",")...),
-			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond),
-			kgo.SessionTimeout(time.Second), kgo.RebalanceTimeout(2*time.Second), kgo.HeartbeatInterval(200*time.Millisecond))...)
+		opts := append(idemkafka.GroupOptions("consumer-b", topic), kgo.SeedBrokers(strings.Split(brokers, ",")...),
+			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+		cl, err := kgo.NewClient(append(opts, kafkatest.GroupOptions()...)...)
 		if err != nil {
 			return err
 		}

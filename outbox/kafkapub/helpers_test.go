@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/kafkatest"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/outbox/kafkapub"
 )
@@ -20,12 +21,7 @@ import (
 // cluster starts an in-process Kafka that creates no topic on its own.
 func cluster(t testing.TB, opts ...kfake.Opt) *kfake.Cluster {
 	t.Helper()
-	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1)}, opts...)...)
-	if err != nil {
-		t.Fatalf("starting kfake: %v", err)
-	}
-	t.Cleanup(c.Close)
-	return c
+	return kafkatest.NewCluster(t, opts...)
 }
 
 // producer returns a client fit for the publisher, closed at test end.

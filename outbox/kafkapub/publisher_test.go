@@ -12,11 +12,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemkafka"
+	"github.com/idemkit/idem/internal/kafkatest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/testrun"
 	"github.com/idemkit/idem/outbox"
@@ -75,7 +75,7 @@ func TestNewRefusesUnsafeClient(t *testing.T) {
 // and the body; the record timestamp is the event time.
 func TestDeliveredToIdemConsumer(t *testing.T) {
 	t.Parallel()
-	k := cluster(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	k := cluster(t)
 	brokers := k.ListenAddrs()
 	tp := topic(t, brokers, "invoices", 2, nil)
 	topic(t, brokers, tp+".dlq", 2, nil)
@@ -125,9 +125,8 @@ func TestDeliveredToIdemConsumer(t *testing.T) {
 		t.Fatal(err)
 	}
 	group := "kafkapub-test"
-	cl, err := kgo.NewClient(append(idemkafka.GroupOptions(group, tp), kgo.SeedBrokers(brokers...),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond),
-		kgo.SessionTimeout(3*time.Second), kgo.RebalanceTimeout(6*time.Second))...)
+	opts := append(idemkafka.GroupOptions(group, tp), kgo.SeedBrokers(brokers...), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	cl, err := kgo.NewClient(append(opts, kafkatest.GroupOptions()...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
