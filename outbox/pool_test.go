@@ -3,13 +3,16 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/pooltest"
 	"github.com/idemkit/idem/sqlinbox"
+	"github.com/idemkit/idem/sqliteinbox"
 )
 
 // Relays on a pool of their own size publish every committed row: the
@@ -81,6 +84,91 @@ func TestRelaysOnAPoolOfTheirSize(t *testing.T) {
 			check(t, o.core, relays, func(m ...Message) []string {
 				return enqueueSQL(t, o, db, false, m...)
 			})
+		})
+	}
+}
+
+// Every operation of the outbox works on a pool of one connection:
+// Migrate (new and again), Enqueue, a relay that publishes and parks,
+// Stats, ParkedRows, Retry and Prune; none asks the pool for a second
+// connection while it holds one (internal/pooltest stops the binary if
+// one waits).
+func TestOperationsOnAPoolOfOne(t *testing.T) {
+	t.Parallel()
+	check := func(t *testing.T, o interface {
+		Migrate(context.Context) (MigrateReport, error)
+		Stats(context.Context) (Stats, error)
+		ParkedRows(context.Context, int) ([]ParkedRow, error)
+		Retry(context.Context, RetryFilter) (int64, error)
+		Prune(context.Context, PruneOptions) (int64, error)
+	}, c *core, enqueue func(...Message) []string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		for range 2 {
+			if _, err := o.Migrate(ctx); err != nil {
+				t.Fatalf("migrating: %v", err)
+			}
+		}
+		pub := &testPublisher{name: "a", log: newLog(), fate: func(r Record) error {
+			if r.Key == "bad" {
+				return Refused(errors.New("no such exchange"))
+			}
+			return nil
+		}}
+		r, err := newTestRelay(c, pub, &RelayConfig{MaxAttempts: 1, LeaseTerm: 3 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runRelay(t, r)
+		enqueue(Message{Destination: "events", Key: "k1", Body: []byte("1")}, Message{Destination: "events", Key: "k2", Body: []byte("2")})
+		enqueue(Message{Destination: "events", Key: "bad", Body: []byte("3")})
+		eventually(t, "two rows sent and one parked", func() bool {
+			st, err := o.Stats(ctx)
+			return err == nil && st.Sent == 2 && st.Parked == 1
+		})
+		parked, err := o.ParkedRows(ctx, 10)
+		if err != nil || len(parked) != 1 {
+			t.Fatalf("parked rows: %v, %v; want one", parked, err)
+		}
+		if n, err := o.Retry(ctx, RetryFilter{Key: "bad"}); err != nil || n != 1 {
+			t.Fatalf("retry: %d, %v; want 1", n, err)
+		}
+		eventually(t, "the retried row parked again", func() bool { return pub.attemptsOf(parked[0].ID) >= 2 && r.Parked() >= 2 })
+		for _, dry := range []bool{true, false} {
+			if _, err := o.Prune(ctx, PruneOptions{DryRun: dry}); err != nil {
+				t.Fatalf("prune (dry run %v): %v", dry, err)
+			}
+		}
+	}
+	t.Run("pgx", func(t *testing.T) {
+		t.Parallel()
+		pool := pooltest.OpenPgx(t, pgtest.Schema(t), 1)
+		o, err := NewPgx(pool, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(t, o, o.core, func(m ...Message) []string { return enqueuePgx(t, o, pool, false, m...) })
+	})
+	for _, d := range []sqlinbox.Dialect{sqlinbox.Postgres, sqlinbox.SQLite} {
+		t.Run("sql-"+d.Name(), func(t *testing.T) {
+			t.Parallel()
+			var db *sql.DB
+			var err error
+			if d == sqlinbox.SQLite {
+				db, err = sqliteinbox.Open(filepath.Join(t.TempDir(), "outbox.db"))
+			} else {
+				db, err = sql.Open("pgx", pgtest.Schema(t))
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = db.Close() })
+			pooltest.SQL(t, db, 1)
+			o, err := NewSQL(db, d, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			check(t, o, o.core, func(m ...Message) []string { return enqueueSQL(t, o, db, false, m...) })
 		})
 	}
 }
