@@ -1141,10 +1141,14 @@ func (s suite[TTx]) maxAttemptsCountsEveryRun(t *testing.T) {
 // slowHandlerIsTheMessagesFault: a handler slower than the transaction's
 // deadline (TxTimeout) fails its own tries, whatever that deadline did to
 // the connection: the message spends its attempts and is dead-lettered,
-// never held forever as if the database were down.
+// never held forever as if the database were down. On the pool-of-one
+// run, three workers on a pool of three time out together: the outage test
+// after each failure must not wait for a connection its own failed
+// transaction, or another's, still holds.
 func (s suite[TTx]) slowHandlerIsTheMessagesFault(t *testing.T) {
 	ctx := context.Background()
-	env := s.open(t, 1)
+	n := s.scale(1, 3)
+	env := s.open(t, n)
 	p := s.proc(t, env, "ledger", nil, func(c *idem.Config[TTx]) {
 		c.Retry.MaxAttempts = 2
 		c.Retry.WaitUnavailable = 5 * time.Second
@@ -1155,9 +1159,17 @@ func (s suite[TTx]) slowHandlerIsTheMessagesFault(t *testing.T) {
 		}
 	})
 	start := time.Now()
-	r := p.Process(ctx, msg("evt-slow"))
-	if r.Outcome != idem.DeadLettered || !errors.Is(r.Err, idem.ErrRetriesExhausted) || r.Blameless {
-		t.Fatalf("handler slower than TxTimeout: %v (%v, blameless %v) after %v, want a dead letter after 2 attempts", r.Outcome, r.Err, r.Blameless, time.Since(start).Round(time.Millisecond))
+	results := make([]idem.Result, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { results[i] = p.Process(ctx, msg(fmt.Sprintf("evt-slow-%d", i))) })
+	}
+	wg.Wait()
+	for _, r := range results {
+		if r.Outcome != idem.DeadLettered || !errors.Is(r.Err, idem.ErrRetriesExhausted) || r.Blameless {
+			t.Fatalf("handler slower than TxTimeout (%d workers): %s %v (%v, blameless %v) after %v, want a dead letter after 2 attempts",
+				n, r.MessageID, r.Outcome, r.Err, r.Blameless, time.Since(start).Round(time.Millisecond))
+		}
 	}
 	if c := count(t, env.Effects, "ledger", ""); c != 0 {
 		t.Fatalf("effects = %d, want 0", c)
