@@ -85,8 +85,9 @@ type PgxDB interface {
 // are pgx.Tx. A *pgxpool.Pool also gives relays LISTEN/NOTIFY, each relay
 // on a session of its own dialed with the pool's connection configuration,
 // which does not count against the pool's MaxConns (the pool's
-// BeforeConnect and AfterConnect hooks do not run for it). A *pgx.Conn is not safe for concurrent use: an
-// outbox on one serves a relay alone (which then polls), or Enqueue alone.
+// BeforeConnect and AfterConnect hooks do not run for it). A *pgx.Conn is
+// not safe for concurrent use: an outbox on one serves a relay alone (which
+// then polls), or Enqueue alone.
 func NewPgx(db PgxDB, cfg *Config) (*Outbox[pgx.Tx], error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: outbox: db is nil", idem.ErrConfig)
@@ -110,8 +111,8 @@ func NewPgx(db PgxDB, cfg *Config) (*Outbox[pgx.Tx], error) {
 // NewSQL returns the outbox of a database/sql pool; its transactions are
 // *sql.Tx. dialect is [sqlinbox.Postgres] (the pgx stdlib driver, which
 // also gives relays LISTEN/NOTIFY, on sessions outside db's pool dialed
-// with its connections' configuration) or [sqlinbox.SQLite] (polling, and an
-// in-process wake of the relays of this Outbox value).
+// with its connections' configuration) or [sqlinbox.SQLite] (polling, and
+// an in-process wake of the relays of this Outbox value).
 func NewSQL(db *sql.DB, dialect sqlinbox.Dialect, cfg *Config) (*Outbox[*sql.Tx], error) {
 	if db == nil || dialect == nil {
 		return nil, fmt.Errorf("%w: outbox: db and dialect are required", idem.ErrConfig)
