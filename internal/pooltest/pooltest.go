@@ -27,6 +27,9 @@ import (
 // seconds; this is far longer, for a loaded machine.
 const Stuck = 30 * time.Second
 
+// stuck is Stuck, shortened by this package's own test.
+var stuck = Stuck
+
 // tick is how often the watchdogs look.
 const tick = 250 * time.Millisecond
 
@@ -136,7 +139,7 @@ func (w *acquires) watch(stop <-chan struct{}) {
 		if full.IsZero() {
 			full = time.Now()
 		}
-		if waited := time.Since(later(oldest, full)); waited > Stuck {
+		if waited := time.Since(later(oldest, full)); waited > stuck {
 			die(w.t, fmt.Sprintf("a connection has been waited for %v while all %d of the pool were held", waited.Round(time.Second), st.MaxConns()))
 		}
 	}
@@ -193,7 +196,7 @@ func watchSQL(t testing.TB, db *sql.DB, stop <-chan struct{}) {
 		if pendingSince.IsZero() || st.InUse < st.MaxOpenConnections {
 			continue
 		}
-		if waited := time.Since(pendingSince); waited > Stuck {
+		if waited := time.Since(pendingSince); waited > stuck {
 			die(t, fmt.Sprintf("a connection has been waited for %v while all %d of the pool were in use", waited.Round(time.Second), st.MaxOpenConnections))
 		}
 	}
