@@ -20,8 +20,13 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/netfault"
 	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/internal/pooltest"
 	"github.com/idemkit/idem/pgxinbox"
 )
+
+// poolOfOne is a harness whose checks run their processor on a pool of
+// one connection (see Run).
+type poolOfOne struct{ Harness }
 
 // consumerName is the processor's name in every check.
 const consumerName = "conformance"
@@ -34,21 +39,33 @@ const maxAttempts = 3
 // effect applied twice shows as two rows), and a recorder of everything
 // the processor and the adapter report.
 type env struct {
-	t      *testing.T
-	h      Harness
-	topic  string
-	url    string // the schema's URL
-	pool   *pgxpool.Pool
-	layout pgxinbox.Layout
-	rec    *recorder
-	log    *slog.Logger
+	t     *testing.T
+	h     Harness
+	topic string
+	url   string // the schema's URL
+	pool  *pgxpool.Pool
+	// procPool is the processor's pool: pool, or on the pool-of-one run
+	// a pool of its own with one connection (the checks' own reads of the
+	// effects stay on pool, outside the processor's).
+	procPool *pgxpool.Pool
+	layout   pgxinbox.Layout
+	rec      *recorder
+	log      *slog.Logger
 }
 
 func newEnv(t *testing.T, h Harness, layout pgxinbox.Layout) *env {
 	t.Helper()
+	conns := 0
+	if p, ok := h.(poolOfOne); ok {
+		h, conns = p.Harness, 1
+	}
 	e := &env{t: t, h: h, layout: layout, rec: newRecorder(), log: testLogger(t)}
 	e.url = pgtest.Schema(t)
 	e.pool = e.openPool(e.url)
+	e.procPool = e.pool
+	if conns > 0 {
+		e.procPool = pooltest.OpenPgx(t, e.url, conns)
+	}
 	if _, err := e.pool.Exec(context.Background(),
 		`CREATE TABLE effects (seq bigserial PRIMARY KEY, message_id text NOT NULL, body text NOT NULL)`); err != nil {
 		t.Fatalf("creating the effects table: %v (%s)", err, pgtest.FixHint)
@@ -125,7 +142,7 @@ type procOptions struct {
 func (e *env) processor(o procOptions) *idem.Processor[pgx.Tx] {
 	e.t.Helper()
 	if o.store == nil {
-		o.store = e.store(e.pool, false)
+		o.store = e.store(e.procPool, false)
 	}
 	h := func(ctx context.Context, tx pgx.Tx, m idem.Message) error {
 		run := e.rec.ran(m.ID)

@@ -90,6 +90,25 @@ func Run(t *testing.T, h Harness) {
 	each("Ordered", ordered)
 	each("PartitionedRepublish", partitionedRepublish)
 	one("ConnectionCut", connectionCut)
+	// The main paths again with the processor on a pool of one
+	// connection: no step of the consumer may ask the pool for a second
+	// connection while it holds one (one connection per operation,
+	// docs/design.md); such a wait stops the binary with every stack.
+	t.Run("PoolOfOne", func(t *testing.T) {
+		t.Parallel()
+		for _, c := range []struct {
+			name  string
+			check func(t *testing.T, h Harness, p path)
+		}{{"SameIDTwice", sameIDTwice}, {"CrashAfterCommit", crashAfterCommit}, {"SettledOnce", settledOnce}, {"Poison", poison}, {"TransientExhausted", transientExhausted}} {
+			for _, p := range paths {
+				t.Run(c.name+"/"+p.name, func(t *testing.T) {
+					t.Parallel()
+					skipKnown(t, c.name, c.name+"/"+p.name)
+					c.check(t, poolOfOne{h}, p)
+				})
+			}
+		}
+	})
 }
 
 // msg is a message whose body names its ID.

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/audit"
+	"github.com/idemkit/idem/internal/pooltest"
 )
 
 // seedSQL is the incident in miniature: invoices for (customer_id, period)
@@ -61,7 +62,13 @@ INSERT INTO invoices (customer_id, period, amount, status, created_at, source_me
 
 func seed(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	pool := testPool(t)
+	return seedOf(t, 0)
+}
+
+// seedOf is seed on a pool of at most conns connections (0: pgx's default).
+func seedOf(t *testing.T, conns int) *pgxpool.Pool {
+	t.Helper()
+	pool := pooltest.OpenPgx(t, schemaURL(t), conns)
 	if _, err := pool.Exec(context.Background(), seedSQL); err != nil {
 		t.Fatalf("seeding invoices: %v", err)
 	}
@@ -219,10 +226,23 @@ func TestQuietPeriodDecidesActivity(t *testing.T) {
 	}
 }
 
+// TestRepairSession runs an operator's whole session (check, guard, void,
+// guard again) on a pool of pgx's default size and on a pool of one
+// connection: no step asks the pool for a second connection while it
+// holds one.
 func TestRepairSession(t *testing.T) {
 	t.Parallel()
+	for _, conns := range []int{0, 1} {
+		t.Run(fmt.Sprintf("conns=%d", conns), func(t *testing.T) {
+			t.Parallel()
+			repairSession(t, conns)
+		})
+	}
+}
+
+func repairSession(t *testing.T, conns int) {
 	ctx := context.Background()
-	pool := seed(t)
+	pool := seedOf(t, conns)
 	a := newAuditor(t, pool, spec())
 	before := snapshot(t, pool)
 	expectedUnpaid := ids(t, pool, `id IN (2, 4, 7, 9, 12, 17)`)

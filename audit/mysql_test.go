@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem/audit"
 	"github.com/idemkit/idem/internal/mysqltest"
+	"github.com/idemkit/idem/internal/pooltest"
 	"github.com/idemkit/idem/mysqlinbox"
 )
 
@@ -186,10 +187,22 @@ func TestMySQLDuplicatesReportIsExact(t *testing.T) {
 	}
 }
 
+// TestMySQLRepairSession is TestRepairSession on MySQL, on a pool of
+// database/sql's default size and with SetMaxOpenConns(1).
 func TestMySQLRepairSession(t *testing.T) {
 	t.Parallel()
+	for _, conns := range []int{0, 1} {
+		t.Run(fmt.Sprintf("conns=%d", conns), func(t *testing.T) {
+			t.Parallel()
+			mysqlRepairSession(t, conns)
+		})
+	}
+}
+
+func mysqlRepairSession(t *testing.T, conns int) {
 	ctx := context.Background()
 	db := mysqlSeed(t)
+	pooltest.SQL(t, db, conns)
 	a := newMySQLAuditor(t, db, spec())
 	before := mysqlSnapshot(t, db)
 	expectedUnpaid := []string{"2", "4", "7", "9", "12", "17"}

@@ -56,6 +56,14 @@ type rabbitEnv struct {
 
 func newRabbitEnv(t *testing.T) *rabbitEnv {
 	t.Helper()
+	return newRabbitEnvOf(t, 0)
+}
+
+// newRabbitEnvOf is newRabbitEnv with an inbox pool of at most conns
+// connections (0: pgx's default size), shared by the consumer, the dlq
+// tools and the test's reads.
+func newRabbitEnvOf(t *testing.T, conns int) *rabbitEnv {
+	t.Helper()
 	ctx := context.Background()
 	conn, err := amqp.DialConfig(amqpURL(), amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
 	if err != nil {
@@ -81,7 +89,7 @@ func newRabbitEnv(t *testing.T) *rabbitEnv {
 			_ = idemrabbitmq.DeleteTopology(ch, topo)
 		}
 	})
-	pool := pgtest.Pool(t)
+	pool := pgtest.PoolOf(t, conns)
 	store, err := pgxinbox.New(pool, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -49,8 +49,20 @@ func (o *outcomes) count() int {
 // changes nothing, a redrive of a letter behind a kept one sends it but
 // cannot settle it (the topic settles a prefix), a full redrive settles
 // all, and the fixed consumer applies each message exactly once.
+// TestKafkaListShowRedrive runs list, show, redrive and replay of Kafka
+// dead letters on a pool of pgx's default size and on a pool of one
+// connection.
 func TestKafkaListShowRedrive(t *testing.T) {
 	t.Parallel()
+	for _, conns := range []int{0, 1} {
+		t.Run(fmt.Sprintf("conns=%d", conns), func(t *testing.T) {
+			t.Parallel()
+			kafkaListShowRedrive(t, conns)
+		})
+	}
+}
+
+func kafkaListShowRedrive(t *testing.T, conns int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(100*time.Millisecond))
@@ -79,7 +91,7 @@ func TestKafkaListShowRedrive(t *testing.T) {
 		}
 	}
 
-	pool := pgtest.Pool(t)
+	pool := pgtest.PoolOf(t, conns)
 	store, err := pgxinbox.New(pool, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -22,10 +22,21 @@ import (
 // permanently: list groups it under its reason, show says a redrive
 // applies it, a dry run changes nothing, and after the fix a redrive
 // makes the fixed consumer apply it exactly once.
+// TestRedrivePoisonAfterFix runs list, show and redrive on a pool of pgx's
+// default size and on a pool of one connection.
 func TestRedrivePoisonAfterFix(t *testing.T) {
 	t.Parallel()
+	for _, conns := range []int{0, 1} {
+		t.Run(fmt.Sprintf("conns=%d", conns), func(t *testing.T) {
+			t.Parallel()
+			redrivePoisonAfterFix(t, conns)
+		})
+	}
+}
+
+func redrivePoisonAfterFix(t *testing.T, conns int) {
 	ctx := context.Background()
-	e := newRabbitEnv(t)
+	e := newRabbitEnvOf(t, conns)
 	e.poison("inv-1", "inv-2")
 	src := e.source()
 
@@ -194,8 +205,17 @@ func TestCrashBetweenConfirmAndAck(t *testing.T) {
 // replay retires nothing.
 func TestReplayRetiresMarkerAndAppliesOnceMore(t *testing.T) {
 	t.Parallel()
+	for _, conns := range []int{0, 1} {
+		t.Run(fmt.Sprintf("conns=%d", conns), func(t *testing.T) {
+			t.Parallel()
+			replayRetiresMarkerAndAppliesOnceMore(t, conns)
+		})
+	}
+}
+
+func replayRetiresMarkerAndAppliesOnceMore(t *testing.T, conns int) {
 	ctx := context.Background()
-	e := newRabbitEnv(t)
+	e := newRabbitEnvOf(t, conns)
 	e.poison("inv-9")
 	e.publish(invoice("inv-9"))
 	e.consume(1, false)

@@ -45,7 +45,9 @@ type RetentionEnv[TTx any] struct {
 
 // RetentionHarness describes a store to the retention checks.
 type RetentionHarness[TTx any] struct {
-	Open func(t *testing.T) RetentionEnv[TTx]
+	// Open returns a fresh RetentionEnv for t; conns is the size of its
+	// connection pool, as for [Harness.Open].
+	Open func(t *testing.T, conns int) RetentionEnv[TTx]
 }
 
 const defaultWindow = 14 * 24 * time.Hour
@@ -56,9 +58,20 @@ const defaultWindow = 14 * 24 * time.Hour
 // window change, markers extended only upward, keep_until deciding the
 // prune (plain layout), and the business-key sequence of issue 11 through a
 // processor.
+//
+// Like [Run], it runs them again under PoolOfOne on a pool of one
+// connection.
 func RunRetention[TTx any](t *testing.T, h RetentionHarness[TTx]) {
-	s := retentionSuite[TTx]{h: h}
-	runParallel(t, []check{
+	runParallel(t, retentionSuite[TTx]{h: h}.checks())
+	t.Run("PoolOfOne", func(t *testing.T) {
+		t.Parallel()
+		runParallel(t, retentionSuite[TTx]{h: h, pooled: true}.checks())
+	})
+}
+
+// checks are the checks of RunRetention.
+func (s retentionSuite[TTx]) checks() []check {
+	return []check{
 		{"StoredWindow", s.storedWindow},
 		{"PruneShorterThanStoredRefused", s.pruneShorterRefused},
 		{"SetWindow", s.setWindow},
@@ -70,17 +83,39 @@ func RunRetention[TTx any](t *testing.T, h RetentionHarness[TTx]) {
 		{"CheckRecordsHorizon", s.checkRecordsHorizon},
 		{"StoredWindowJudgesHorizon", s.storedWindowJudgesHorizon},
 		{"ShortenedWindowPrunesLate", s.shortenedWindowPrunesLate},
-	})
+	}
 }
 
-type retentionSuite[TTx any] struct{ h RetentionHarness[TTx] }
+type retentionSuite[TTx any] struct {
+	h      RetentionHarness[TTx]
+	pooled bool // every env on a pool of one connection
+}
+
+// skipPrune skips, on the pool-of-one run, a check whose prune deletes
+// markers: its final summary asks the pool for a second connection while
+// the prune holds one.
+func (s retentionSuite[TTx]) skipPrune(t *testing.T) {
+	t.Helper()
+	if s.pooled {
+		t.Skip("issue 24: the prune writes its summary on a second connection while it holds one (internal/inboxdb prune)")
+	}
+}
+
+// open is a fresh env, on a pool of one connection on the pool-of-one run.
+func (s retentionSuite[TTx]) open(t *testing.T) RetentionEnv[TTx] {
+	t.Helper()
+	if s.pooled {
+		return s.h.Open(t, 1)
+	}
+	return s.h.Open(t, 0)
+}
 
 // storedWindow: Migrate stores the window; the store and a second process
 // read it back; a second process configured with another window is refused
 // with both numbers, one without a window adopts the stored one.
 func (s retentionSuite[TTx]) storedWindow(t *testing.T) {
 	ctx := context.Background()
-	env := s.h.Open(t)
+	env := s.open(t)
 	set, err := env.Store.Settings(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -114,7 +149,7 @@ func (s retentionSuite[TTx]) storedWindow(t *testing.T) {
 // is refused, with both numbers, and deletes nothing.
 func (s retentionSuite[TTx]) pruneShorterRefused(t *testing.T) {
 	ctx := context.Background()
-	env := s.h.Open(t)
+	env := s.open(t)
 	p := s.proc(t, env.Env, "ledger", nil)
 	want(t, p.Process(ctx, msg(uuidv7(time.Now()))), idem.Applied)
 	for _, w := range []time.Duration{time.Second, defaultWindow - time.Millisecond} {
@@ -142,7 +177,7 @@ func (s retentionSuite[TTx]) pruneShorterRefused(t *testing.T) {
 // (growing from the old one after a lengthening).
 func (s retentionSuite[TTx]) setWindow(t *testing.T) {
 	ctx := context.Background()
-	env := s.h.Open(t)
+	env := s.open(t)
 	if _, err := env.Store.SetWindow(ctx, 30*time.Minute, false); err == nil {
 		t.Fatalf("a window of 30m was accepted without force")
 	}
@@ -221,7 +256,7 @@ func extend[TTx any](t *testing.T, env RetentionEnv[TTx], consumer string, ext .
 // time, Lookup returns it, and Extend raises it only upward.
 func (s retentionSuite[TTx]) extendOnlyGrows(t *testing.T) {
 	ctx := context.Background()
-	env := s.h.Open(t)
+	env := s.open(t)
 	p := s.proc(t, env.Env, "ledger", nil)
 	before := time.Now()
 	m := msg(uuidv7(before.Add(-time.Hour)))
@@ -259,8 +294,9 @@ func (s retentionSuite[TTx]) extendOnlyGrows(t *testing.T) {
 // alone: a marker written long ago but extended recently stays, one whose
 // keep_until is past the window goes whatever its write time.
 func (s retentionSuite[TTx]) keepUntilDrivesPrune(t *testing.T) {
+	s.skipPrune(t)
 	ctx := context.Background()
-	env := s.h.Open(t)
+	env := s.open(t)
 	if env.Store.Layout() != idem.LayoutPlain {
 		t.Skip("the partitioned layout drops whole days by partition time")
 	}
@@ -308,8 +344,9 @@ func (s retentionSuite[TTx]) keepUntilDrivesPrune(t *testing.T) {
 // the horizon, must still be a Duplicate: one invoice, not two. The days are
 // simulated with the processor's Horizon.Now and the marker's times.
 func (s retentionSuite[TTx]) businessKeyOutlivesPrune(t *testing.T) {
+	s.skipPrune(t)
 	ctx := context.Background()
-	env := s.h.Open(t)
+	env := s.open(t)
 	if env.Store.Layout() != idem.LayoutPlain {
 		t.Skip("on the partitioned layout the partition time of a business key is its period's; see the package retention proof")
 	}
@@ -402,7 +439,7 @@ func uuidv7(t time.Time) string {
 // must not write a marker no prune reaches).
 func (s retentionSuite[TTx]) futureKeepUntilBounded(t *testing.T) {
 	ctx := context.Background()
-	env := s.h.Open(t)
+	env := s.open(t)
 	claim := func(key string, et time.Time) {
 		t.Helper()
 		tx, err := env.Begin(ctx)
@@ -439,8 +476,9 @@ func (s retentionSuite[TTx]) futureKeepUntilBounded(t *testing.T) {
 // (Result.PrunedOn) by default, refused as Expired naming the day with
 // RefuseLate. A key never pruned is not flagged.
 func (s retentionSuite[TTx]) lateDuplicateAfterPrune(t *testing.T) {
+	s.skipPrune(t)
 	ctx := context.Background()
-	env := s.h.Open(t)
+	env := s.open(t)
 	if env.Store.Layout() != idem.LayoutPlain {
 		t.Skip("the partitioned layout summarises the keys of the partitions it drops; see pgxinbox's TestLateDuplicateAfterDrop")
 	}
@@ -508,7 +546,7 @@ func (s retentionSuite[TTx]) lateDuplicateAfterPrune(t *testing.T) {
 // records nothing, so it never stands in the way.
 func (s retentionSuite[TTx]) checkRecordsHorizon(t *testing.T) {
 	ctx := context.Background()
-	env := s.h.Open(t)
+	env := s.open(t)
 	own := s.proc(t, env.Env, "ledger", func(c *idem.Config[TTx]) { c.Horizon.Window = 10 * 24 * time.Hour })
 	follows := s.proc(t, env.Env, "stats", nil)
 	for _, p := range []*idem.Processor[TTx]{own, follows} {
@@ -532,7 +570,7 @@ func (s retentionSuite[TTx]) checkRecordsHorizon(t *testing.T) {
 // stored number.
 func (s retentionSuite[TTx]) storedWindowJudgesHorizon(t *testing.T) {
 	ctx := context.Background()
-	env := s.h.Open(t)
+	env := s.open(t)
 	if _, err := env.Store.SetWindow(ctx, 7*24*time.Hour, false); err != nil {
 		t.Fatal(err)
 	}
@@ -563,7 +601,7 @@ func (s retentionSuite[TTx]) storedWindowJudgesHorizon(t *testing.T) {
 // old guard still accepts never finds its marker gone.
 func (s retentionSuite[TTx]) shortenedWindowPrunesLate(t *testing.T) {
 	ctx := context.Background()
-	env := s.h.Open(t)
+	env := s.open(t)
 	if _, err := env.Store.SetWindow(ctx, 7*24*time.Hour, false); err != nil {
 		t.Fatal(err)
 	}

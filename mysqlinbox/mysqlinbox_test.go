@@ -13,6 +13,7 @@ import (
 	"github.com/idemkit/idem/inboxtest"
 	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/netfault"
+	"github.com/idemkit/idem/internal/pooltest"
 	"github.com/idemkit/idem/mysqlinbox"
 	"github.com/idemkit/idem/sqlinbox"
 )
@@ -84,8 +85,11 @@ func migratedAs(t testing.TB, db *sql.DB, d sqlinbox.Dialect, cfg *sqlinbox.Conf
 	return s
 }
 
-func envDB(t *testing.T, d sqlinbox.Dialect, via func(string) string) (inboxtest.Env[*sql.Tx], *sql.DB) {
+// envDB is the conformance suite's environment on a fresh database whose
+// pool has at most conns connections (0: database/sql's default).
+func envDB(t *testing.T, d sqlinbox.Dialect, via func(string) string, conns int) (inboxtest.Env[*sql.Tx], *sql.DB) {
 	db, _ := freshDBVia(t, via)
+	pooltest.SQL(t, db, conns)
 	return envOn(t, d, db), db
 }
 
@@ -123,7 +127,7 @@ func envOn(t *testing.T, d sqlinbox.Dialect, db *sql.DB) inboxtest.Env[*sql.Tx] 
 func TestConformanceInterpolated(t *testing.T) {
 	inboxtest.Run(t, inboxtest.Harness[*sql.Tx]{
 		LockTimeout: true,
-		Open: func(t *testing.T) inboxtest.Env[*sql.Tx] {
+		Open: func(t *testing.T, conns int) inboxtest.Env[*sql.Tx] {
 			dsn := mysqltest.Database(t, "idem_t_").FormatDSN()
 			if strings.Contains(dsn, "?") {
 				dsn += "&interpolateParams=true"
@@ -135,6 +139,7 @@ func TestConformanceInterpolated(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = db.Close() })
+			pooltest.SQL(t, db, conns)
 			return envOn(t, sqlinbox.MySQL, db)
 		},
 	})
@@ -146,13 +151,13 @@ func TestConformance(t *testing.T) {
 		t.Run(d.Name(), func(t *testing.T) {
 			inboxtest.Run(t, inboxtest.Harness[*sql.Tx]{
 				LockTimeout: true,
-				Open:        func(t *testing.T) inboxtest.Env[*sql.Tx] { e, _ := envDB(t, d, nil); return e },
-				OpenBehindFault: func(t *testing.T) (inboxtest.Env[*sql.Tx], inboxtest.Fault) {
+				Open:        func(t *testing.T, conns int) inboxtest.Env[*sql.Tx] { e, _ := envDB(t, d, nil, conns); return e },
+				OpenBehindFault: func(t *testing.T, conns int) (inboxtest.Env[*sql.Tx], inboxtest.Fault) {
 					var p *netfault.Proxy
 					e, _ := envDB(t, d, func(target string) string {
 						p = netfault.New(t, target)
 						return p.Addr()
-					})
+					}, conns)
 					return e, p
 				},
 			})
@@ -167,8 +172,8 @@ func TestConformance(t *testing.T) {
 func TestRetentionConformance(t *testing.T) {
 	for _, d := range dialects(t) {
 		t.Run(d.Name(), func(t *testing.T) {
-			inboxtest.RunRetention(t, inboxtest.RetentionHarness[*sql.Tx]{Open: func(t *testing.T) inboxtest.RetentionEnv[*sql.Tx] {
-				e, db := envDB(t, d, nil)
+			inboxtest.RunRetention(t, inboxtest.RetentionHarness[*sql.Tx]{Open: func(t *testing.T, conns int) inboxtest.RetentionEnv[*sql.Tx] {
+				e, db := envDB(t, d, nil, conns)
 				return inboxtest.RetentionEnv[*sql.Tx]{
 					Env:   e,
 					Store: e.Store.(*sqlinbox.Store),

@@ -82,9 +82,12 @@ type PgxDB interface {
 }
 
 // NewPgx returns the outbox of a pgx pool or connection; its transactions
-// are pgx.Tx. A *pgxpool.Pool also gives relays LISTEN/NOTIFY (on one
-// connection of its own). A *pgx.Conn is not safe for concurrent use: an
-// outbox on one serves a relay alone (which then polls), or Enqueue alone.
+// are pgx.Tx. A *pgxpool.Pool also gives relays LISTEN/NOTIFY, each relay
+// on a session of its own dialed with the pool's connection configuration,
+// which does not count against the pool's MaxConns (the pool's
+// BeforeConnect and AfterConnect hooks do not run for it). A *pgx.Conn is
+// not safe for concurrent use: an outbox on one serves a relay alone (which
+// then polls), or Enqueue alone.
 func NewPgx(db PgxDB, cfg *Config) (*Outbox[pgx.Tx], error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: outbox: db is nil", idem.ErrConfig)
@@ -94,14 +97,12 @@ func NewPgx(db PgxDB, cfg *Config) (*Outbox[pgx.Tx], error) {
 		return nil, err
 	}
 	if pool, ok := db.(*pgxpool.Pool); ok {
+		// The session is dialed from the pool's configuration, outside
+		// the pool: a relay holds it for as long as it runs, and taken
+		// from the pool it would leave one relay on a pool of one (or
+		// four on a pool of four) no connection to lease, read and mark.
 		c.listen = func(ctx context.Context, wake func()) error {
-			pc, err := pool.Acquire(ctx)
-			if err != nil {
-				return err
-			}
-			// A connection that LISTENs never goes back to the pool.
-			defer func() { _ = pc.Hijack().Close(context.WithoutCancel(ctx)) }()
-			return listenOn(ctx, pc.Conn(), c.channel, wake)
+			return listenDialed(ctx, pool.Config().ConnConfig, c.channel, wake)
 		}
 	}
 	return &Outbox[pgx.Tx]{core: c, conn: inboxdb.PgxTxConn}, nil
@@ -109,8 +110,9 @@ func NewPgx(db PgxDB, cfg *Config) (*Outbox[pgx.Tx], error) {
 
 // NewSQL returns the outbox of a database/sql pool; its transactions are
 // *sql.Tx. dialect is [sqlinbox.Postgres] (the pgx stdlib driver, which
-// also gives relays LISTEN/NOTIFY) or [sqlinbox.SQLite] (polling, and an
-// in-process wake of the relays of this Outbox value).
+// also gives relays LISTEN/NOTIFY, on sessions outside db's pool dialed
+// with its connections' configuration) or [sqlinbox.SQLite] (polling, and
+// an in-process wake of the relays of this Outbox value).
 func NewSQL(db *sql.DB, dialect sqlinbox.Dialect, cfg *Config) (*Outbox[*sql.Tx], error) {
 	if db == nil || dialect == nil {
 		return nil, fmt.Errorf("%w: outbox: db and dialect are required", idem.ErrConfig)
@@ -124,7 +126,7 @@ func NewSQL(db *sql.DB, dialect sqlinbox.Dialect, cfg *Config) (*Outbox[*sql.Tx]
 		return nil, err
 	}
 	if name == "postgres" {
-		c.listen = func(ctx context.Context, wake func()) error { return listenSQL(ctx, db, c.channel, wake) }
+		c.listen = (&sqlListener{db: db, channel: c.channel}).listen
 	} else {
 		c.serialRead = true
 	}

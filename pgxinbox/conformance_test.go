@@ -43,11 +43,11 @@ func conformance(t *testing.T, layout pgxinbox.Layout, wrap func(*pgxinbox.Store
 	}
 	inboxtest.Run(t, inboxtest.Harness[pgx.Tx]{
 		LockTimeout: true,
-		Open: func(t *testing.T) inboxtest.Env[pgx.Tx] {
-			return env(openLayout(t, layout, nil))
+		Open: func(t *testing.T, conns int) inboxtest.Env[pgx.Tx] {
+			return env(openLayoutOf(t, layout, nil, conns))
 		},
-		OpenBehindFault: func(t *testing.T) (inboxtest.Env[pgx.Tx], inboxtest.Fault) {
-			pool, proxy := pgtest.PoolBehindFault(t)
+		OpenBehindFault: func(t *testing.T, conns int) (inboxtest.Env[pgx.Tx], inboxtest.Fault) {
+			pool, proxy := pgtest.PoolBehindFaultOf(t, conns)
 			return env(pool, migrated(t, pool, layout)), proxy
 		},
 	})

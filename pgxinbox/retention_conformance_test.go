@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/inboxtest"
 	"github.com/idemkit/idem/internal/pgtest"
@@ -19,21 +18,16 @@ func TestRetentionConformance(t *testing.T) {
 	for _, layout := range []pgxinbox.Layout{pgxinbox.Plain, pgxinbox.Partitioned} {
 		t.Run(layout.String(), func(t *testing.T) {
 			t.Parallel()
-			inboxtest.RunRetention(t, inboxtest.RetentionHarness[pgx.Tx]{Open: func(t *testing.T) inboxtest.RetentionEnv[pgx.Tx] {
-				return retentionEnv(t, layout)
+			inboxtest.RunRetention(t, inboxtest.RetentionHarness[pgx.Tx]{Open: func(t *testing.T, conns int) inboxtest.RetentionEnv[pgx.Tx] {
+				return retentionEnv(t, layout, conns)
 			}})
 		})
 	}
 }
 
-func retentionEnv(t *testing.T, layout pgxinbox.Layout) inboxtest.RetentionEnv[pgx.Tx] {
+func retentionEnv(t *testing.T, layout pgxinbox.Layout, conns int) inboxtest.RetentionEnv[pgx.Tx] {
 	ctx := context.Background()
-	url := pgtest.Schema(t)
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := pgtest.PoolOf(t, conns)
 	store, err := pgxinbox.New(pool, &pgxinbox.Config{Layout: layout})
 	if err != nil {
 		t.Fatal(err)

@@ -38,8 +38,15 @@ func (r *recorder) OldestMarker(_ string, d time.Duration) { r.oldest.Store(int6
 // with an effects table without unique constraint.
 func openLayout(t testing.TB, layout pgxinbox.Layout, hooks retention.Hooks) (*pgxpool.Pool, *pgxinbox.Store) {
 	t.Helper()
+	return openLayoutOf(t, layout, hooks, 0)
+}
+
+// openLayoutOf is openLayout on a pool of at most conns connections (0:
+// pgx's default size).
+func openLayoutOf(t testing.TB, layout pgxinbox.Layout, hooks retention.Hooks, conns int) (*pgxpool.Pool, *pgxinbox.Store) {
+	t.Helper()
 	ctx := context.Background()
-	pool := pgtest.Pool(t)
+	pool := pgtest.PoolOf(t, conns)
 	store, err := pgxinbox.New(pool, &pgxinbox.Config{Layout: layout, Window: window, Hooks: hooks})
 	if err != nil {
 		t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/idemkit/idem/inboxtest"
 	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/internal/pooltest"
 	"github.com/idemkit/idem/sqlinbox"
 )
 
@@ -20,7 +21,7 @@ func TestConformance(t *testing.T) {
 				// SQLite serializes writers on the database lock (busy_timeout)
 				// instead of waiting on a row lock.
 				LockTimeout:     b.dialect == sqlinbox.Postgres,
-				Open:            func(t *testing.T) inboxtest.Env[*sql.Tx] { return env(t, b) },
+				Open:            func(t *testing.T, conns int) inboxtest.Env[*sql.Tx] { return env(t, b, conns) },
 				OpenBehindFault: behindFault(b),
 			})
 		})
@@ -29,11 +30,11 @@ func TestConformance(t *testing.T) {
 
 // behindFault opens PostgreSQL through a proxy the suite can stop; SQLite
 // has no network to fail.
-func behindFault(b backend) func(*testing.T) (inboxtest.Env[*sql.Tx], inboxtest.Fault) {
+func behindFault(b backend) func(*testing.T, int) (inboxtest.Env[*sql.Tx], inboxtest.Fault) {
 	if b.dialect != sqlinbox.Postgres {
 		return nil
 	}
-	return func(t *testing.T) (inboxtest.Env[*sql.Tx], inboxtest.Fault) {
+	return func(t *testing.T, conns int) (inboxtest.Env[*sql.Tx], inboxtest.Fault) {
 		url, proxy := pgtest.SchemaBehindFault(t)
 		b := b // the subtests run in parallel
 		b.open = func(t testing.TB) *sql.DB {
@@ -44,19 +45,22 @@ func behindFault(b backend) func(*testing.T) (inboxtest.Env[*sql.Tx], inboxtest.
 			t.Cleanup(func() { _ = db.Close() })
 			return db
 		}
-		return env(t, b), proxy
+		return env(t, b, conns), proxy
 	}
 }
 
-func env(t *testing.T, b backend) inboxtest.Env[*sql.Tx] {
-	e, _ := envDB(t, b)
+// env is the suite's environment on a fresh database of b whose pool has
+// at most conns connections (0: database/sql's default, unlimited).
+func env(t *testing.T, b backend, conns int) inboxtest.Env[*sql.Tx] {
+	e, _ := envDB(t, b, conns)
 	return e
 }
 
 // envDB is env with its database.
-func envDB(t *testing.T, b backend) (inboxtest.Env[*sql.Tx], *sql.DB) {
+func envDB(t *testing.T, b backend, conns int) (inboxtest.Env[*sql.Tx], *sql.DB) {
 	ctx := context.Background()
 	db := b.open(t)
+	pooltest.SQL(t, db, conns)
 	store := migrated(t, db, b.dialect, nil)
 	if _, err := db.ExecContext(ctx, `CREATE TABLE effects (consumer text, key text, message_id text)`); err != nil {
 		t.Fatal(err)

@@ -18,8 +18,8 @@ func TestRetentionConformance(t *testing.T) {
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
-			inboxtest.RunRetention(t, inboxtest.RetentionHarness[*sql.Tx]{Open: func(t *testing.T) inboxtest.RetentionEnv[*sql.Tx] {
-				e, db := envDB(t, b)
+			inboxtest.RunRetention(t, inboxtest.RetentionHarness[*sql.Tx]{Open: func(t *testing.T, conns int) inboxtest.RetentionEnv[*sql.Tx] {
+				e, db := envDB(t, b, conns)
 				store := e.Store.(*sqlinbox.Store)
 				return inboxtest.RetentionEnv[*sql.Tx]{
 					Env:   e,

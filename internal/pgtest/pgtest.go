@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/internal/netfault"
+	"github.com/idemkit/idem/internal/pooltest"
 )
 
 // DefaultURL is used when IDEM_DATABASE_URL is unset.
@@ -138,6 +139,21 @@ func Pool(t testing.TB) *pgxpool.Pool {
 	}
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+// PoolOf is Pool with at most conns connections (0: pgx's default size),
+// watched by internal/pooltest for an operation that waits for itself.
+func PoolOf(t testing.TB, conns int) *pgxpool.Pool {
+	t.Helper()
+	return pooltest.OpenPgx(t, Schema(t), conns)
+}
+
+// PoolBehindFaultOf is PoolBehindFault with at most conns connections, as
+// PoolOf.
+func PoolBehindFaultOf(t testing.TB, conns int) (*pgxpool.Pool, *netfault.Proxy) {
+	t.Helper()
+	u, p := SchemaBehindFault(t)
+	return pooltest.OpenPgx(t, u, conns), p
 }
 
 // PoolBehindFault is Pool with every connection through a netfault proxy
