@@ -35,11 +35,12 @@ func (p pruned) add(r Row) error {
 // of the day while it has room, so that however often the prune runs
 // (hourly, say) a consumer keeps about one summary a day, and a processor
 // checks a key against about one filter a day of Keep. A day's first
-// summary is sized for the larger of this run's keys and the keys pruned in
-// the 24 hours before, plus a quarter; when it fills, another is begun. c
-// must be a transaction that serializes writers of the summaries (the
-// leader's session on PostgreSQL, BEGIN IMMEDIATE on SQLite), since a
-// summary is read, grown and written back. A dropped partition (source its
+// summary is sized for the larger of these keys and the keys pruned in the
+// 24 hours before, plus a quarter; when it fills, another is begun, so a
+// long run's summaries grow geometrically. c must be a transaction that
+// serializes writers of the summaries (the dialect's SummaryLock, BEGIN
+// IMMEDIATE on SQLite), since a summary is read, grown and written back;
+// for a DELETE prune it is the batch's own transaction. A dropped partition (source its
 // name) gets a summary of its own.
 func (b *Inbox) recordPruned(ctx context.Context, c Conn, keys pruned, now time.Time, source string, opts retention.SummaryOptions) (int, error) {
 	if opts.Keep < 0 {
@@ -54,14 +55,21 @@ func (b *Inbox) recordPruned(ctx context.Context, c Conn, keys pruned, now time.
 	table := b.D.Table.Quoted()
 	for _, consumer := range consumers {
 		ks := keys[consumer]
+		at := now
 		if source == "" {
-			grown, err := b.growToday(ctx, c, consumer, ks, now)
+			grown, newest, err := b.growToday(ctx, c, consumer, ks, now)
 			if err != nil {
 				return written, err
 			}
 			if grown {
 				written++
 				continue
+			}
+			if !newest.Before(at) {
+				// The run filled a summary it began at now: the next one
+				// is named a microsecond later (the finest time every
+				// dialect stores).
+				at = newest.Add(time.Microsecond)
 			}
 		}
 		capacity := len(ks)
@@ -83,7 +91,7 @@ func (b *Inbox) recordPruned(ctx context.Context, c Conn, keys pruned, now time.
 		if err != nil {
 			return written, fmt.Errorf("summarising pruned keys of %s: %w", consumer, err)
 		}
-		if _, err := c.Exec(ctx, b.D.InsertSummary, table, consumer, b.D.TimeArg(now), source, int64(len(ks)), blob); err != nil {
+		if _, err := c.Exec(ctx, b.D.InsertSummary, table, consumer, b.D.TimeArg(at), source, int64(len(ks)), blob); err != nil {
 			return written, fmt.Errorf("storing the summary of %d pruned keys of %s: %w", len(ks), consumer, err)
 		}
 		written++
@@ -94,73 +102,48 @@ func (b *Inbox) recordPruned(ctx context.Context, c Conn, keys pruned, now time.
 	return written, nil
 }
 
-// summarise records a DELETE prune's keys in a transaction of its own
-// that serializes writers of the summaries.
-func (b *Inbox) summarise(ctx context.Context, keys pruned, now time.Time, opts retention.SummaryOptions) (int, error) {
-	tx, err := b.Driver.BeginMigration(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("summarising pruned keys: %w", err)
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if b.D.SummaryLock != "" {
-		// Two prunes (the leader's session gone mid-run, another elected)
-		// must not grow the same summary at once: the last write would
-		// lose the other's keys.
-		if _, err := tx.Exec(ctx, b.D.SummaryLock, b.D.Table.Quoted()); err != nil {
-			return 0, fmt.Errorf("summarising pruned keys: %w", err)
-		}
-	}
-	n, err := b.recordPruned(ctx, tx, keys, now, "", opts)
-	if err != nil {
-		return 0, err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return 0, fmt.Errorf("summarising pruned keys: %w", err)
-	}
-	return n, nil
-}
-
 // minSummaryKeys is the smallest capacity of a day's DELETE summary (14
 // KiB at 1e-6), so that a trickle of pruned keys still makes one summary a
 // day rather than one a run.
 const minSummaryKeys = 4096
 
 // growToday adds ks to consumer's newest summary of today's DELETE prunes
-// when it has room for them, and reports whether it did.
-func (b *Inbox) growToday(ctx context.Context, c Conn, consumer string, ks []string, now time.Time) (bool, error) {
+// when it has room for them, and reports whether it did, and when that
+// summary was begun (zero when there is none).
+func (b *Inbox) growToday(ctx context.Context, c Conn, consumer string, ks []string, now time.Time) (bool, time.Time, error) {
 	table := b.D.Table.Quoted()
 	var at any
 	var n int64
 	var blob []byte
 	err := c.QueryRow(ctx, b.D.OpenSummary, table, consumer, b.D.TimeArg(now.UTC().Truncate(day))).Scan(&at, &n, &blob)
 	if isNoRows(err) {
-		return false, nil
+		return false, time.Time{}, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("reading today's summary of pruned keys of %s: %w", consumer, err)
+		return false, time.Time{}, fmt.Errorf("reading today's summary of pruned keys of %s: %w", consumer, err)
+	}
+	begun, err := b.D.ScanTime(at)
+	if err != nil {
+		return false, time.Time{}, err
 	}
 	f := new(bloom.Filter)
 	if err := f.UnmarshalBinary(blob); err != nil {
 		// A summary that cannot be read is not grown; a new one begins.
-		return false, nil
+		return false, begun, nil
 	}
 	if int(n)+len(ks) > f.Cap() {
-		return false, nil
+		return false, begun, nil
 	}
 	for _, k := range ks {
 		f.Add(k)
 	}
 	if blob, err = f.MarshalBinary(); err != nil {
-		return false, fmt.Errorf("summarising pruned keys of %s: %w", consumer, err)
+		return false, begun, fmt.Errorf("summarising pruned keys of %s: %w", consumer, err)
 	}
-	pruned, err := b.D.ScanTime(at)
-	if err != nil {
-		return false, err
+	if _, err := c.Exec(ctx, b.D.GrowSummary, table, consumer, b.D.TimeArg(begun), n+int64(len(ks)), blob); err != nil {
+		return false, begun, fmt.Errorf("storing the summary of pruned keys of %s: %w", consumer, err)
 	}
-	if _, err := c.Exec(ctx, b.D.GrowSummary, table, consumer, b.D.TimeArg(pruned), n+int64(len(ks)), blob); err != nil {
-		return false, fmt.Errorf("storing the summary of pruned keys of %s: %w", consumer, err)
-	}
-	return true, nil
+	return true, begun, nil
 }
 
 // RecordDropped summarises the keys of a partition about to be dropped
