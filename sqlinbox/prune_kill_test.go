@@ -351,3 +351,87 @@ func unsummarised(sums []idem.PrunedSummary, keys []string) int {
 	}
 	return n
 }
+
+// TestPoolOfOneMaintenance: on a database/sql pool of one connection
+// (SetMaxOpenConns(1)), Migrate, Prune in batches with its summaries,
+// Stats and SetWindow return. Before, the prune's final summary asked the
+// pool for a second connection while the leader's session held the only
+// one, and never returned.
+func TestPoolOfOneMaintenance(t *testing.T) {
+	const markers = 1000
+	for _, b := range killBackends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			db, err := b.open(b.fresh(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = db.Close() })
+			db.SetMaxOpenConns(1)
+			s, err := New(db, b.dialect, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bounded(t, "Migrate", func(ctx context.Context) error { return s.Migrate(ctx) })
+			claims := make([]idem.Claim, markers)
+			for i := range claims {
+				k := fmt.Sprintf("k-%04d", i)
+				claims[i] = idem.Claim{Key: k, MessageID: k}
+			}
+			bounded(t, "claiming", func(ctx context.Context) error {
+				tx, err := s.Begin(ctx)
+				if err != nil {
+					return err
+				}
+				defer func() { _ = tx.Rollback() }()
+				if _, err := s.Claim(ctx, tx, "ledger", claims, 0); err != nil {
+					return err
+				}
+				if _, err := tx.ExecContext(ctx, b.age); err != nil {
+					return err
+				}
+				return tx.Commit()
+			})
+			var res retention.Result
+			bounded(t, "Prune", func(ctx context.Context) (err error) {
+				res, err = s.Prune(ctx, retention.Options{BatchSize: 100})
+				return err
+			})
+			if res.Markers != markers || res.Summaries != 1 {
+				t.Fatalf("prune on a pool of one: %+v, want %d markers and 1 summary", res, markers)
+			}
+			var sums []idem.PrunedSummary
+			bounded(t, "PrunedSummaries", func(ctx context.Context) (err error) {
+				sums, err = s.PrunedSummaries(ctx, "ledger")
+				return err
+			})
+			keys := make([]string, markers)
+			for i, c := range claims {
+				keys[i] = c.Key
+			}
+			if n := unsummarised(sums, keys); n > 0 {
+				t.Fatalf("%d of %d keys pruned on a pool of one are in no summary", n, markers)
+			}
+			bounded(t, "Stats", func(ctx context.Context) error { _, err := s.Stats(ctx); return err })
+			bounded(t, "SetWindow", func(ctx context.Context) error { _, err := s.SetWindow(ctx, 30*24*time.Hour, false); return err })
+		})
+	}
+}
+
+// bounded runs op and fails t when it has not returned within a minute: an
+// operation that waits for a second connection of a pool of one never
+// does.
+func bounded(t *testing.T, what string, op func(ctx context.Context) error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- op(ctx) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("%s on a pool of one: %v", what, err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatalf("%s on a pool of one has not returned after a minute: it waits for a second connection while it holds the only one", what)
+	}
+}
