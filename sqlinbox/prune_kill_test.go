@@ -435,3 +435,69 @@ func bounded(t *testing.T, what string, op func(ctx context.Context) error) {
 		t.Fatalf("%s on a pool of one has not returned after a minute: it waits for a second connection while it holds the only one", what)
 	}
 }
+
+// TestLateDuplicateRightAfterPrune: a running RefuseLate processor, whose
+// pruned-key summaries were loaded before a prune, refuses an untimed
+// duplicate of a key that prune removed, sent right after it. Before, it
+// applied it for up to a minute (the summaries were cached with the
+// settings).
+func TestLateDuplicateRightAfterPrune(t *testing.T) {
+	for _, b := range killBackends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			db, err := b.open(b.fresh(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = db.Close() })
+			s := migrated(t, db, b.dialect)
+			applied := 0
+			p, err := idem.NewProcessor(s, &idem.Config[*sql.Tx]{
+				Consumer:   "ledger",
+				Key:        idem.ByMessageID,
+				RefuseLate: true,
+				Handler:    func(context.Context, *sql.Tx, idem.Message) error { applied++; return nil },
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, id := range []string{"k-0001", "k-0002"} {
+				if r := p.Process(ctx, idem.Message{ID: id}); r.Outcome != idem.Applied {
+					t.Fatalf("first delivery of %s: %v (%v)", id, r.Outcome, r.Err)
+				}
+			}
+			// k-0001's marker expires; k-0002's stays.
+			if _, err := db.ExecContext(ctx, b.age+` WHERE consumer = 'ledger' AND `+quoteKey(b)+` = 'k-0001'`); err != nil {
+				t.Fatal(err)
+			}
+			res, err := s.Prune(ctx, retention.Options{})
+			if err != nil || res.Markers != 1 {
+				t.Fatalf("prune: %+v %v, want 1 marker", res, err)
+			}
+			if r := p.Process(ctx, idem.Message{ID: "k-0001"}); r.Outcome != idem.Expired || r.PrunedOn.IsZero() {
+				t.Fatalf("untimed duplicate of a key pruned a moment ago: %v (%v), want Expired (probable late duplicate)", r.Outcome, r.Err)
+			}
+			if r := p.Process(ctx, idem.Message{ID: "k-0002"}); r.Outcome != idem.Duplicate {
+				t.Fatalf("duplicate of a kept key: %v (%v), want Duplicate", r.Outcome, r.Err)
+			}
+			if r := p.Process(ctx, idem.Message{ID: "k-0003"}); r.Outcome != idem.Applied {
+				t.Fatalf("a new key: %v (%v), want Applied", r.Outcome, r.Err)
+			}
+			if applied != 3 {
+				t.Fatalf("handler ran %d times, want 3 (k-0001 once, k-0002, k-0003)", applied)
+			}
+			if n := countMarkers(ctx, t, db); n != 2 {
+				t.Fatalf("%d markers, want 2 (the refused duplicate's claim rolled back)", n)
+			}
+		})
+	}
+}
+
+// quoteKey is the key column as b's SQL names it.
+func quoteKey(b killBackend) string {
+	if b.name == "postgres" {
+		return "key"
+	}
+	return `"key"`
+}

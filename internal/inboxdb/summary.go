@@ -179,21 +179,30 @@ type summaryID struct {
 // first, implementing idem.PrunedSummaryStore. It lists the summaries
 // stored and decodes only those it has not loaded before.
 func (b *Inbox) PrunedSummaries(ctx context.Context, consumer string) ([]idem.PrunedSummary, error) {
-	var ids []summaryID
-	err := b.read(ctx, func(c Conn) error {
-		ids = ids[:0]
-		return c.Query(ctx, b.D.SummaryTimes, func(r Row) error {
-			var at any
-			var id summaryID
-			if err := r.Scan(&at, &id.source, &id.keys); err != nil {
-				return err
-			}
-			var err error
-			id.at, err = b.D.ScanTime(at)
-			ids = append(ids, id)
-			return err
-		}, b.D.Table.Quoted(), consumer)
+	var out []idem.PrunedSummary
+	err := b.read(ctx, func(c Conn) (err error) {
+		out, err = b.PrunedSummariesOn(ctx, c, consumer)
+		return err
 	})
+	return out, err
+}
+
+// PrunedSummariesOn is [Inbox.PrunedSummaries] read on c, a claim's own
+// transaction: one listing of a few rows when nothing changed since the
+// last read, and the new or grown summaries when something did.
+func (b *Inbox) PrunedSummariesOn(ctx context.Context, c Conn, consumer string) ([]idem.PrunedSummary, error) {
+	var ids []summaryID
+	err := c.Query(ctx, b.D.SummaryTimes, func(r Row) error {
+		var at any
+		var id summaryID
+		if err := r.Scan(&at, &id.source, &id.keys); err != nil {
+			return err
+		}
+		var err error
+		id.at, err = b.D.ScanTime(at)
+		ids = append(ids, id)
+		return err
+	}, b.D.Table.Quoted(), consumer)
 	if err != nil {
 		return nil, fmt.Errorf("listing pruned-key summaries: %w", err)
 	}
@@ -208,7 +217,7 @@ func (b *Inbox) PrunedSummaries(ctx context.Context, consumer string) ([]idem.Pr
 	for _, id := range ids {
 		f := have[id]
 		if f == nil {
-			if f, err = b.readSummary(ctx, consumer, id); err != nil {
+			if f, err = b.readSummary(ctx, c, consumer, id); err != nil {
 				// One summary that cannot be read (corrupt, of a newer
 				// format, pruned since the listing) must not hold the
 				// consumer: it is skipped, and said.
@@ -224,12 +233,10 @@ func (b *Inbox) PrunedSummaries(ctx context.Context, consumer string) ([]idem.Pr
 	return out, nil
 }
 
-func (b *Inbox) readSummary(ctx context.Context, consumer string, id summaryID) (*bloom.Filter, error) {
+func (b *Inbox) readSummary(ctx context.Context, c Conn, consumer string, id summaryID) (*bloom.Filter, error) {
 	var blob []byte
 	at := id.at
-	err := b.read(ctx, func(c Conn) error {
-		return c.QueryRow(ctx, b.D.ReadSummary, b.D.Table.Quoted(), consumer, b.D.TimeArg(at), id.source).Scan(&blob)
-	})
+	err := c.QueryRow(ctx, b.D.ReadSummary, b.D.Table.Quoted(), consumer, b.D.TimeArg(at), id.source).Scan(&blob)
 	if err != nil {
 		return nil, fmt.Errorf("reading the pruned-key summary of %s at %s: %w", consumer, at.Format(time.RFC3339), err)
 	}
