@@ -36,7 +36,7 @@ func (p pruned) add(r Row) error {
 // (hourly, say) a consumer keeps about one summary a day, and a processor
 // checks a key against about one filter a day of Keep. A day's first
 // summary is sized for the larger of these keys and the keys pruned in the
-// 24 hours before, plus a quarter; when it fills, another is begun, so a
+// 24 hours before (those counted up to maxSummaryKeys), plus a quarter; when it fills, another is begun, so a
 // long run's summaries grow geometrically. c must be a transaction that
 // serializes writers of the summaries (the dialect's SummaryLock, BEGIN
 // IMMEDIATE on SQLite), since a summary is read, grown and written back;
@@ -78,7 +78,7 @@ func (b *Inbox) recordPruned(ctx context.Context, c Conn, keys pruned, now time.
 			if err := c.QueryRow(ctx, b.D.RecentKeys, table, consumer, b.D.TimeArg(now.Add(-day))).Scan(&recent); err != nil {
 				return written, fmt.Errorf("sizing the summary of pruned keys of %s: %w", consumer, err)
 			}
-			capacity = max(capacity, int(recent), minSummaryKeys) * 5 / 4
+			capacity = max(capacity, min(max(int(recent), minSummaryKeys), maxSummaryKeys)) * 5 / 4
 		}
 		f, err := bloom.New(max(capacity, 1), opts.FalsePositiveRate)
 		if err != nil {
@@ -101,6 +101,12 @@ func (b *Inbox) recordPruned(ctx context.Context, c Conn, keys pruned, now time.
 	}
 	return written, nil
 }
+
+// maxSummaryKeys bounds the capacity a day's DELETE summary is sized for
+// from the keys pruned before it (3.6 MiB at 1e-6): every prune batch reads,
+// grows and writes back the open summary, so its size is the cost of a
+// batch; a day that prunes more keys begins more summaries.
+const maxSummaryKeys = 1 << 20
 
 // minSummaryKeys is the smallest capacity of a day's DELETE summary (14
 // KiB at 1e-6), so that a trickle of pruned keys still makes one summary a
