@@ -79,7 +79,11 @@ func (p pgxDriver) Read(ctx context.Context, f func(Conn) error) error {
 	if err != nil {
 		return err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer func() {
+		ctx, cancel := Cleanup(ctx)
+		defer cancel()
+		_ = tx.Rollback(ctx)
+	}()
 	return f(pgxConn{tx})
 }
 
@@ -125,10 +129,12 @@ func (p pgxDriver) Lead(ctx context.Context, d *Dialect) (Session, func(), bool,
 		return nil, nil, false, nil
 	}
 	release := func() {
-		if _, err := conn.Exec(context.WithoutCancel(ctx), d.Unlock, d.Table.Quoted()); err != nil {
+		ctx, cancel := Cleanup(ctx)
+		defer cancel()
+		if _, err := conn.Exec(ctx, d.Unlock, d.Table.Quoted()); err != nil {
 			// A connection still holding the lock must not go back to the
 			// pool: other instances would never prune again.
-			_ = conn.Close(context.WithoutCancel(ctx))
+			_ = conn.Close(ctx)
 		}
 		giveBack()
 	}
@@ -296,7 +302,9 @@ func LockedConn(ctx context.Context, db *sql.DB, d *Dialect) (*sql.Conn, func(),
 		return nil, nil, false, nil
 	}
 	release := func() {
-		if _, err := conn.ExecContext(context.WithoutCancel(ctx), d.Unlock, d.Table.Quoted()); err != nil {
+		ctx, cancel := Cleanup(ctx)
+		defer cancel()
+		if _, err := conn.ExecContext(ctx, d.Unlock, d.Table.Quoted()); err != nil {
 			// Never hand a connection that may still hold the lock back to
 			// the pool.
 			_ = conn.Raw(func(any) error { return driver.ErrBadConn })

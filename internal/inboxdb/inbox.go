@@ -250,7 +250,7 @@ func (b *Inbox) pruneBatch(ctx context.Context, sess Session, cutoff any, now ti
 	if err != nil {
 		return 0, fmt.Errorf("beginning a prune batch: %w", err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer rollback(ctx, tx)
 	if b.D.SummaryLock != "" && opts.Summaries.Keep >= 0 {
 		if _, err := tx.Exec(ctx, b.D.SummaryLock, b.D.Table.Quoted()); err != nil {
 			return 0, fmt.Errorf("locking the pruned-key summaries: %w", err)
@@ -334,7 +334,7 @@ func (b *Inbox) RecordHorizon(ctx context.Context, consumer string, window time.
 	if err != nil {
 		return fmt.Errorf("recording the horizon of %s: %w", consumer, err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer rollback(ctx, tx)
 	if _, err := tx.Exec(ctx, b.D.RecordHorizon, b.D.Table.Quoted(), consumer, window.Milliseconds()); err != nil {
 		return fmt.Errorf("recording the horizon of %s: %w", consumer, err)
 	}
@@ -398,7 +398,7 @@ func (b *Inbox) SetWindow(ctx context.Context, w time.Duration, force bool) (old
 	if err != nil {
 		return 0, fmt.Errorf("setting the window of %s: %w", b.D.Table, err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer rollback(ctx, tx)
 	for _, q := range b.D.Bookkeeping {
 		if _, err := tx.Exec(ctx, q); err != nil {
 			return 0, fmt.Errorf("setting the window of %s: %w", b.D.Table, err)

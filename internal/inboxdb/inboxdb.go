@@ -21,6 +21,24 @@ import (
 	"github.com/idemkit/idem"
 )
 
+// CleanupTimeout bounds the statements that end an operation after its
+// caller's context may have ended (a rollback, giving the prune election
+// up): they must still run, but never wait forever on a database that
+// stopped answering.
+const CleanupTimeout = 10 * time.Second
+
+// Cleanup is ctx without its cancellation, bounded by [CleanupTimeout].
+func Cleanup(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), CleanupTimeout)
+}
+
+// rollback rolls tx back under [Cleanup].
+func rollback(ctx context.Context, tx Tx) {
+	ctx, cancel := Cleanup(ctx)
+	defer cancel()
+	_ = tx.Rollback(ctx)
+}
+
 // Row is one result row: pgx.Row and *sql.Row both are.
 type Row interface{ Scan(dest ...any) error }
 
