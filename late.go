@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 )
 
@@ -31,6 +32,45 @@ type PrunedSummary struct {
 // pruned — which no inbox can otherwise tell from a new one.
 type PrunedSummaryStore interface {
 	PrunedSummaries(ctx context.Context, consumer string) ([]PrunedSummary, error)
+}
+
+// PrunedSummaryTxStore is a [PrunedSummaryStore] that also reads the
+// summaries inside a claim's own transaction. A processor refusing late
+// duplicates (Config.RefuseLate) reads them there when a message it just
+// claimed needs the check: a claim that inserted a key whose marker a
+// prune deleted runs after that prune committed, and with it the summary
+// of the key (one transaction), so the read sees the summary, however
+// recently the processor loaded them. It costs one listing of a few rows
+// when nothing changed, on the claim's connection.
+type PrunedSummaryTxStore[TTx any] interface {
+	PrunedSummariesTx(ctx context.Context, tx TTx, consumer string) ([]PrunedSummary, error)
+}
+
+// refuseFreshLate reads the summaries in tx when one of fresh, just
+// claimed, needs the late check and the consumer refuses late duplicates,
+// and makes Expired those whose keys a prune removed since the summaries
+// were last loaded. It returns the rest.
+func (p *Processor[TTx]) refuseFreshLate(ctx context.Context, tx TTx, fresh []*item) ([]*item, error) {
+	ps, ok := p.store.(PrunedSummaryTxStore[TTx])
+	if !ok || !p.cfg.RefuseLate || !slices.ContainsFunc(fresh, p.needsLateCheck) {
+		return fresh, nil
+	}
+	sums, err := ps.PrunedSummariesTx(ctx, tx, p.cfg.Consumer)
+	if err != nil {
+		return nil, wrapStep(stepLookup, fmt.Errorf("reading pruned-key summaries: %w", err))
+	}
+	p.inbox.pruned.Store(&sums)
+	kept := make([]*item, 0, len(fresh))
+	for _, it := range fresh {
+		if p.lateRefused(it) {
+			// Its marker goes with the transaction's others, if any:
+			// the message is not applied, and its redeliveries find it.
+			it.fresh = false
+			continue
+		}
+		kept = append(kept, it)
+	}
+	return kept, nil
 }
 
 // loadPruned reads the consumer's pruned-key summaries, newest first.

@@ -647,6 +647,9 @@ func (p *Processor[TTx]) claimAndExtend(ctx context.Context, tx TTx, items []*it
 			}
 		}
 	}
+	if fresh, err = p.refuseFreshLate(ctx, tx, fresh); err != nil {
+		return nil, false, err
+	}
 	p.markLate(fresh)
 	return fresh, extended, nil
 }

@@ -268,7 +268,11 @@ func (s *Store) ddlOnce(ctx context.Context, step func(pgx.Tx) error) error {
 	if err != nil {
 		return err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer func() {
+		ctx, cancel := inboxdb.Cleanup(ctx)
+		defer cancel()
+		_ = tx.Rollback(ctx)
+	}()
 	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, fmt.Sprintf("%dms", ddlLockTimeout.Milliseconds())); err != nil {
 		return err
 	}
@@ -288,7 +292,11 @@ func (s *Store) read(ctx context.Context, f func(pgx.Tx) error) error {
 	if err != nil {
 		return err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer func() {
+		ctx, cancel := inboxdb.Cleanup(ctx)
+		defer cancel()
+		_ = tx.Rollback(ctx)
+	}()
 	return f(tx)
 }
 

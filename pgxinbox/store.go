@@ -506,3 +506,9 @@ var (
 func (s *Store) PrunedSummaries(ctx context.Context, consumer string) ([]idem.PrunedSummary, error) {
 	return s.inbox.PrunedSummaries(ctx, consumer)
 }
+
+// PrunedSummariesTx is PrunedSummaries read in tx, a claim's own
+// transaction ([idem.PrunedSummaryTxStore]).
+func (s *Store) PrunedSummariesTx(ctx context.Context, tx pgx.Tx, consumer string) ([]idem.PrunedSummary, error) {
+	return s.inbox.PrunedSummariesOn(ctx, inboxdb.PgxTxConn(tx), consumer)
+}

@@ -58,7 +58,7 @@ func (mysqlDialect) schemas() bool                      { return false }
 func (m mysqlDialect) driver(db *sql.DB) inboxdb.Driver { return newMySQLDriver(db, m.mariadb) }
 
 // statements is inboxdb's MySQL SQL; on MySQL (not MariaDB) the prune batch
-// is the SELECT ... FOR UPDATE that [mysqlPruneConn] runs with its DELETE,
+// is the SELECT ... FOR UPDATE that [mysqlBatchTx] runs with its DELETE,
 // since MySQL has no DELETE ... RETURNING.
 func (m mysqlDialect) statements(t inboxdb.Table) *inboxdb.Dialect {
 	d := inboxdb.MySQL(t)

@@ -34,7 +34,7 @@ const mysqlLockPoll = 1
 //     the oldest keys by the keep_until index, then a DELETE of those keys,
 //     in one transaction: MySQL has no DELETE ... RETURNING, and the keys a
 //     prune deletes must be known to summarise them. On both, the batch's
-//     transaction is READ COMMITTED (see [mysqlPruneConn]).
+//     transaction is READ COMMITTED (see [mysqlBatchTx]).
 type mysqlDriver struct {
 	inboxdb.Driver
 	db      *sql.DB
@@ -119,17 +119,17 @@ func (t mysqlTx) Commit(context.Context) error   { return t.commit() }
 func (t mysqlTx) Rollback(context.Context) error { return t.rollback() }
 
 // Lead is the prune election of package inboxdb (a named lock held by the
-// leader's session); the session it returns runs a prune batch as
-// [mysqlPruneConn] does.
-func (m mysqlDriver) Lead(ctx context.Context, d *inboxdb.Dialect) (inboxdb.Conn, func(), bool, error) {
+// leader's session); each prune batch is a transaction on that session, as
+// [mysqlBatchTx] runs it.
+func (m mysqlDriver) Lead(ctx context.Context, d *inboxdb.Dialect) (inboxdb.Session, func(), bool, error) {
 	conn, release, ok, err := inboxdb.LockedConn(ctx, m.db, d)
 	if err != nil || !ok {
 		return nil, nil, ok, err
 	}
-	return mysqlPruneConn{Conn: connOf{conn}, conn: conn, d: d, mariadb: m.mariadb}, release, true, nil
+	return mysqlSession{Conn: connOf{conn}, conn: conn, d: d, mariadb: m.mariadb}, release, true, nil
 }
 
-// mysqlPruneBatch is MySQL's prune batch (see [mysqlPruneConn]): the
+// mysqlPruneBatch is MySQL's prune batch (see [mysqlBatchTx]): the
 // cut-off and the batch size → the consumer and key of the oldest markers
 // past the cut-off, locked. It reads the keep_until index in its order, as
 // the DELETE ... ORDER BY keep_until LIMIT of MariaDB does.
@@ -151,14 +151,31 @@ func mysqlPruneDelete(t inboxdb.Table, n int) string {
 	return b.String()
 }
 
-// mysqlPruneConn is the leader's session. Every statement runs as on any
-// session, except the dialect's PruneBatch, which it runs as one
-// transaction at READ COMMITTED. On MySQL that is the SELECT ... FOR UPDATE
-// of the batch's keys, a DELETE of exactly those (in chunks of
-// mysqlPruneChunk), COMMIT; then it hands the deleted keys to the caller as
-// rows, as DELETE ... RETURNING would. The rows stay locked from the SELECT
-// to the COMMIT, so no claim or extension changes one in between, and the
-// keys handed back are the keys deleted. On MariaDB it is the DELETE ...
+// mysqlSession is the leader's session.
+type mysqlSession struct {
+	inboxdb.Conn
+	conn    *sql.Conn
+	d       *inboxdb.Dialect
+	mariadb bool
+}
+
+// BeginBatch begins a prune batch's transaction on the leader's session, at
+// READ COMMITTED (see [mysqlBatchTx]).
+func (s mysqlSession) BeginBatch(ctx context.Context) (inboxdb.Tx, error) {
+	tx, err := inboxdb.SQLConnTx(ctx, s.conn, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return nil, err
+	}
+	return mysqlBatchTx{Tx: tx, d: s.d, mariadb: s.mariadb}, nil
+}
+
+// mysqlBatchTx is one prune batch's transaction. Every statement runs as in
+// any transaction, except the dialect's PruneBatch: on MySQL that is the
+// SELECT ... FOR UPDATE of the batch's keys and a DELETE of exactly those
+// (in chunks of mysqlPruneChunk), whose keys it hands to the caller as rows,
+// as DELETE ... RETURNING would; the rows stay locked until the batch's
+// COMMIT, so no claim or extension changes one in between, and the keys
+// handed back are the keys deleted. On MariaDB it is the DELETE ...
 // RETURNING itself.
 //
 // READ COMMITTED, because at REPEATABLE READ (InnoDB's default) a locking
@@ -170,9 +187,8 @@ func mysqlPruneDelete(t inboxdb.Table, n int) string {
 // until innodb_lock_wait_timeout. READ COMMITTED locks the matching rows
 // only, and the batch needs no more: a marker inserted into the range
 // after its scan was not selected and is not deleted.
-type mysqlPruneConn struct {
-	inboxdb.Conn
-	conn    *sql.Conn
+type mysqlBatchTx struct {
+	inboxdb.Tx
 	d       *inboxdb.Dialect
 	mariadb bool
 }
@@ -187,13 +203,29 @@ const mysqlPruneChunk = 1000
 // rows, before its COMMIT.
 var mysqlPruneLocked func()
 
-func (c mysqlPruneConn) Query(ctx context.Context, query string, each func(inboxdb.Row) error, args ...any) error {
-	if query != c.d.PruneBatch {
-		return c.Conn.Query(ctx, query, each, args...)
+func (t mysqlBatchTx) Query(ctx context.Context, query string, each func(inboxdb.Row) error, args ...any) error {
+	if query != t.d.PruneBatch {
+		return t.Tx.Query(ctx, query, each, args...)
 	}
-	keys, err := c.pruneBatch(ctx, args...)
+	var keys []keyRow
+	err := t.Tx.Query(ctx, query, func(r inboxdb.Row) error {
+		var k keyRow
+		if err := r.Scan(&k.consumer, &k.key); err != nil {
+			return err
+		}
+		keys = append(keys, k)
+		return nil
+	}, args...)
 	if err != nil {
 		return err
+	}
+	if !t.mariadb {
+		if err := t.deleteLocked(ctx, keys); err != nil {
+			return err
+		}
+	}
+	if mysqlPruneLocked != nil {
+		mysqlPruneLocked()
 	}
 	for _, k := range keys {
 		if err := each(k); err != nil {
@@ -203,58 +235,19 @@ func (c mysqlPruneConn) Query(ctx context.Context, query string, each func(inbox
 	return nil
 }
 
-func (c mysqlPruneConn) pruneBatch(ctx context.Context, args ...any) ([]keyRow, error) {
-	tx, err := c.conn.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = tx.Rollback() }()
-	rows, err := tx.QueryContext(ctx, c.d.PruneBatch, args...)
-	if err != nil {
-		return nil, err
-	}
-	var keys []keyRow
-	for rows.Next() {
-		var k keyRow
-		if err := rows.Scan(&k.consumer, &k.key); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		keys = append(keys, k)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	if !c.mariadb {
-		if err := c.deleteLocked(ctx, tx, keys); err != nil {
-			return nil, err
-		}
-	}
-	if mysqlPruneLocked != nil {
-		mysqlPruneLocked()
-	}
-	if err := tx.Commit(); err != nil {
-		return nil, err
-	}
-	return keys, nil
-}
-
 // deleteLocked deletes the markers a MySQL prune batch selected and locked.
-func (c mysqlPruneConn) deleteLocked(ctx context.Context, tx *sql.Tx, keys []keyRow) error {
+func (t mysqlBatchTx) deleteLocked(ctx context.Context, keys []keyRow) error {
 	for start := 0; start < len(keys); start += mysqlPruneChunk {
 		part := keys[start:min(start+mysqlPruneChunk, len(keys))]
 		del := make([]any, 0, 2*len(part))
 		for _, k := range part {
 			del = append(del, k.consumer, k.key)
 		}
-		res, err := tx.ExecContext(ctx, mysqlPruneDelete(c.d.Table, len(part)), del...)
+		n, err := t.Tx.Exec(ctx, mysqlPruneDelete(t.d.Table, len(part)), del...)
 		if err != nil {
 			return err
 		}
-		if n, err := res.RowsAffected(); err != nil {
-			return err
-		} else if n != int64(len(part)) {
+		if n != int64(len(part)) {
 			// The rows were locked: this cannot happen unless something
 			// bypassed the locks. Delete nothing rather than summarise keys
 			// that were not deleted.

@@ -446,6 +446,12 @@ func (s *Store) PrunedSummaries(ctx context.Context, consumer string) ([]idem.Pr
 	return s.inbox.PrunedSummaries(ctx, consumer)
 }
 
+// PrunedSummariesTx is PrunedSummaries read in tx, a claim's own
+// transaction ([idem.PrunedSummaryTxStore]).
+func (s *Store) PrunedSummariesTx(ctx context.Context, tx *sql.Tx, consumer string) ([]idem.PrunedSummary, error) {
+	return s.inbox.PrunedSummariesOn(ctx, inboxdb.SQLTxConn(tx), consumer)
+}
+
 // Ping asks the database whether it answers, on a pooled connection
 // ([idem.Pinger]).
 func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }

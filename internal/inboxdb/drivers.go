@@ -79,7 +79,11 @@ func (p pgxDriver) Read(ctx context.Context, f func(Conn) error) error {
 	if err != nil {
 		return err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer func() {
+		ctx, cancel := Cleanup(ctx)
+		defer cancel()
+		_ = tx.Rollback(ctx)
+	}()
 	return f(pgxConn{tx})
 }
 
@@ -87,7 +91,21 @@ func (p pgxDriver) Read(ctx context.Context, f func(Conn) error) error {
 // the migration lock.
 func (p pgxDriver) BeginMigration(ctx context.Context) (Tx, error) { return p.Begin(ctx) }
 
-func (p pgxDriver) Lead(ctx context.Context, d *Dialect) (Conn, func(), bool, error) {
+// pgxSession is the leader's session of a pgx pool or connection.
+type pgxSession struct {
+	pgxConn
+	conn *pgx.Conn
+}
+
+func (s pgxSession) BeginBatch(ctx context.Context) (Tx, error) {
+	tx, err := s.conn.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return pgxTx{pgxConn{tx}, tx}, nil
+}
+
+func (p pgxDriver) Lead(ctx context.Context, d *Dialect) (Session, func(), bool, error) {
 	var conn *pgx.Conn
 	giveBack := func() {}
 	switch db := p.db.(type) {
@@ -111,14 +129,16 @@ func (p pgxDriver) Lead(ctx context.Context, d *Dialect) (Conn, func(), bool, er
 		return nil, nil, false, nil
 	}
 	release := func() {
-		if _, err := conn.Exec(context.WithoutCancel(ctx), d.Unlock, d.Table.Quoted()); err != nil {
+		ctx, cancel := Cleanup(ctx)
+		defer cancel()
+		if _, err := conn.Exec(ctx, d.Unlock, d.Table.Quoted()); err != nil {
 			// A connection still holding the lock must not go back to the
 			// pool: other instances would never prune again.
-			_ = conn.Close(context.WithoutCancel(ctx))
+			_ = conn.Close(ctx)
 		}
 		giveBack()
 	}
-	return pgxConn{conn}, release, true, nil
+	return pgxSession{pgxConn{conn}, conn}, release, true, nil
 }
 
 // sqlQuerier is a *sql.DB, *sql.Conn or *sql.Tx.
@@ -229,15 +249,40 @@ func (s sqlDriver) BeginMigration(ctx context.Context) (Tx, error) {
 	return sqlTx{sqlConn{conn}, func() error { return end("COMMIT") }, func() error { return end("ROLLBACK") }}, nil
 }
 
-func (s sqlDriver) Lead(ctx context.Context, d *Dialect) (Conn, func(), bool, error) {
+func (s sqlDriver) Lead(ctx context.Context, d *Dialect) (Session, func(), bool, error) {
 	if d.TryLock == "" {
-		return sqlConn{s.db}, func() {}, true, nil
+		// SQLite: writers take turns on the database lock, so every
+		// instance prunes; a batch is an IMMEDIATE transaction on one
+		// connection, taken for the batch only.
+		return sqlSession{sqlConn{s.db}, s.BeginMigration}, func() {}, true, nil
 	}
 	conn, release, ok, err := LockedConn(ctx, s.db, d)
 	if err != nil || !ok {
 		return nil, nil, ok, err
 	}
-	return sqlConn{conn}, release, true, nil
+	return sqlSession{sqlConn{conn}, func(ctx context.Context) (Tx, error) { return SQLConnTx(ctx, conn, nil) }}, release, true, nil
+}
+
+// sqlSession is the leader's session of a database/sql pool.
+type sqlSession struct {
+	sqlConn
+	begin func(context.Context) (Tx, error)
+}
+
+func (s sqlSession) BeginBatch(ctx context.Context) (Tx, error) { return s.begin(ctx) }
+
+// SQLConnTx begins a transaction on conn, with opts.
+func SQLConnTx(ctx context.Context, conn *sql.Conn, opts *sql.TxOptions) (Tx, error) {
+	tx, err := conn.BeginTx(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return sqlTx{sqlConn{tx}, tx.Commit, func() error {
+		if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+			return err
+		}
+		return nil
+	}}, nil
 }
 
 // LockedConn takes d's prune lock (TryLock) on a session of its own from
@@ -257,7 +302,9 @@ func LockedConn(ctx context.Context, db *sql.DB, d *Dialect) (*sql.Conn, func(),
 		return nil, nil, false, nil
 	}
 	release := func() {
-		if _, err := conn.ExecContext(context.WithoutCancel(ctx), d.Unlock, d.Table.Quoted()); err != nil {
+		ctx, cancel := Cleanup(ctx)
+		defer cancel()
+		if _, err := conn.ExecContext(ctx, d.Unlock, d.Table.Quoted()); err != nil {
 			// Never hand a connection that may still hold the lock back to
 			// the pool.
 			_ = conn.Raw(func(any) error { return driver.ErrBadConn })

@@ -2,7 +2,6 @@ package inboxdb
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -183,8 +182,12 @@ func (b *Inbox) PruneWindow(ctx context.Context, requested time.Duration) (time.
 
 // Prune deletes the markers whose keep_until is older than the window (the
 // stored one unless opts asks for a longer one), in batches of
-// opts.BatchSize, each its own statement in autocommit on the elected
-// session. Plain layout only.
+// opts.BatchSize. Each batch is one transaction on the elected session: its
+// DELETE and the growth of the pruned-key summaries by the keys it deleted
+// commit together, so a marker never leaves the inbox without its key in a
+// summary. A run killed at any instant leaves whole batches done or not, and
+// a COMMIT whose outcome is unknown did both or neither; the next run goes
+// on from there. Plain layout only.
 func (b *Inbox) Prune(ctx context.Context, opts retention.Options) (res retention.Result, err error) {
 	res.DryRun = opts.DryRun
 	window, err := b.PruneWindow(ctx, opts.Window)
@@ -196,7 +199,7 @@ func (b *Inbox) Prune(ctx context.Context, opts retention.Options) (res retentio
 		return res, fmt.Errorf("pruning inbox: %w", err)
 	}
 	hooks := retention.Or(opts.Hooks, b.Hooks)
-	conn, release, ok, err := b.Driver.Lead(ctx, b.D)
+	sess, release, ok, err := b.Driver.Lead(ctx, b.D)
 	if err != nil {
 		return res, fmt.Errorf("pruning inbox: %w", err)
 	}
@@ -205,37 +208,25 @@ func (b *Inbox) Prune(ctx context.Context, opts retention.Options) (res retentio
 		return res, nil
 	}
 	defer release()
-	now, err := b.now(ctx, conn)
+	now, err := b.now(ctx, sess)
 	if err != nil {
 		return res, fmt.Errorf("pruning inbox: %w", err)
 	}
 	res.Cutoff = now.Add(-opts.Window)
 	cutoff := b.D.TimeArg(res.Cutoff)
 	if opts.DryRun {
-		if err := conn.QueryRow(ctx, b.D.Prunable, cutoff).Scan(&res.Markers); err != nil {
+		if err := sess.QueryRow(ctx, b.D.Prunable, cutoff).Scan(&res.Markers); err != nil {
 			return res, fmt.Errorf("counting prunable markers: %w", err)
 		}
 		return res, nil
 	}
 	defer func() { hooks.MarkersPruned(b.Label(), res.Markers) }()
-	keys := pruned{}
-	defer func() {
-		// Whatever ended the run, what it deleted is summarised.
-		if len(keys) == 0 {
-			return
-		}
-		n, serr := b.summarise(context.WithoutCancel(ctx), keys, now, opts.Summaries)
-		res.Summaries = n
-		err = errors.Join(err, serr)
-	}()
+	summarised := map[string]bool{}
+	defer func() { res.Summaries = len(summarised) }()
 	for {
-		var n int64
-		err := conn.Query(ctx, b.D.PruneBatch, func(r Row) error {
-			n++
-			return keys.add(r)
-		}, cutoff, opts.BatchSize)
+		n, err := b.pruneBatch(ctx, sess, cutoff, now, opts, summarised)
 		if err != nil {
-			return res, fmt.Errorf("deleting a batch of markers: %w", err)
+			return res, fmt.Errorf("pruning inbox: %w", err)
 		}
 		res.Batches++
 		res.Markers += n
@@ -246,6 +237,51 @@ func (b *Inbox) Prune(ctx context.Context, opts retention.Options) (res retentio
 			return res, fmt.Errorf("pruning inbox: %w", err)
 		}
 	}
+}
+
+// pruneBatch deletes one batch of markers older than cutoff and summarises
+// their keys, in one transaction on the leader's session, and returns how
+// many it deleted. The summaries' lock is taken first, so that writers of
+// the summaries (a prune whose leader's session was lost and another one
+// elected meanwhile) read, grow and write them back one at a time.
+// summarised collects the consumers whose summaries it wrote.
+func (b *Inbox) pruneBatch(ctx context.Context, sess Session, cutoff any, now time.Time, opts retention.Options, summarised map[string]bool) (int64, error) {
+	tx, err := sess.BeginBatch(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("beginning a prune batch: %w", err)
+	}
+	defer rollback(ctx, tx)
+	if b.D.SummaryLock != "" && opts.Summaries.Keep >= 0 {
+		if _, err := tx.Exec(ctx, b.D.SummaryLock, b.D.Table.Quoted()); err != nil {
+			return 0, fmt.Errorf("locking the pruned-key summaries: %w", err)
+		}
+	}
+	keys := pruned{}
+	var n int64
+	err = tx.Query(ctx, b.D.PruneBatch, func(r Row) error {
+		n++
+		return keys.add(r)
+	}, cutoff, opts.BatchSize)
+	if err != nil {
+		return 0, fmt.Errorf("deleting a batch of markers: %w", err)
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	if _, err := b.recordPruned(ctx, tx, keys, now, "", opts.Summaries); err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		// Unknown or refused, the batch's DELETE and its summary went
+		// together: a rerun deletes what is still there.
+		return 0, fmt.Errorf("committing a prune batch: %w", err)
+	}
+	if opts.Summaries.Keep >= 0 {
+		for c := range keys {
+			summarised[c] = true
+		}
+	}
+	return n, nil
 }
 
 // Stats reads the inbox's figures for its stored window, in one scan, and
@@ -298,7 +334,7 @@ func (b *Inbox) RecordHorizon(ctx context.Context, consumer string, window time.
 	if err != nil {
 		return fmt.Errorf("recording the horizon of %s: %w", consumer, err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer rollback(ctx, tx)
 	if _, err := tx.Exec(ctx, b.D.RecordHorizon, b.D.Table.Quoted(), consumer, window.Milliseconds()); err != nil {
 		return fmt.Errorf("recording the horizon of %s: %w", consumer, err)
 	}
@@ -362,7 +398,7 @@ func (b *Inbox) SetWindow(ctx context.Context, w time.Duration, force bool) (old
 	if err != nil {
 		return 0, fmt.Errorf("setting the window of %s: %w", b.D.Table, err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer rollback(ctx, tx)
 	for _, q := range b.D.Bookkeeping {
 		if _, err := tx.Exec(ctx, q); err != nil {
 			return 0, fmt.Errorf("setting the window of %s: %w", b.D.Table, err)

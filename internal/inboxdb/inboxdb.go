@@ -21,6 +21,24 @@ import (
 	"github.com/idemkit/idem"
 )
 
+// CleanupTimeout bounds the statements that end an operation after its
+// caller's context may have ended (a rollback, giving the prune election
+// up): they must still run, but never wait forever on a database that
+// stopped answering.
+const CleanupTimeout = 10 * time.Second
+
+// Cleanup is ctx without its cancellation, bounded by [CleanupTimeout].
+func Cleanup(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), CleanupTimeout)
+}
+
+// rollback rolls tx back under [Cleanup].
+func rollback(ctx context.Context, tx Tx) {
+	ctx, cancel := Cleanup(ctx)
+	defer cancel()
+	_ = tx.Rollback(ctx)
+}
+
 // Row is one result row: pgx.Row and *sql.Row both are.
 type Row interface{ Scan(dest ...any) error }
 
@@ -55,11 +73,23 @@ type Driver interface {
 	// SQLite a transaction would (every one begins IMMEDIATE there), and
 	// wait behind a caller's open transaction.
 	Read(ctx context.Context, f func(Conn) error) error
-	// Lead elects one pruning instance per table: it returns a session on
-	// which the dialect's prune statements run in autocommit (each DELETE
-	// its own short transaction), and release, which gives the election
-	// up. ok is false, with nothing to release, when another instance leads.
-	Lead(ctx context.Context, d *Dialect) (c Conn, release func(), ok bool, err error)
+	// Lead elects one pruning instance per table: it returns the leader's
+	// session, on which each prune batch is a transaction of its own
+	// ([Session.BeginBatch]), and release, which gives the election up.
+	// ok is false, with nothing to release, when another instance leads.
+	Lead(ctx context.Context, d *Dialect) (s Session, release func(), ok bool, err error)
+}
+
+// Session is the prune leader's session.
+type Session interface {
+	// Conn runs statements in autocommit on the session.
+	Conn
+	// BeginBatch begins the transaction of one prune batch on the session
+	// itself, never on another connection of the pool: the batch's
+	// DELETE (the dialect's PruneBatch, run with Query, returns the
+	// consumer and key of every marker it deleted) and the growth of the
+	// pruned-key summaries commit together.
+	BeginBatch(ctx context.Context) (Tx, error)
 }
 
 // Table is a validated, possibly schema-qualified inbox table name.

@@ -161,7 +161,7 @@ func (b *Inbox) migrate(ctx context.Context) (set idem.Settings, rep idem.Migrat
 	if err != nil {
 		return set, rep, fmt.Errorf("beginning migration: %w", err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer rollback(ctx, tx)
 	for _, q := range d.Bookkeeping {
 		if _, err := tx.Exec(ctx, q); err != nil {
 			return set, rep, fmt.Errorf("creating the bookkeeping tables: %w", err)

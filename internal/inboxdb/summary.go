@@ -35,11 +35,12 @@ func (p pruned) add(r Row) error {
 // of the day while it has room, so that however often the prune runs
 // (hourly, say) a consumer keeps about one summary a day, and a processor
 // checks a key against about one filter a day of Keep. A day's first
-// summary is sized for the larger of this run's keys and the keys pruned in
-// the 24 hours before, plus a quarter; when it fills, another is begun. c
-// must be a transaction that serializes writers of the summaries (the
-// leader's session on PostgreSQL, BEGIN IMMEDIATE on SQLite), since a
-// summary is read, grown and written back. A dropped partition (source its
+// summary is sized for the larger of these keys and the keys pruned in the
+// 24 hours before (those counted up to maxSummaryKeys), plus a quarter; when it fills, another is begun, so a
+// long run's summaries grow geometrically. c must be a transaction that
+// serializes writers of the summaries (the dialect's SummaryLock, BEGIN
+// IMMEDIATE on SQLite), since a summary is read, grown and written back;
+// for a DELETE prune it is the batch's own transaction. A dropped partition (source its
 // name) gets a summary of its own.
 func (b *Inbox) recordPruned(ctx context.Context, c Conn, keys pruned, now time.Time, source string, opts retention.SummaryOptions) (int, error) {
 	if opts.Keep < 0 {
@@ -54,14 +55,21 @@ func (b *Inbox) recordPruned(ctx context.Context, c Conn, keys pruned, now time.
 	table := b.D.Table.Quoted()
 	for _, consumer := range consumers {
 		ks := keys[consumer]
+		at := now
 		if source == "" {
-			grown, err := b.growToday(ctx, c, consumer, ks, now)
+			grown, newest, err := b.growToday(ctx, c, consumer, ks, now)
 			if err != nil {
 				return written, err
 			}
 			if grown {
 				written++
 				continue
+			}
+			if !newest.Before(at) {
+				// The run filled a summary it began at now: the next one
+				// is named a microsecond later (the finest time every
+				// dialect stores).
+				at = newest.Add(time.Microsecond)
 			}
 		}
 		capacity := len(ks)
@@ -70,7 +78,7 @@ func (b *Inbox) recordPruned(ctx context.Context, c Conn, keys pruned, now time.
 			if err := c.QueryRow(ctx, b.D.RecentKeys, table, consumer, b.D.TimeArg(now.Add(-day))).Scan(&recent); err != nil {
 				return written, fmt.Errorf("sizing the summary of pruned keys of %s: %w", consumer, err)
 			}
-			capacity = max(capacity, int(recent), minSummaryKeys) * 5 / 4
+			capacity = max(capacity, min(max(int(recent), minSummaryKeys), maxSummaryKeys)) * 5 / 4
 		}
 		f, err := bloom.New(max(capacity, 1), opts.FalsePositiveRate)
 		if err != nil {
@@ -83,7 +91,7 @@ func (b *Inbox) recordPruned(ctx context.Context, c Conn, keys pruned, now time.
 		if err != nil {
 			return written, fmt.Errorf("summarising pruned keys of %s: %w", consumer, err)
 		}
-		if _, err := c.Exec(ctx, b.D.InsertSummary, table, consumer, b.D.TimeArg(now), source, int64(len(ks)), blob); err != nil {
+		if _, err := c.Exec(ctx, b.D.InsertSummary, table, consumer, b.D.TimeArg(at), source, int64(len(ks)), blob); err != nil {
 			return written, fmt.Errorf("storing the summary of %d pruned keys of %s: %w", len(ks), consumer, err)
 		}
 		written++
@@ -94,31 +102,11 @@ func (b *Inbox) recordPruned(ctx context.Context, c Conn, keys pruned, now time.
 	return written, nil
 }
 
-// summarise records a DELETE prune's keys in a transaction of its own
-// that serializes writers of the summaries.
-func (b *Inbox) summarise(ctx context.Context, keys pruned, now time.Time, opts retention.SummaryOptions) (int, error) {
-	tx, err := b.Driver.BeginMigration(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("summarising pruned keys: %w", err)
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if b.D.SummaryLock != "" {
-		// Two prunes (the leader's session gone mid-run, another elected)
-		// must not grow the same summary at once: the last write would
-		// lose the other's keys.
-		if _, err := tx.Exec(ctx, b.D.SummaryLock, b.D.Table.Quoted()); err != nil {
-			return 0, fmt.Errorf("summarising pruned keys: %w", err)
-		}
-	}
-	n, err := b.recordPruned(ctx, tx, keys, now, "", opts)
-	if err != nil {
-		return 0, err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return 0, fmt.Errorf("summarising pruned keys: %w", err)
-	}
-	return n, nil
-}
+// maxSummaryKeys bounds the capacity a day's DELETE summary is sized for
+// from the keys pruned before it (3.6 MiB at 1e-6): every prune batch reads,
+// grows and writes back the open summary, so its size is the cost of a
+// batch; a day that prunes more keys begins more summaries.
+const maxSummaryKeys = 1 << 20
 
 // minSummaryKeys is the smallest capacity of a day's DELETE summary (14
 // KiB at 1e-6), so that a trickle of pruned keys still makes one summary a
@@ -126,41 +114,42 @@ func (b *Inbox) summarise(ctx context.Context, keys pruned, now time.Time, opts 
 const minSummaryKeys = 4096
 
 // growToday adds ks to consumer's newest summary of today's DELETE prunes
-// when it has room for them, and reports whether it did.
-func (b *Inbox) growToday(ctx context.Context, c Conn, consumer string, ks []string, now time.Time) (bool, error) {
+// when it has room for them, and reports whether it did, and when that
+// summary was begun (zero when there is none).
+func (b *Inbox) growToday(ctx context.Context, c Conn, consumer string, ks []string, now time.Time) (bool, time.Time, error) {
 	table := b.D.Table.Quoted()
 	var at any
 	var n int64
 	var blob []byte
 	err := c.QueryRow(ctx, b.D.OpenSummary, table, consumer, b.D.TimeArg(now.UTC().Truncate(day))).Scan(&at, &n, &blob)
 	if isNoRows(err) {
-		return false, nil
+		return false, time.Time{}, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("reading today's summary of pruned keys of %s: %w", consumer, err)
+		return false, time.Time{}, fmt.Errorf("reading today's summary of pruned keys of %s: %w", consumer, err)
+	}
+	begun, err := b.D.ScanTime(at)
+	if err != nil {
+		return false, time.Time{}, err
 	}
 	f := new(bloom.Filter)
 	if err := f.UnmarshalBinary(blob); err != nil {
 		// A summary that cannot be read is not grown; a new one begins.
-		return false, nil
+		return false, begun, nil
 	}
 	if int(n)+len(ks) > f.Cap() {
-		return false, nil
+		return false, begun, nil
 	}
 	for _, k := range ks {
 		f.Add(k)
 	}
 	if blob, err = f.MarshalBinary(); err != nil {
-		return false, fmt.Errorf("summarising pruned keys of %s: %w", consumer, err)
+		return false, begun, fmt.Errorf("summarising pruned keys of %s: %w", consumer, err)
 	}
-	pruned, err := b.D.ScanTime(at)
-	if err != nil {
-		return false, err
+	if _, err := c.Exec(ctx, b.D.GrowSummary, table, consumer, b.D.TimeArg(begun), n+int64(len(ks)), blob); err != nil {
+		return false, begun, fmt.Errorf("storing the summary of pruned keys of %s: %w", consumer, err)
 	}
-	if _, err := c.Exec(ctx, b.D.GrowSummary, table, consumer, b.D.TimeArg(pruned), n+int64(len(ks)), blob); err != nil {
-		return false, fmt.Errorf("storing the summary of pruned keys of %s: %w", consumer, err)
-	}
-	return true, nil
+	return true, begun, nil
 }
 
 // RecordDropped summarises the keys of a partition about to be dropped
@@ -196,21 +185,30 @@ type summaryID struct {
 // first, implementing idem.PrunedSummaryStore. It lists the summaries
 // stored and decodes only those it has not loaded before.
 func (b *Inbox) PrunedSummaries(ctx context.Context, consumer string) ([]idem.PrunedSummary, error) {
-	var ids []summaryID
-	err := b.read(ctx, func(c Conn) error {
-		ids = ids[:0]
-		return c.Query(ctx, b.D.SummaryTimes, func(r Row) error {
-			var at any
-			var id summaryID
-			if err := r.Scan(&at, &id.source, &id.keys); err != nil {
-				return err
-			}
-			var err error
-			id.at, err = b.D.ScanTime(at)
-			ids = append(ids, id)
-			return err
-		}, b.D.Table.Quoted(), consumer)
+	var out []idem.PrunedSummary
+	err := b.read(ctx, func(c Conn) (err error) {
+		out, err = b.PrunedSummariesOn(ctx, c, consumer)
+		return err
 	})
+	return out, err
+}
+
+// PrunedSummariesOn is [Inbox.PrunedSummaries] read on c, a claim's own
+// transaction: one listing of a few rows when nothing changed since the
+// last read, and the new or grown summaries when something did.
+func (b *Inbox) PrunedSummariesOn(ctx context.Context, c Conn, consumer string) ([]idem.PrunedSummary, error) {
+	var ids []summaryID
+	err := c.Query(ctx, b.D.SummaryTimes, func(r Row) error {
+		var at any
+		var id summaryID
+		if err := r.Scan(&at, &id.source, &id.keys); err != nil {
+			return err
+		}
+		var err error
+		id.at, err = b.D.ScanTime(at)
+		ids = append(ids, id)
+		return err
+	}, b.D.Table.Quoted(), consumer)
 	if err != nil {
 		return nil, fmt.Errorf("listing pruned-key summaries: %w", err)
 	}
@@ -225,7 +223,7 @@ func (b *Inbox) PrunedSummaries(ctx context.Context, consumer string) ([]idem.Pr
 	for _, id := range ids {
 		f := have[id]
 		if f == nil {
-			if f, err = b.readSummary(ctx, consumer, id); err != nil {
+			if f, err = b.readSummary(ctx, c, consumer, id); err != nil {
 				// One summary that cannot be read (corrupt, of a newer
 				// format, pruned since the listing) must not hold the
 				// consumer: it is skipped, and said.
@@ -241,12 +239,10 @@ func (b *Inbox) PrunedSummaries(ctx context.Context, consumer string) ([]idem.Pr
 	return out, nil
 }
 
-func (b *Inbox) readSummary(ctx context.Context, consumer string, id summaryID) (*bloom.Filter, error) {
+func (b *Inbox) readSummary(ctx context.Context, c Conn, consumer string, id summaryID) (*bloom.Filter, error) {
 	var blob []byte
 	at := id.at
-	err := b.read(ctx, func(c Conn) error {
-		return c.QueryRow(ctx, b.D.ReadSummary, b.D.Table.Quoted(), consumer, b.D.TimeArg(at), id.source).Scan(&blob)
-	})
+	err := c.QueryRow(ctx, b.D.ReadSummary, b.D.Table.Quoted(), consumer, b.D.TimeArg(at), id.source).Scan(&blob)
 	if err != nil {
 		return nil, fmt.Errorf("reading the pruned-key summary of %s at %s: %w", consumer, at.Format(time.RFC3339), err)
 	}
