@@ -204,7 +204,8 @@ func (p *Processor[TTx]) ProcessTx(ctx context.Context, tx TTx, msg Message) (Re
 
 func (p *Processor[TTx]) processTx(ctx context.Context, tx TTx, msg Message) (Result, error) {
 	start := time.Now()
-	if err := p.ready(ctx, false); err != nil {
+	// Read in tx: the caller may hold the pool's only connection.
+	if err := p.readyIn(ctx, false, &tx); err != nil {
 		return notReadyResult(msg, err), err
 	}
 	it := p.prepare(msg)

@@ -91,3 +91,59 @@ func TestHandlersOwnDeadlineOnAFullPoolIsTheMessagesFailure(t *testing.T) {
 		}
 	}
 }
+
+// ProcessTx on a pool of one: the caller's transaction holds the only
+// connection, so the processor reads the stored settings in it; the first
+// call, and a call after one that failed, apply their messages.
+func TestProcessTxOnAPoolOfOne(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, store := poolOf(t, 1)
+	if _, err := pool.Exec(ctx, `CREATE TABLE effects (id text)`); err != nil {
+		t.Fatal(err)
+	}
+	fail := errors.New("handler refuses")
+	p, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{
+		Consumer: "tx", Key: idem.ByMessageID, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Handler: func(ctx context.Context, tx pgx.Tx, m idem.Message) error {
+			if string(m.Body) == "fail" {
+				return fail
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1)`, m.ID)
+			return err
+		},
+		// Short, so that a read waiting for a second connection fails the
+		// call in seconds rather than after the default 30 s.
+		TxTimeout: 3 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := func(id, body string) (idem.Result, error) {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := p.ProcessTx(ctx, tx, idem.Message{ID: id, Body: []byte(body), Time: time.Now()})
+		if err != nil {
+			_ = tx.Rollback(ctx)
+			return res, err
+		}
+		return res, tx.Commit(ctx)
+	}
+	if res, err := call("m1", "ok"); err != nil || res.Outcome != idem.Applied {
+		t.Fatalf("first call: outcome %v, error %v; want Applied", res.Outcome, err)
+	}
+	if _, err := call("m2", "fail"); !errors.Is(err, fail) {
+		t.Fatalf("failing call: error %v, want the handler's", err)
+	}
+	for _, id := range []string{"m2", "m3"} {
+		if res, err := call(id, "ok"); err != nil || res.Outcome != idem.Applied {
+			t.Fatalf("call %s after a failure: outcome %v, error %v; want Applied", id, res.Outcome, err)
+		}
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM effects`).Scan(&n); err != nil || n != 3 {
+		t.Fatalf("%d effects (%v), want 3", n, err)
+	}
+}

@@ -196,8 +196,18 @@ type summaryID struct {
 // first, implementing idem.PrunedSummaryStore. It lists the summaries
 // stored and decodes only those it has not loaded before.
 func (b *Inbox) PrunedSummaries(ctx context.Context, consumer string) ([]idem.PrunedSummary, error) {
+	return b.prunedSummaries(ctx, b.read, consumer)
+}
+
+// PrunedSummariesIn is PrunedSummaries read on c, a transaction the caller
+// holds, so that a caller on a pool of one needs no second connection.
+func (b *Inbox) PrunedSummariesIn(ctx context.Context, c Conn, consumer string) ([]idem.PrunedSummary, error) {
+	return b.prunedSummaries(ctx, on(c), consumer)
+}
+
+func (b *Inbox) prunedSummaries(ctx context.Context, read reader, consumer string) ([]idem.PrunedSummary, error) {
 	var ids []summaryID
-	err := b.read(ctx, func(c Conn) error {
+	err := read(ctx, func(c Conn) error {
 		ids = ids[:0]
 		return c.Query(ctx, b.D.SummaryTimes, func(r Row) error {
 			var at any
@@ -225,7 +235,7 @@ func (b *Inbox) PrunedSummaries(ctx context.Context, consumer string) ([]idem.Pr
 	for _, id := range ids {
 		f := have[id]
 		if f == nil {
-			if f, err = b.readSummary(ctx, consumer, id); err != nil {
+			if f, err = b.readSummary(ctx, read, consumer, id); err != nil {
 				// One summary that cannot be read (corrupt, of a newer
 				// format, pruned since the listing) must not hold the
 				// consumer: it is skipped, and said.
@@ -241,10 +251,10 @@ func (b *Inbox) PrunedSummaries(ctx context.Context, consumer string) ([]idem.Pr
 	return out, nil
 }
 
-func (b *Inbox) readSummary(ctx context.Context, consumer string, id summaryID) (*bloom.Filter, error) {
+func (b *Inbox) readSummary(ctx context.Context, read reader, consumer string, id summaryID) (*bloom.Filter, error) {
 	var blob []byte
 	at := id.at
-	err := b.read(ctx, func(c Conn) error {
+	err := read(ctx, func(c Conn) error {
 		return c.QueryRow(ctx, b.D.ReadSummary, b.D.Table.Quoted(), consumer, b.D.TimeArg(at), id.source).Scan(&blob)
 	})
 	if err != nil {
