@@ -142,6 +142,9 @@ func (c *Config[TTx]) validate() error {
 	if c.Retry.MaxAttempts < 1 {
 		errs = append(errs, fmt.Errorf("retry max attempts %d must be at least 1", c.Retry.MaxAttempts))
 	}
+	if c.Retry.MaxContention < -1 {
+		errs = append(errs, fmt.Errorf("retry max contention %d must be positive or -1", c.Retry.MaxContention))
+	}
 	if c.Retry.InitialBackoff < 0 || c.Retry.MaxBackoff < c.Retry.InitialBackoff {
 		errs = append(errs, fmt.Errorf("retry backoff %v..%v is not a valid range", c.Retry.InitialBackoff, c.Retry.MaxBackoff))
 	}
