@@ -158,7 +158,9 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 	c.health.Start(time.Now())
 	defer func() { c.health.Stop(time.Now()) }()
 	log := c.cfg.Logger.With(slog.String("consumer", c.proc.Consumer()), slog.String("queue", c.cfg.Queue))
-	if err := c.check(ctx, log); err != nil {
+	if err := c.check(ctx, log); err != nil || ctx.Err() != nil {
+		// Stopped while waiting for the inbox: nothing was consumed, and
+		// nothing may be (no connection, no delivery taken).
 		return err
 	}
 	failures := 0 // sessions ended since the last one that consumed
