@@ -256,7 +256,8 @@ func (c *Consumer[TTx]) dial(url, name string) (*amqp.Connection, net.Conn, erro
 	}
 	conn, err := amqp.DialConfig(url, ac)
 	if err != nil {
-		return nil, nil, err
+		// A URI that does not parse is quoted whole in the error.
+		return nil, nil, idem.RedactError(err, url)
 	}
 	return conn, sock, nil
 }
