@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"regexp"
 	"time"
+
+	"github.com/idemkit/idem/internal/logfmt"
 )
 
 // Config configures a [Processor]. Pass it to [NewProcessor], which applies
@@ -123,6 +125,8 @@ func (c *Config[TTx]) setDefaults() {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	// Durations as text, errors on one line, whatever the handler.
+	c.Logger = logfmt.Wrap(c.Logger)
 }
 
 func (c *Config[TTx]) validate() error {

@@ -83,10 +83,12 @@ func NewConsumer[TTx any](proc *idem.Processor[TTx], cfg *Config) (*Consumer[TTx
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
+	health := idem.NewHealthState(proc.Consumer(), c.Queue)
+	health.LogTo(c.Logger.With(slog.String("queue", c.Queue))) // the end of an outage's hold
 	return &Consumer[TTx]{
 		proc: proc, cfg: c, hooks: append(slices.Clip(proc.Hooks()), c.Hooks...),
 		reconnectBackoff: idem.RetryPolicy{InitialBackoff: c.ReconnectBackoff, MaxBackoff: c.MaxReconnectBackoff},
-		health:           idem.NewHealthState(proc.Consumer(), c.Queue),
+		health:           health,
 		brokers:          newNodes(nodeURLs(c.URL, c.URLs)),
 		dlBrokers:        newNodes(nodeURLs(c.DeadLetterURL, c.DeadLetterURLs)),
 	}, nil
