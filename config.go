@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"regexp"
 	"time"
+
+	"github.com/idemkit/idem/internal/logfmt"
 )
 
 // Config configures a [Processor]. Pass it to [NewProcessor], which applies
@@ -123,6 +125,8 @@ func (c *Config[TTx]) setDefaults() {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	// Durations as text, errors on one line, whatever the handler.
+	c.Logger = logfmt.Wrap(c.Logger)
 }
 
 func (c *Config[TTx]) validate() error {
@@ -141,6 +145,9 @@ func (c *Config[TTx]) validate() error {
 	}
 	if c.Retry.MaxAttempts < 1 {
 		errs = append(errs, fmt.Errorf("retry max attempts %d must be at least 1", c.Retry.MaxAttempts))
+	}
+	if c.Retry.MaxContention < -1 {
+		errs = append(errs, fmt.Errorf("retry max contention %d must be positive or -1", c.Retry.MaxContention))
 	}
 	if c.Retry.InitialBackoff < 0 || c.Retry.MaxBackoff < c.Retry.InitialBackoff {
 		errs = append(errs, fmt.Errorf("retry backoff %v..%v is not a valid range", c.Retry.InitialBackoff, c.Retry.MaxBackoff))

@@ -48,9 +48,11 @@ const (
 	ClassUnavailable
 	// ClassBusy errors say the transaction met another one: a
 	// serialization failure (40001), a deadlock (40P01), a lock timeout
-	// (55P03). Whichever statement meets them, the message did nothing
-	// wrong, so they are waited out like an outage (ErrBusy), never spent
-	// from its attempts nor dead-lettered.
+	// (55P03). Met by the claim (another transaction holds the key), they
+	// are waited out like an outage (ErrBusy), never spent from the
+	// message's attempts nor dead-lettered. Met by the handler's own
+	// statements, they are waited out for RetryPolicy.MaxContention tries
+	// in a row and then spend attempts (ErrContention).
 	ClassBusy
 	// ClassConfig errors say the inbox (or the handler's own schema) is not
 	// set up for this consumer: an undefined table (42P01), a missing
@@ -78,6 +80,11 @@ var (
 	// message's (a lock timeout on a key another transaction holds, a
 	// deadlock) for longer than RetryPolicy.WaitUnavailable.
 	ErrBusy = errors.New("inbox busy (key held by another transaction)")
+	// ErrContention: the handler's own transaction failed on contention
+	// with another transaction (a serialization failure, a deadlock, a
+	// lock timeout), on more tries in a row than
+	// RetryPolicy.MaxContention allows without spending attempts.
+	ErrContention = errors.New("the handler's transaction met contention (serialization failure, deadlock or lock timeout)")
 	// ErrMisconfigured: the database stayed not set up for the consumer (a
 	// missing table or permission, class ClassConfig) for longer than
 	// RetryPolicy.WaitUnavailable. Run the inbox migration (idem inbox

@@ -4,9 +4,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idem/internal/logfmt"
 )
 
 // Health is what a broker consumer reports about itself, for a readiness
@@ -163,7 +168,18 @@ func healthHandler(cs []HealthChecker, check func(Health) error) http.Handler {
 		for _, c := range cs {
 			h := c.Health()
 			if err := check(h); err != nil {
-				body.Errors = append(body.Errors, err.Error())
+				// One line per distinct error: the reason already in the
+				// error is not repeated in the consumer's fields.
+				msg := logfmt.OneLine(err.Error())
+				if !slices.Contains(body.Errors, msg) {
+					body.Errors = append(body.Errors, msg)
+				}
+				if h.HoldReason != "" && strings.Contains(msg, h.HoldReason) {
+					h.HoldReason = ""
+				}
+				if h.LastError != "" && strings.Contains(msg, h.LastError) {
+					h.LastError = ""
+				}
 			}
 			body.Consumers = append(body.Consumers, h)
 		}
@@ -184,6 +200,8 @@ func healthHandler(cs []HealthChecker, check func(Health) error) http.Handler {
 // concurrent use; every method takes the time of the event.
 type HealthState struct {
 	mu   sync.Mutex
+	log  *slog.Logger
+	held map[string]struct{} // the messages held in the current hold
 	h    Health
 	busy map[uint64]time.Time // the batches in the database, by Begin's token: when each started
 	next uint64               // the last token given
@@ -192,6 +210,28 @@ type HealthState struct {
 // NewHealthState returns the state of a consumer that has not started.
 func NewHealthState(consumer, source string) *HealthState {
 	return &HealthState{h: Health{Consumer: consumer, Source: source}}
+}
+
+// LogTo makes the state log, on l, the end of each hold for an outage:
+// how long the inbox database was away and how many messages were held.
+func (s *HealthState) LogTo(l *slog.Logger) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.log = logfmt.Wrap(l)
+}
+
+// maxHeldCounted bounds the messages a hold remembers to count them.
+const maxHeldCounted = 100_000
+
+// endHold ends a hold for an outage at now, and logs it.
+func (s *HealthState) endHold(now time.Time) {
+	if s.h.Holding && s.log != nil {
+		down := now.Sub(s.h.HoldingSince).Round(100 * time.Millisecond)
+		s.log.Info(fmt.Sprintf("database back after %s, %d held messages go through again", down, len(s.held)),
+			slog.String("consumer", s.h.Consumer), slog.Duration("outage", down), slog.Int("held_messages", len(s.held)), slog.String("hold_reason", s.h.HoldReason))
+	}
+	s.h.Holding, s.h.HoldingSince, s.h.HoldReason = false, time.Time{}, ""
+	s.held = nil
 }
 
 // Health returns the state as of the last event.
@@ -249,7 +289,7 @@ func (s *HealthState) Fail(err error, now time.Time) {
 }
 
 func (s *HealthState) failed(err error, now time.Time) {
-	s.h.LastError, s.h.LastErrorAt = err.Error(), now
+	s.h.LastError, s.h.LastErrorAt = logfmt.OneLine(err.Error()), now
 }
 
 // Unreachable records that the inbox database could not be used at all
@@ -268,14 +308,14 @@ func (s *HealthState) Unreachable(err error, now time.Time) {
 func (s *HealthState) Reachable(now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.h.Holding, s.h.HoldingSince, s.h.HoldReason = false, time.Time{}, ""
+	s.endHold(now)
 }
 
 func (s *HealthState) hold(reason string, now time.Time) {
 	if !s.h.Holding {
 		s.h.Holding, s.h.HoldingSince = true, now
 	}
-	s.h.HoldReason = reason
+	s.h.HoldReason = logfmt.OneLine(reason)
 }
 
 // Settle records the disposition d of result r once the adapter carried
@@ -290,13 +330,19 @@ func (s *HealthState) Settle(d Disposition, r Result, now time.Time) {
 	switch d.Action {
 	case ActionAck:
 		s.h.LastSuccess = now
-		s.h.Holding, s.h.HoldingSince, s.h.HoldReason = false, time.Time{}, ""
+		s.endHold(now)
 	case ActionDeadLetter:
 		s.h.LastSuccess = now
 	case ActionHold:
 		if outage(r.Err) {
 			s.hold(d.Reason, now)
 			s.failed(r.Err, now)
+			if s.held == nil {
+				s.held = map[string]struct{}{}
+			}
+			if len(s.held) < maxHeldCounted {
+				s.held[r.MessageID] = struct{}{}
+			}
 		}
 	case ActionRedeliver:
 		if r.Err != nil {

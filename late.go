@@ -34,28 +34,20 @@ type PrunedSummaryStore interface {
 	PrunedSummaries(ctx context.Context, consumer string) ([]PrunedSummary, error)
 }
 
-// PrunedSummaryTxStore is a [PrunedSummaryStore] that also reads the
-// summaries inside a claim's own transaction. A processor refusing late
-// duplicates (Config.RefuseLate) reads them there when a message it just
-// claimed needs the check: a claim that inserted a key whose marker a
-// prune deleted runs after that prune committed, and with it the summary
-// of the key (one transaction), so the read sees the summary, however
-// recently the processor loaded them. It costs one listing of a few rows
-// when nothing changed, on the claim's connection.
-type PrunedSummaryTxStore[TTx any] interface {
-	PrunedSummariesTx(ctx context.Context, tx TTx, consumer string) ([]PrunedSummary, error)
-}
-
 // refuseFreshLate reads the summaries in tx when one of fresh, just
 // claimed, needs the late check and the consumer refuses late duplicates,
 // and makes Expired those whose keys a prune removed since the summaries
-// were last loaded. It returns the rest.
+// were last loaded. It returns the rest. A claim that inserted a key whose
+// marker a prune deleted runs after that prune committed, and with it the
+// key's summary (one transaction), so this read sees the summary however
+// recently the processor loaded them; it costs one listing of a few rows
+// on the claim's connection when nothing changed.
 func (p *Processor[TTx]) refuseFreshLate(ctx context.Context, tx TTx, fresh []*item) ([]*item, error) {
-	ps, ok := p.store.(PrunedSummaryTxStore[TTx])
+	ps, ok := p.store.(TxSettingsStore[TTx])
 	if !ok || !p.cfg.RefuseLate || !slices.ContainsFunc(fresh, p.needsLateCheck) {
 		return fresh, nil
 	}
-	sums, err := ps.PrunedSummariesTx(ctx, tx, p.cfg.Consumer)
+	sums, err := ps.PrunedSummariesIn(ctx, tx, p.cfg.Consumer)
 	if err != nil {
 		return nil, wrapStep(stepLookup, fmt.Errorf("reading pruned-key summaries: %w", err))
 	}

@@ -3,6 +3,8 @@ package idem
 import (
 	"errors"
 	"time"
+
+	"github.com/idemkit/idem/internal/logfmt"
 )
 
 // Action is what a broker adapter does with a delivery once the processor
@@ -68,7 +70,9 @@ type Disposition struct {
 func (p *Processor[TTx]) Dispose(r Result) Disposition {
 	d := Disposition{}
 	if r.Err != nil {
-		d.Reason = r.Err.Error()
+		// One line: a driver's error may span several (DETAIL, HINT, one
+		// line per address tried).
+		d.Reason = logfmt.OneLine(r.Err.Error())
 	}
 	switch r.Outcome {
 	case Applied, Duplicate:

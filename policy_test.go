@@ -58,7 +58,7 @@ func TestRetrierSpendsOnlyTheMessagesFaults(t *testing.T) {
 		}
 		return ClassTransient
 	}
-	policy := RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond, WaitUnavailable: time.Hour}
+	policy := RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond, WaitUnavailable: time.Hour, MaxContention: 10}
 	r := &retrier{policy: policy, class: class}
 	ctx := context.Background()
 	for range 10 {
@@ -82,6 +82,27 @@ func TestRetrierSpendsOnlyTheMessagesFaults(t *testing.T) {
 	v := r.next(ctx, errors.New("handler: boom"))
 	if v.again || v.outcome != DeadLettered || !errors.Is(v.err, ErrRetriesExhausted) {
 		t.Fatalf("budget of 2 spent: %+v, want a dead letter wrapping ErrRetriesExhausted", v)
+	}
+	// Contention in the handler beyond MaxContention tries in a row spends
+	// attempts, and says so.
+	r = &retrier{policy: policy, class: class}
+	for range policy.MaxContention {
+		if v := r.next(ctx, fmt.Errorf("handling: %w", errDeadlockForTest)); !v.again || r.attempt != 0 || !errors.Is(v.err, ErrContention) {
+			t.Fatalf("a deadlock in the handler within the bound: %+v, attempt %d", v, r.attempt)
+		}
+	}
+	if v := r.next(ctx, fmt.Errorf("handling: %w", errDeadlockForTest)); !v.again || r.attempt != 1 {
+		t.Fatalf("a deadlock in the handler past the bound: %+v, attempt %d, want one attempt spent", v, r.attempt)
+	}
+	if v := r.next(ctx, fmt.Errorf("handling: %w", errDeadlockForTest)); v.outcome != DeadLettered || !errors.Is(v.err, ErrContention) || !errors.Is(v.err, ErrRetriesExhausted) {
+		t.Fatalf("endless contention: %+v, want a dead letter wrapping ErrContention", v)
+	}
+	// A claim meeting another transaction on its key stays blameless.
+	r = &retrier{policy: policy, class: class}
+	for range 3 * policy.MaxContention {
+		if v := r.next(ctx, wrapStep(stepClaim, errDeadlockForTest)); !v.again || r.attempt != 0 || !errors.Is(v.err, ErrBusy) && v.err != nil && !errors.Is(v.err, errDeadlockForTest) {
+			t.Fatalf("a claim behind another transaction: %+v, attempt %d", v, r.attempt)
+		}
 	}
 	// After WaitUnavailable, a misconfigured database ends blameless, never
 	// in a dead letter.

@@ -204,7 +204,8 @@ func (p *Processor[TTx]) ProcessTx(ctx context.Context, tx TTx, msg Message) (Re
 
 func (p *Processor[TTx]) processTx(ctx context.Context, tx TTx, msg Message) (Result, error) {
 	start := time.Now()
-	if err := p.ready(ctx, false); err != nil {
+	// Read in tx: the caller may hold the pool's only connection.
+	if err := p.readyIn(ctx, false, &tx); err != nil {
 		return notReadyResult(msg, err), err
 	}
 	it := p.prepare(msg)
@@ -509,9 +510,18 @@ func (p *Processor[TTx]) runTx(ctx context.Context, items []*item) error {
 		// the network closed is an outage.
 		if ctx.Err() == nil && ownDeadline(err) {
 			// The deadline fired on a slow query or on a database that
-			// stopped answering: a store that can ping tells which.
-			if pg, ok := p.store.(Pinger); ok && p.ping(ctx, pg) != nil {
-				return &connLostError{err}
+			// stopped answering: a store that can ping tells which. The
+			// failed transaction goes back to the pool first: on a full
+			// pool (one worker on a pool of one, N timing out together on
+			// a pool of N) the ping would otherwise wait for the
+			// connection its own caller holds, find no database, and hold
+			// a poison message forever.
+			if pg, ok := p.store.(Pinger); ok {
+				open = false
+				_ = p.store.Rollback(context.WithoutCancel(ctx), tx)
+				if p.ping(ctx, pg) != nil {
+					return &connLostError{err}
+				}
 			}
 			return &handlerDeadlineError{err}
 		}

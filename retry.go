@@ -39,6 +39,23 @@ type RetryPolicy struct {
 	// attempts as usual. Defaults to 1 minute. -1 waits until the context
 	// ends.
 	WaitUnavailable time.Duration
+	// MaxContention is how many tries of one message in a row may fail on
+	// contention met in its handler's own statements (a serialization
+	// failure, a deadlock, a lock timeout: SQLSTATE 40001, 40P01, 55P03;
+	// MySQL 1213, 1205; SQLite busy) without spending its attempts: such
+	// contention usually ends when the other transaction does. After that,
+	// every further try that fails on contention spends one of MaxAttempts
+	// like any handler error, so a message whose transaction always
+	// conflicts (a row another transaction never releases, a handler that
+	// deadlocks with itself) is dead-lettered, wrapping [ErrContention],
+	// instead of blocking its queue or partition for ever. The tries are
+	// made in place, with backoff, and are not cut short by
+	// WaitUnavailable. A claim that meets another transaction on its key
+	// (the same message delivered twice) is not the message's contention
+	// and stays blameless. Defaults to 10. -1 never charges contention: it
+	// is then held like an outage (WaitUnavailable), for ever if it never
+	// ends.
+	MaxContention int
 }
 
 func (p *RetryPolicy) setDefaults() {
@@ -53,6 +70,9 @@ func (p *RetryPolicy) setDefaults() {
 	}
 	if p.WaitUnavailable == 0 {
 		p.WaitUnavailable = time.Minute
+	}
+	if p.MaxContention == 0 {
+		p.MaxContention = 10
 	}
 }
 
@@ -95,6 +115,9 @@ type retrier struct {
 	attempt   int       // tries so far that count against MaxAttempts
 	downSince time.Time // start of the current outage
 	waits     int       // tries during that outage, for its backoff
+	// contention counts the tries in a row that failed on contention in
+	// the handler's own statements (MaxContention).
+	contention int
 }
 
 // next decides after a failed try. Only the message's own failures spend
@@ -142,6 +165,17 @@ func (r *retrier) next(ctx context.Context, err error) verdict {
 		return verdict{outcome: DeadLettered, err: err}
 	case class == ClassConfig:
 		return r.wait(fmt.Errorf("%w: %w", ErrMisconfigured, err), ErrMisconfigured)
+	case class == ClassBusy && storeStep(err) == "":
+		// The handler's own statements met another transaction: waited
+		// out, uncounted, for MaxContention tries in a row, then charged.
+		err = fmt.Errorf("%w: %w", ErrContention, err)
+		if r.policy.MaxContention < 0 {
+			return r.wait(err, ErrContention)
+		}
+		if r.contention++; r.contention <= r.policy.MaxContention {
+			r.downSince, r.waits = time.Time{}, 0
+			return verdict{outcome: Retry, err: err, again: true, wait: max(r.policy.Backoff(r.contention), minOutageWait)}
+		}
 	case class == ClassBusy:
 		return r.wait(err, ErrBusy)
 	case storeStep(err) != "" && storeStep(err) != stepCommit && class == ClassUnavailable:
@@ -155,6 +189,9 @@ func (r *retrier) next(ctx context.Context, err error) verdict {
 		// rather than dead-letter a healthy message. TxTimeout ends a hung
 		// holder.
 		return r.wait(err, ErrBusy)
+	}
+	if class != ClassBusy {
+		r.contention = 0
 	}
 	r.downSince, r.waits = time.Time{}, 0
 	r.attempt++

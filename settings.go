@@ -31,6 +31,13 @@ func (p *Processor[TTx]) horizon() *Horizon { return p.inbox.horizon.Load() }
 // horizon is longer than the stored window or the stored layout is not the
 // store's. force reads them now.
 func (p *Processor[TTx]) ready(ctx context.Context, force bool) error {
+	return p.readyIn(ctx, force, nil)
+}
+
+// readyIn is ready, reading in *in, a transaction the caller holds, when in
+// is not nil and the store can ([TxSettingsStore]): the caller of
+// ProcessTx may hold the pool's only connection.
+func (p *Processor[TTx]) readyIn(ctx context.Context, force bool, in *TTx) error {
 	ss, ok := p.store.(SettingsStore)
 	_, hasPruned := p.store.(PrunedSummaryStore)
 	if !ok && !hasPruned || p.cfg.Natural {
@@ -58,7 +65,7 @@ func (p *Processor[TTx]) ready(ctx context.Context, force bool) error {
 		defer cancel()
 	}
 	if ok {
-		s, err := ss.Settings(ctx)
+		s, err := p.settings(ctx, ss, in)
 		if err != nil {
 			return wrapStep(stepSettings, err)
 		}
@@ -79,10 +86,34 @@ func (p *Processor[TTx]) ready(ctx context.Context, force bool) error {
 		}
 		p.inbox.horizon.Store(&h)
 	}
-	if err := p.loadPruned(ctx); err != nil {
+	if err := p.loadPrunedIn(ctx, in); err != nil {
 		return err
 	}
 	p.inbox.next.Store(time.Now().Add(settingsTTL).UnixNano())
+	return nil
+}
+
+// settings reads the stored settings, in *in when it is not nil and the
+// store can.
+func (p *Processor[TTx]) settings(ctx context.Context, ss SettingsStore, in *TTx) (Settings, error) {
+	if ts, ok := p.store.(TxSettingsStore[TTx]); ok && in != nil {
+		return ts.SettingsIn(ctx, *in)
+	}
+	return ss.Settings(ctx)
+}
+
+// loadPrunedIn is loadPruned, reading in *in when it is not nil and the
+// store can.
+func (p *Processor[TTx]) loadPrunedIn(ctx context.Context, in *TTx) error {
+	ts, ok := p.store.(TxSettingsStore[TTx])
+	if _, prunes := p.store.(PrunedSummaryStore); !ok || in == nil || !prunes || p.cfg.Natural {
+		return p.loadPruned(ctx)
+	}
+	sums, err := ts.PrunedSummariesIn(ctx, *in, p.cfg.Consumer)
+	if err != nil {
+		return wrapStep(stepSettings, fmt.Errorf("reading pruned-key summaries: %w", err))
+	}
+	p.inbox.pruned.Store(&sums)
 	return nil
 }
 

@@ -98,6 +98,18 @@ type SettingsStore interface {
 	Settings(ctx context.Context) (Settings, error)
 }
 
+// TxSettingsStore is a store that reads its settings, and its pruned-key
+// summaries ([PrunedSummaryStore]), in a transaction the caller holds.
+// [Processor.ProcessTx] reads them there: the caller's transaction may hold
+// the pool's only connection (one connection per operation). A processor
+// refusing late duplicates (Config.RefuseLate) also reads the summaries in
+// a claim's own transaction when a message it just claimed needs the late
+// check, so a prune that just committed is never missed.
+type TxSettingsStore[TTx any] interface {
+	SettingsIn(ctx context.Context, tx TTx) (Settings, error)
+	PrunedSummariesIn(ctx context.Context, tx TTx, consumer string) ([]PrunedSummary, error)
+}
+
 // LayoutStore is a store that knows its layout without asking the
 // database, so [NewProcessor] can refuse, at construction, a consumer of a
 // partitioned inbox that cannot derive a partition time from its key.

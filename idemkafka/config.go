@@ -9,6 +9,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/idem"
+
+	"github.com/idemkit/idem/internal/logfmt"
 )
 
 // DefaultIDHeader is the record header that carries the producer-assigned
@@ -143,6 +145,8 @@ func (c *Config) setDefaults(rebalance time.Duration) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	// Durations as text, errors on one line, whatever the handler.
+	c.Logger = logfmt.Wrap(c.Logger)
 }
 
 func (c *Config) validate(rebalance time.Duration) error {

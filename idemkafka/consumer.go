@@ -81,6 +81,7 @@ func NewConsumer[TTx any](cl *kgo.Client, proc *idem.Processor[TTx], cfg *Config
 		crashed: make(chan struct{}),
 		health:  idem.NewHealthState(proc.Consumer(), topicsOf(cl)),
 	}
+	cons.health.LogTo(c.Logger) // the end of an outage's hold
 	cons.dlTopics = deadLetterTopics{cl: dlq, name: c.DeadLetterTopic, create: c.CreateDeadLetterTopics, known: map[string]bool{}}
 	cons.settler = settler{
 		dispose: proc.Dispose, deadLetter: cons.deadLetter, report: proc.Report,

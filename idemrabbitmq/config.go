@@ -11,6 +11,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
+
+	"github.com/idemkit/idem/internal/logfmt"
 )
 
 // Config configures a [Consumer]. Pass it to [NewConsumer], which applies
@@ -222,6 +224,8 @@ func (c *Config) setDefaults(consumer string) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	// Durations as text, errors on one line, whatever the handler.
+	c.Logger = logfmt.Wrap(c.Logger)
 }
 
 func (c *Config) validate() error {

@@ -83,10 +83,12 @@ func NewConsumer[TTx any](proc *idem.Processor[TTx], cfg *Config) (*Consumer[TTx
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
+	health := idem.NewHealthState(proc.Consumer(), c.Queue)
+	health.LogTo(c.Logger.With(slog.String("queue", c.Queue))) // the end of an outage's hold
 	return &Consumer[TTx]{
 		proc: proc, cfg: c, hooks: append(slices.Clip(proc.Hooks()), c.Hooks...),
 		reconnectBackoff: idem.RetryPolicy{InitialBackoff: c.ReconnectBackoff, MaxBackoff: c.MaxReconnectBackoff},
-		health:           idem.NewHealthState(proc.Consumer(), c.Queue),
+		health:           health,
 		brokers:          newNodes(nodeURLs(c.URL, c.URLs)),
 		dlBrokers:        newNodes(nodeURLs(c.DeadLetterURL, c.DeadLetterURLs)),
 	}, nil
@@ -158,7 +160,9 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 	c.health.Start(time.Now())
 	defer func() { c.health.Stop(time.Now()) }()
 	log := c.cfg.Logger.With(slog.String("consumer", c.proc.Consumer()), slog.String("queue", c.cfg.Queue))
-	if err := c.check(ctx, log); err != nil {
+	if err := c.check(ctx, log); err != nil || ctx.Err() != nil {
+		// Stopped while waiting for the inbox: nothing was consumed, and
+		// nothing may be (no connection, no delivery taken).
 		return err
 	}
 	failures := 0 // sessions ended since the last one that consumed
@@ -254,7 +258,8 @@ func (c *Consumer[TTx]) dial(url, name string) (*amqp.Connection, net.Conn, erro
 	}
 	conn, err := amqp.DialConfig(url, ac)
 	if err != nil {
-		return nil, nil, err
+		// A URI that does not parse is quoted whole in the error.
+		return nil, nil, idem.RedactError(err, url)
 	}
 	return conn, sock, nil
 }

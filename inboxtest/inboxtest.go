@@ -633,9 +633,6 @@ func (s suite[TTx]) natural(t *testing.T) {
 }
 
 func (s suite[TTx]) processTx(t *testing.T) {
-	if s.pooled {
-		t.Skip("issue 24: ProcessTx reads the stored settings on a second connection while the caller's transaction holds the pool's only one (processor.go)")
-	}
 	ctx := context.Background()
 	env := s.open(t, 1)
 	p := s.proc(t, env, "ledger", nil, nil)

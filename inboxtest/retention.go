@@ -91,16 +91,6 @@ type retentionSuite[TTx any] struct {
 	pooled bool // every env on a pool of one connection
 }
 
-// skipPrune skips, on the pool-of-one run, a check whose prune deletes
-// markers: its final summary asks the pool for a second connection while
-// the prune holds one.
-func (s retentionSuite[TTx]) skipPrune(t *testing.T) {
-	t.Helper()
-	if s.pooled {
-		t.Skip("issue 24: the prune writes its summary on a second connection while it holds one (internal/inboxdb prune)")
-	}
-}
-
 // open is a fresh env, on a pool of one connection on the pool-of-one run.
 func (s retentionSuite[TTx]) open(t *testing.T) RetentionEnv[TTx] {
 	t.Helper()
@@ -294,7 +284,6 @@ func (s retentionSuite[TTx]) extendOnlyGrows(t *testing.T) {
 // alone: a marker written long ago but extended recently stays, one whose
 // keep_until is past the window goes whatever its write time.
 func (s retentionSuite[TTx]) keepUntilDrivesPrune(t *testing.T) {
-	s.skipPrune(t)
 	ctx := context.Background()
 	env := s.open(t)
 	if env.Store.Layout() != idem.LayoutPlain {
@@ -344,7 +333,6 @@ func (s retentionSuite[TTx]) keepUntilDrivesPrune(t *testing.T) {
 // the horizon, must still be a Duplicate: one invoice, not two. The days are
 // simulated with the processor's Horizon.Now and the marker's times.
 func (s retentionSuite[TTx]) businessKeyOutlivesPrune(t *testing.T) {
-	s.skipPrune(t)
 	ctx := context.Background()
 	env := s.open(t)
 	if env.Store.Layout() != idem.LayoutPlain {
@@ -476,7 +464,6 @@ func (s retentionSuite[TTx]) futureKeepUntilBounded(t *testing.T) {
 // (Result.PrunedOn) by default, refused as Expired naming the day with
 // RefuseLate. A key never pruned is not flagged.
 func (s retentionSuite[TTx]) lateDuplicateAfterPrune(t *testing.T) {
-	s.skipPrune(t)
 	ctx := context.Background()
 	env := s.open(t)
 	if env.Store.Layout() != idem.LayoutPlain {

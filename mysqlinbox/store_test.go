@@ -116,6 +116,13 @@ func TestClassifyServerErrors(t *testing.T) {
 	_, dup := db.Exec(`INSERT INTO uniq VALUES ('a'), ('a')`)
 	_, long := db.Exec(`INSERT INTO uniq VALUES ('01234567890')`)
 	_, missing := db.Exec(`SELECT * FROM no_such_table`)
+	if _, err := db.Exec(`CREATE TABLE nums (n TINYINT)`); err != nil {
+		t.Fatal(err)
+	}
+	_, outOfRange := db.Exec(`INSERT INTO nums VALUES (1000)`)
+	_, divZero := db.Exec(`INSERT INTO nums VALUES (1/0)`)
+	_, keyTooLong := db.Exec(`CREATE TABLE keys_long (v VARCHAR(5000) CHARACTER SET utf8mb4 PRIMARY KEY)`)
+	_, rowTooLarge := db.Exec(`CREATE TABLE rows_wide (a VARCHAR(30000), b VARCHAR(30000), c VARCHAR(30000)) CHARACTER SET latin1`)
 	for _, c := range []struct {
 		name string
 		err  error
@@ -124,6 +131,10 @@ func TestClassifyServerErrors(t *testing.T) {
 		{"duplicate entry (1062)", dup, idem.ClassPermanent},
 		{"data too long (1406)", long, idem.ClassPermanent},
 		{"missing table (1146)", missing, idem.ClassConfig},
+		{"out of range (1264)", outOfRange, idem.ClassPermanent},
+		{"division by zero (1365)", divZero, idem.ClassPermanent},
+		{"key too long (1071)", keyTooLong, idem.ClassPermanent},
+		{"row size too large (1118)", rowTooLarge, idem.ClassPermanent},
 		{"bad connection", driverBadConn(), idem.ClassUnavailable},
 		{"handler error", errors.New("boom"), idem.ClassTransient},
 	} {

@@ -17,6 +17,8 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/inboxdb"
 	"github.com/idemkit/idem/internal/pgerr"
+
+	"github.com/idemkit/idem/internal/logfmt"
 )
 
 // Defaults of [RelayConfig].
@@ -128,6 +130,8 @@ func NewRelay[TTx any](o *Outbox[TTx], pub Publisher, cfg *RelayConfig) (*Relay,
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	// Durations as text, errors on one line, whatever the handler.
+	c.Logger = logfmt.Wrap(c.Logger)
 	if c.Name == "" {
 		host, _ := os.Hostname()
 		c.Name = fmt.Sprintf("%s-%d", host, os.Getpid())

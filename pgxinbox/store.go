@@ -188,6 +188,16 @@ func (s *Store) Settings(ctx context.Context) (idem.Settings, error) {
 	return set, err
 }
 
+// SettingsIn is Settings read in tx, a transaction the caller holds
+// ([idem.TxSettingsStore]).
+func (s *Store) SettingsIn(ctx context.Context, tx pgx.Tx) (idem.Settings, error) {
+	set, err := s.inbox.SettingsIn(ctx, inboxdb.PgxTxConn(tx))
+	if err == nil {
+		s.window.Store(int64(set.Window))
+	}
+	return set, err
+}
+
 // SetWindow changes the window stored with the table and logs the old and
 // new values; it refuses, unless force is set, a window under an hour or
 // shorter than the longest horizon a consumer recorded. It returns the old
@@ -492,12 +502,13 @@ func (s *Store) Classify(err error) idem.ErrorClass { return pgerr.Classify(err)
 func Classify(err error) idem.ErrorClass { return pgerr.Classify(err) }
 
 var (
-	_ idem.Store[pgx.Tx]    = (*Store)(nil)
-	_ idem.Extender[pgx.Tx] = (*Store)(nil)
-	_ idem.SettingsStore    = (*Store)(nil)
-	_ idem.LayoutStore      = (*Store)(nil)
-	_ idem.HorizonRecorder  = (*Store)(nil)
-	_ idem.HorizonStore     = (*Store)(nil)
+	_ idem.Store[pgx.Tx]           = (*Store)(nil)
+	_ idem.Extender[pgx.Tx]        = (*Store)(nil)
+	_ idem.SettingsStore           = (*Store)(nil)
+	_ idem.TxSettingsStore[pgx.Tx] = (*Store)(nil)
+	_ idem.LayoutStore             = (*Store)(nil)
+	_ idem.HorizonRecorder         = (*Store)(nil)
+	_ idem.HorizonStore            = (*Store)(nil)
 )
 
 // PrunedSummaries returns consumer's summaries of the keys prunes deleted,
@@ -507,8 +518,8 @@ func (s *Store) PrunedSummaries(ctx context.Context, consumer string) ([]idem.Pr
 	return s.inbox.PrunedSummaries(ctx, consumer)
 }
 
-// PrunedSummariesTx is PrunedSummaries read in tx, a claim's own
-// transaction ([idem.PrunedSummaryTxStore]).
-func (s *Store) PrunedSummariesTx(ctx context.Context, tx pgx.Tx, consumer string) ([]idem.PrunedSummary, error) {
-	return s.inbox.PrunedSummariesOn(ctx, inboxdb.PgxTxConn(tx), consumer)
+// PrunedSummariesIn is PrunedSummaries read in tx, a transaction the
+// caller holds ([idem.TxSettingsStore]).
+func (s *Store) PrunedSummariesIn(ctx context.Context, tx pgx.Tx, consumer string) ([]idem.PrunedSummary, error) {
+	return s.inbox.PrunedSummariesIn(ctx, inboxdb.PgxTxConn(tx), consumer)
 }

@@ -194,6 +194,12 @@ const (
 	mysqlRowIsReferenced   = 1451
 	mysqlCheckViolated     = 4025 // MariaDB; MySQL's is 3819
 	mysqlCheckViolatedMy   = 3819
+	mysqlOutOfRange        = 1264
+	mysqlDivisionByZero    = 1365
+	mysqlKeyTooLong        = 1071
+	mysqlRowTooLarge       = 1118 // a row over the table type's limit
+	mysqlRowTooLargeInnoDB = 139  // InnoDB's own, at an INSERT
+	mysqlPacketTooLarge    = 1153 // a statement over max_allowed_packet
 	mysqlGoneAway          = 2006
 	mysqlLostConnection    = 2013
 	mysqlOptionPrevents    = 1290 // --read-only, super_read_only (and other options)
@@ -282,7 +288,9 @@ func (mysqlDialect) commitUnknown(err error) bool {
 // (where a proxy or a DNS name may lead to the new primary). A missing table,
 // database or privilege is a configuration error; data and integrity errors
 // (a duplicate entry, 1062, where one is not expected: a handler's own
-// unique key) fail the same way every time. Everything else is transient.
+// unique key; a value out of range, 1264) and the server's limits (a key
+// or row too long, 1071, 1118, 139; a statement over max_allowed_packet,
+// 1153) fail the same way every time. Everything else is transient.
 func (mysqlDialect) classify(err error) idem.ErrorClass {
 	if n, ok := mysqlNumber(err); ok {
 		switch n {
@@ -294,7 +302,12 @@ func (mysqlDialect) classify(err error) idem.ErrorClass {
 		case mysqlNoSuchTable, mysqlBadDB, mysqlAccessDenied, mysqlDBAccessDenied, mysqlTableAccessDenied:
 			return idem.ClassConfig
 		case mysqlDupEntry, mysqlDataTooLong, mysqlBadNull, mysqlTruncated, mysqlTruncatedWrong,
-			mysqlNoReferenced, mysqlRowIsReferenced, mysqlCheckViolated, mysqlCheckViolatedMy:
+			mysqlNoReferenced, mysqlRowIsReferenced, mysqlCheckViolated, mysqlCheckViolatedMy,
+			mysqlOutOfRange, mysqlDivisionByZero:
+			return idem.ClassPermanent
+		case mysqlKeyTooLong, mysqlRowTooLarge, mysqlRowTooLargeInnoDB, mysqlPacketTooLarge:
+			// Limits of the server, like PostgreSQL's class 54: the same
+			// value fails the same way on every try.
 			return idem.ClassPermanent
 		}
 		return idem.ClassTransient

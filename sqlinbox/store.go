@@ -57,12 +57,13 @@ type Store struct {
 }
 
 var (
-	_ idem.Store[*sql.Tx]    = (*Store)(nil)
-	_ idem.Extender[*sql.Tx] = (*Store)(nil)
-	_ idem.SettingsStore     = (*Store)(nil)
-	_ idem.LayoutStore       = (*Store)(nil)
-	_ idem.HorizonRecorder   = (*Store)(nil)
-	_ idem.HorizonStore      = (*Store)(nil)
+	_ idem.Store[*sql.Tx]           = (*Store)(nil)
+	_ idem.Extender[*sql.Tx]        = (*Store)(nil)
+	_ idem.SettingsStore            = (*Store)(nil)
+	_ idem.TxSettingsStore[*sql.Tx] = (*Store)(nil)
+	_ idem.LayoutStore              = (*Store)(nil)
+	_ idem.HorizonRecorder          = (*Store)(nil)
+	_ idem.HorizonStore             = (*Store)(nil)
 )
 
 // New returns a store over db, which must be opened with the driver that
@@ -125,6 +126,16 @@ func (s *Store) Table() string { return s.table.String() }
 // ([idem.SettingsStore]).
 func (s *Store) Settings(ctx context.Context) (idem.Settings, error) {
 	set, err := s.inbox.Settings(ctx)
+	if err == nil {
+		s.window.Store(int64(set.Window))
+	}
+	return set, err
+}
+
+// SettingsIn is Settings read in tx, a transaction the caller holds
+// ([idem.TxSettingsStore]).
+func (s *Store) SettingsIn(ctx context.Context, tx *sql.Tx) (idem.Settings, error) {
+	set, err := s.inbox.SettingsIn(ctx, inboxdb.SQLTxConn(tx))
 	if err == nil {
 		s.window.Store(int64(set.Window))
 	}
@@ -446,10 +457,10 @@ func (s *Store) PrunedSummaries(ctx context.Context, consumer string) ([]idem.Pr
 	return s.inbox.PrunedSummaries(ctx, consumer)
 }
 
-// PrunedSummariesTx is PrunedSummaries read in tx, a claim's own
-// transaction ([idem.PrunedSummaryTxStore]).
-func (s *Store) PrunedSummariesTx(ctx context.Context, tx *sql.Tx, consumer string) ([]idem.PrunedSummary, error) {
-	return s.inbox.PrunedSummariesOn(ctx, inboxdb.SQLTxConn(tx), consumer)
+// PrunedSummariesIn is PrunedSummaries read in tx, a transaction the
+// caller holds ([idem.TxSettingsStore]).
+func (s *Store) PrunedSummariesIn(ctx context.Context, tx *sql.Tx, consumer string) ([]idem.PrunedSummary, error) {
+	return s.inbox.PrunedSummariesIn(ctx, inboxdb.SQLTxConn(tx), consumer)
 }
 
 // Ping asks the database whether it answers, on a pooled connection

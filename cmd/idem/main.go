@@ -44,10 +44,8 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/url"
 	"os"
 	"os/signal"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -56,6 +54,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem"
 )
 
 // Exit statuses; see the package documentation.
@@ -230,20 +230,8 @@ func connectReason(err error) string {
 	return strings.TrimSuffix(line, ":")
 }
 
-// dsnPassword is the password of a keyword/value connection string.
-var dsnPassword = regexp.MustCompile(`password=(?:'(?:[^'\\]|\\.)*'|\S+)`)
-
 // redactURL hides a password in a database URL or keyword/value string.
-func redactURL(s string) string {
-	if !strings.Contains(s, "://") {
-		return dsnPassword.ReplaceAllString(s, "password=xxxxx")
-	}
-	u, err := url.Parse(s)
-	if err != nil {
-		return "(the database URL)"
-	}
-	return u.Redacted()
-}
+func redactURL(s string) string { return idem.RedactURL(s) }
 
 // cmdFlags is a flag set with the command line's conventions: -h and
 // --help print the help on stdout (exit 0); a bad flag is a usage error

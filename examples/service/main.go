@@ -170,7 +170,9 @@ func run(ctx context.Context, log *slog.Logger) error {
 func rabbitmq(ctx context.Context, proc *idem.Processor[pgx.Tx], log *slog.Logger) (consumer, error) {
 	conn, err := amqp.Dial(*amqpURL)
 	if err != nil {
-		return nil, fmt.Errorf("connecting to RabbitMQ at %s: %w", *amqpURL, err)
+		// Never log a password: the URL and the driver's error, which may
+		// quote it, are redacted.
+		return nil, fmt.Errorf("connecting to RabbitMQ at %s: %w", idem.RedactURL(*amqpURL), idem.RedactError(err, *amqpURL))
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()

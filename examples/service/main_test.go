@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -401,5 +402,34 @@ func TestServiceKafkaNeedsBrokers(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "IDEM_KAFKA_BROKERS") || !strings.Contains(string(out), "-kafka-fake") {
 		t.Fatalf("exit %v, output:\n%s", err, out)
+	}
+}
+
+// A broker that refuses the connection: the service fails, and neither its
+// log line nor the error it reports carries the password of the URL it was
+// given.
+func TestServiceConnectionErrorHidesThePassword(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close() // nothing listens there now: the dial is refused
+	const secret = "s3cret-broker-pw"
+	for _, u := range []string{"amqp://guest:" + secret + "@" + addr + "/", "amqp://guest:" + secret + "@127.0.0.1:notaport/"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		out, err := exec.CommandContext(ctx, build(t), "--listen", "127.0.0.1:0", "--broker", "rabbitmq", "--postgres", l.url, "--amqp", u, "--source", unique("service-test"), "--consumer", unique("ledger")).CombinedOutput()
+		cancel()
+		if err == nil {
+			t.Fatalf("the service ran with a broker that refuses it:\n%s", out)
+		}
+		if !strings.Contains(string(out), "service failed") {
+			t.Fatalf("no failure logged:\n%s", out)
+		}
+		if strings.Contains(string(out), secret) {
+			t.Errorf("the password is in the log:\n%s", out)
+		}
 	}
 }

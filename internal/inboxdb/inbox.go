@@ -106,7 +106,17 @@ func (b *Inbox) readSettings(ctx context.Context, c Conn) (s stored, found bool,
 // SetWindow). A table without settings is a configuration error: its
 // store's Migrate has not run since they exist.
 func (b *Inbox) Settings(ctx context.Context) (idem.Settings, error) {
-	s, err := b.stored(ctx)
+	return b.settings(ctx, b.read)
+}
+
+// SettingsIn is Settings read on c, a transaction the caller holds, so
+// that a caller on a pool of one needs no second connection.
+func (b *Inbox) SettingsIn(ctx context.Context, c Conn) (idem.Settings, error) {
+	return b.settings(ctx, on(c))
+}
+
+func (b *Inbox) settings(ctx context.Context, read reader) (idem.Settings, error) {
+	s, err := b.storedVia(ctx, read)
 	if err != nil {
 		return idem.Settings{}, err
 	}
@@ -120,10 +130,12 @@ func (b *Inbox) Stored(ctx context.Context) (window, guard time.Duration, err er
 	return s.Window, s.Guard, err
 }
 
-func (b *Inbox) stored(ctx context.Context) (stored, error) {
+func (b *Inbox) stored(ctx context.Context) (stored, error) { return b.storedVia(ctx, b.read) }
+
+func (b *Inbox) storedVia(ctx context.Context, read reader) (stored, error) {
 	var s stored
 	var found bool
-	err := b.read(ctx, func(c Conn) (err error) {
+	err := read(ctx, func(c Conn) (err error) {
 		s, found, err = b.readSettings(ctx, c)
 		return err
 	})
@@ -139,6 +151,15 @@ func (b *Inbox) stored(ctx context.Context) (stored, error) {
 // read runs f for reads.
 func (b *Inbox) read(ctx context.Context, f func(Conn) error) error {
 	return b.Driver.Read(ctx, f)
+}
+
+// reader runs f on a session: the driver's own (Inbox.read), or one the
+// caller holds (on).
+type reader func(ctx context.Context, f func(Conn) error) error
+
+// on is the reader that runs on c.
+func on(c Conn) reader {
+	return func(_ context.Context, f func(Conn) error) error { return f(c) }
 }
 
 // now reads the database's clock on c: every instance prunes by the clock

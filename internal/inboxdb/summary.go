@@ -187,16 +187,17 @@ type summaryID struct {
 func (b *Inbox) PrunedSummaries(ctx context.Context, consumer string) ([]idem.PrunedSummary, error) {
 	var out []idem.PrunedSummary
 	err := b.read(ctx, func(c Conn) (err error) {
-		out, err = b.PrunedSummariesOn(ctx, c, consumer)
+		out, err = b.PrunedSummariesIn(ctx, c, consumer)
 		return err
 	})
 	return out, err
 }
 
-// PrunedSummariesOn is [Inbox.PrunedSummaries] read on c, a claim's own
-// transaction: one listing of a few rows when nothing changed since the
+// PrunedSummariesIn is [Inbox.PrunedSummaries] read on c, a transaction
+// the caller holds (a claim's own, or a ProcessTx caller's), so that no
+// second connection is needed: one listing of a few rows when nothing changed since the
 // last read, and the new or grown summaries when something did.
-func (b *Inbox) PrunedSummariesOn(ctx context.Context, c Conn, consumer string) ([]idem.PrunedSummary, error) {
+func (b *Inbox) PrunedSummariesIn(ctx context.Context, c Conn, consumer string) ([]idem.PrunedSummary, error) {
 	var ids []summaryID
 	err := c.Query(ctx, b.D.SummaryTimes, func(r Row) error {
 		var at any

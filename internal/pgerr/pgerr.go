@@ -20,8 +20,10 @@ import (
 	"github.com/idemkit/idem"
 )
 
-// Classify: data exceptions (class 22) and integrity violations (class 23,
-// such as a business table's unique index) fail the same way every time.
+// Classify: data exceptions (class 22), integrity violations (class 23,
+// such as a business table's unique index) and program limits (class 54:
+// an index row over its size limit, a statement too complex, too many
+// columns or arguments) fail the same way every time.
 // An undefined table (42P01), a missing privilege (42501), an unknown
 // database (3D000) or failed authentication (class 28) is a configuration
 // error: the schema or the role is not set up for the consumer (a deploy ran
@@ -44,7 +46,7 @@ func Classify(err error) idem.ErrorClass {
 		switch {
 		case len(pgErr.Code) != 5:
 			return idem.ClassTransient
-		case pgErr.Code[:2] == "22", pgErr.Code[:2] == "23":
+		case pgErr.Code[:2] == "22", pgErr.Code[:2] == "23", pgErr.Code[:2] == "54":
 			return idem.ClassPermanent
 		case pgErr.Code == "42P01", pgErr.Code == "42501", pgErr.Code == "3D000", pgErr.Code[:2] == "28":
 			return idem.ClassConfig

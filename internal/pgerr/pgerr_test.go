@@ -30,6 +30,8 @@ func TestClassifyAndCommitUnknown(t *testing.T) {
 	}{
 		{"unique violation", pg("ERROR", "23505"), idem.ClassPermanent, false},
 		{"division by zero", pg("ERROR", "22012"), idem.ClassPermanent, false},
+		{"index row too large", pg("ERROR", "54000"), idem.ClassPermanent, false},
+		{"too many columns", pg("ERROR", "54011"), idem.ClassPermanent, false},
 		{"serialization failure", pg("ERROR", "40001"), idem.ClassBusy, false},
 		{"deadlock", pg("ERROR", "40P01"), idem.ClassBusy, false},
 		{"lock timeout", pg("ERROR", "55P03"), idem.ClassBusy, false},

@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -30,20 +29,14 @@ func newRabbit(rawURL string, timeout time.Duration, log *slog.Logger) (*rabbitT
 	}
 	conn, err := amqp.DialConfig(rawURL, amqp.Config{Dial: amqp.DefaultDial(timeout), Heartbeat: 10 * time.Second, Locale: "en_US"})
 	if err != nil {
-		return nil, fmt.Errorf("connecting to RabbitMQ at %s: %w", redact(rawURL), err)
+		return nil, fmt.Errorf("connecting to RabbitMQ at %s: %w", redact(rawURL), idem.RedactError(err, rawURL))
 	}
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	return &rabbitTransport{url: rawURL, suffix: hex.EncodeToString(b[:]), log: log, conn: conn, topo: map[string]idemrabbitmq.Topology{}}, nil
 }
 
-func redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	return u.Redacted()
-}
+func redact(raw string) string { return idem.RedactURL(raw) }
 
 func (r *rabbitTransport) describe() string { return "RabbitMQ " + redact(r.url) }
 
