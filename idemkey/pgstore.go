@@ -163,6 +163,7 @@ func (s *PGStore) component() (*migrator.Component, error) {
 		Key:        s.name,
 		Book:       book.Sanitize(),
 		Migrations: ms,
+		Drop:       []string{`DROP TABLE IF EXISTS ` + s.name},
 		Adopt: func(ctx context.Context, c migrator.Conn) (int, error) {
 			var exists bool
 			if err := c.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.name).Scan(&exists); err != nil {

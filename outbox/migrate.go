@@ -93,6 +93,12 @@ func (c *core) component(r *MigrateReport) (*migrator.Component, error) {
 		Key:        c.table.Quoted(),
 		Book:       c.table.Sibling(migrator.VersionTable),
 		Migrations: ms,
+		Drop: []string{
+			`DROP TABLE IF EXISTS ` + c.table.Quoted(),
+			`DROP TABLE IF EXISTS ` + c.table.Sibling(c.table.Name+"_leases"),
+			`DROP TABLE IF EXISTS ` + c.table.Sibling(c.table.Name+"_relays"),
+			`DROP TABLE IF EXISTS ` + c.table.Sibling(c.table.Name+"_meta"),
+		},
 		Setup: func(ctx context.Context, conn migrator.Conn) error {
 			if _, err := conn.Exec(ctx, c.s.meta); err != nil {
 				return fmt.Errorf("creating the meta table: %w", err)

@@ -160,6 +160,9 @@ type Component struct {
 	// Check, when set, refuses a table the migrations must not touch,
 	// before any is applied; from is the recorded version.
 	Check func(ctx context.Context, c Conn, from int) error
+	// Drop removes what the migrations create, for an exported down
+	// script; the version row is removed besides.
+	Drop []string
 	// After, when set, runs once the migrations are applied and the
 	// version recorded: the component's settings.
 	After func(ctx context.Context, c Conn, from, to int) error
@@ -262,26 +265,64 @@ func Apply(ctx context.Context, tx Conn, e Engine, c *Component) (Result, error)
 	return runOne(ctx, tx, e, c)
 }
 
-func runOne(ctx context.Context, tx Conn, e Engine, c *Component) (Result, error) {
-	r := Result{Component: c.Name, Table: c.Table, To: len(c.Migrations)}
-	if c.Setup != nil {
-		if err := c.Setup(ctx, tx); err != nil {
-			return r, err
+// Versions reads each component's recorded version, or the version it
+// would adopt, into Result.From, without applying anything; Result.To is the
+// newest. The caller rolls tx back (it may have created the version table).
+func Versions(ctx context.Context, tx Conn, e Engine, comps ...*Component) ([]Result, error) {
+	var out []Result
+	for _, c := range comps {
+		if e == Postgres {
+			if _, err := tx.Exec(ctx, PostgresLock); err != nil {
+				return out, fmt.Errorf("taking the migration lock: %w", err)
+			}
 		}
+		if _, err := tx.Exec(ctx, VersionTableDDL(e, c.Book)); err != nil {
+			return out, fmt.Errorf("creating the version table %s: %w", c.Book, err)
+		}
+		if c.Setup != nil {
+			if err := c.Setup(ctx, tx); err != nil {
+				return out, fmt.Errorf("reading %s table %s: %w", c.Name, c.Table, err)
+			}
+		}
+		r, _, err := version(ctx, tx, e, c)
+		if err != nil {
+			return out, fmt.Errorf("reading %s table %s: %w", c.Name, c.Table, err)
+		}
+		out = append(out, r)
 	}
-	found := true
+	return out, nil
+}
+
+// version reads c's version, adopting what c recorded its own way when the
+// version table has none; found says the version table had it.
+func version(ctx context.Context, tx Conn, e Engine, c *Component) (r Result, found bool, err error) {
+	r = Result{Component: c.Name, Table: c.Table, To: len(c.Migrations)}
+	found = true
 	if err := tx.QueryRow(ctx, ReadVersionSQL(e, c.Book), c.Key).Scan(&r.From); err != nil {
 		if !isNoRows(err) {
-			return r, fmt.Errorf("reading the schema version: %w", err)
+			return r, false, fmt.Errorf("reading the schema version: %w", err)
 		}
 		found = false
 	}
 	if !found && c.Adopt != nil {
 		v, err := c.Adopt(ctx, tx)
 		if err != nil {
-			return r, fmt.Errorf("reading the schema version recorded before %s: %w", VersionTable, err)
+			return r, false, fmt.Errorf("reading the schema version recorded before %s: %w", VersionTable, err)
 		}
 		r.From, r.Adopted = v, v > 0
+	}
+	return r, found, nil
+}
+
+func runOne(ctx context.Context, tx Conn, e Engine, c *Component) (Result, error) {
+	if c.Setup != nil {
+		if err := c.Setup(ctx, tx); err != nil {
+			return Result{}, err
+		}
+	}
+	r, found, err := version(ctx, tx, e, c)
+	if err != nil {
+		return r, err
 	}
 	if r.From > r.To {
 		return r, fmt.Errorf("schema version %d is newer than this build knows (%d): upgrade idem", r.From, r.To)
