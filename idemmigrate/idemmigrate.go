@@ -79,7 +79,10 @@ type Config struct {
 	// InboxTable is the inbox table (default idem_inbox), optionally
 	// schema-qualified on PostgreSQL; the dead-letter audit tables live in
 	// its schema. InboxLayout is its layout (PostgreSQL), InboxWindow the
-	// retention window a new inbox records (0: the default, 14 days).
+	// retention window a new inbox records (0: the default, 14 days). The
+	// daily partitions of a partitioned inbox are not schema: the store's
+	// Migrate or EnsurePartitions (idem inbox partitions ensure) creates
+	// them.
 	InboxTable  string
 	InboxLayout idem.Layout
 	InboxWindow time.Duration
@@ -203,7 +206,8 @@ func (m *Migrator) components() ([]*migrator.Component, error) {
 	return out, nil
 }
 
-// inboxTable is the configured inbox table, validated as its store does.
+// inboxDialect is the configured inbox table's SQL, the name validated as
+// its store validates it.
 func (m *Migrator) inboxDialect() (*inboxdb.Dialect, error) {
 	name := m.cfg.InboxTable
 	if name == "" {
@@ -312,7 +316,9 @@ func (m *Migrator) Migrate(ctx context.Context) ([]Result, error) {
 // GetVersion is each selected component's schema version and this build's
 // newest, without migrating anything: Result.From is the version recorded
 // (or that would be adopted), Result.To the newest. It waits for the
-// migration lock, as a migrator would.
+// migration lock, as a migrator would, and rolls back what it wrote; on
+// MySQL and MariaDB, whose DDL commits at once, the empty bookkeeping
+// tables it creates to read from stay.
 func (m *Migrator) GetVersion(ctx context.Context) ([]Result, error) {
 	return m.run(ctx, false)
 }
