@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idem"
 )
 
 // ActionsTable is the audit table of the actions taken on dead letters from
@@ -85,7 +87,8 @@ func (in *Inbox) ensureActions(ctx context.Context) error {
 // inbox table, for a team that applies its schema with a migration tool.
 // The first recorded action creates it otherwise.
 func ActionsDDL(inboxTable string) (string, error) {
-	in, err := NewInbox(noDB{}, &InboxConfig{Table: inboxTable})
+	// The key function is required by NewInbox and plays no part here.
+	in, err := NewInbox(noDB{}, &InboxConfig{Table: inboxTable, Key: idem.ByMessageID})
 	if err != nil {
 		return "", err
 	}

@@ -11,11 +11,12 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
-	"text/template"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idem/internal/migrator"
 )
 
 //go:embed migrations/*.sql
@@ -104,38 +105,76 @@ AND expires_at < now() - $1::bigint * interval '1 millisecond'`
 // Table returns the quoted table name, for maintenance queries.
 func (s *PGStore) Table() string { return s.name }
 
-// Migrate creates the keys table and its index when missing. It is safe to
-// call on every start and from several processes at once: migrators queue
-// on an advisory lock.
+// Migrate creates the keys table and its index when missing, and records
+// its schema version in idem_migrations beside it, as every idem table's. It
+// is safe to call on every start and from several processes at once:
+// migrators queue on one advisory lock, the one every idem migrator takes.
 func (s *PGStore) Migrate(ctx context.Context) error {
-	raw, err := migrationFS.ReadFile("migrations/001_idempotency_keys.sql")
+	comp, err := s.component()
 	if err != nil {
 		return fmt.Errorf("migrating idempotency keys: %w", err)
-	}
-	t, err := template.New("migration").Parse(string(raw))
-	if err != nil {
-		return fmt.Errorf("parsing idempotency keys migration: %w", err)
-	}
-	var b strings.Builder
-	index := pgx.Identifier{expiresIndex(s.table[len(s.table)-1])}.Sanitize()
-	if err := t.Execute(&b, map[string]string{"Table": s.name, "ExpiresIndex": index}); err != nil {
-		return fmt.Errorf("rendering idempotency keys migration: %w", err)
 	}
 	tx, err := s.db.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("migrating idempotency keys: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('idem.idemkey.migrate'))`); err != nil {
-		return fmt.Errorf("migrating idempotency keys: %w", err)
-	}
-	if _, err := tx.Exec(ctx, b.String()); err != nil {
+	if _, err := migrator.Apply(ctx, migrator.PgxTx(tx), migrator.Postgres, comp); err != nil {
 		return fmt.Errorf("migrating idempotency keys: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("migrating idempotency keys: %w", err)
 	}
 	return nil
+}
+
+func init() {
+	migrator.Register("idemkey", func(p migrator.Params) (*migrator.Component, error) {
+		if p.Engine != migrator.Postgres {
+			return nil, fmt.Errorf("%w: idempotency keys are stored on PostgreSQL, not on %s", ErrConfig, p.Engine)
+		}
+		s, err := NewPGStore(noDB{}, &PGConfig{Table: p.Table})
+		if err != nil {
+			return nil, err
+		}
+		return s.component()
+	})
+}
+
+// noDB lets the migrator validate and render a table without a database.
+type noDB struct{ DB }
+
+// component is the keys table as the one migrator of every idem table sees
+// it. Before the version table, Migrate recorded nothing: a table that
+// exists is at version 1, its only migration.
+func (s *PGStore) component() (*migrator.Component, error) {
+	index := pgx.Identifier{expiresIndex(s.table[len(s.table)-1])}.Sanitize()
+	ms, err := migrator.Load(migrationFS, "migrations", struct{ Table, ExpiresIndex string }{s.name, index}, nil)
+	if err != nil {
+		return nil, err
+	}
+	book := pgx.Identifier{migrator.VersionTable}
+	if len(s.table) == 2 {
+		book = pgx.Identifier{s.table[0], migrator.VersionTable}
+	}
+	return &migrator.Component{
+		Name:       "idemkey",
+		Table:      strings.Join(s.table, "."),
+		Key:        s.name,
+		Book:       book.Sanitize(),
+		Migrations: ms,
+		Drop:       []string{`DROP TABLE IF EXISTS ` + s.name},
+		Adopt: func(ctx context.Context, c migrator.Conn) (int, error) {
+			var exists bool
+			if err := c.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.name).Scan(&exists); err != nil {
+				return 0, err
+			}
+			if exists {
+				return 1, nil
+			}
+			return 0, nil
+		},
+	}, nil
 }
 
 // expiresIndex names the expires_at index of table. PostgreSQL puts an

@@ -6,14 +6,12 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
-	"path"
-	"strings"
 	"text/template"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/migrator"
 )
 
 // migrationFS holds the numbered migration templates of each dialect
@@ -24,47 +22,12 @@ import (
 var migrationFS embed.FS
 
 // migrations renders the dialect's templates for the outbox table, in
-// version order; each element is one migration's statements.
-func (c *core) migrations() ([][]string, error) {
-	entries, err := fs.ReadDir(migrationFS, c.s.migrations)
-	if err != nil {
-		return nil, fmt.Errorf("reading migrations: %w", err)
-	}
+// version order.
+func (c *core) migrations() ([]migrator.Migration, error) {
 	t := c.table
 	data := struct{ Table, Leases, Relays string }{t.Quoted(), t.Sibling(t.Name + "_leases"), t.Sibling(t.Name + "_relays")}
 	funcs := template.FuncMap{"index": func(column string) string { return `"` + t.IndexName(column) + `"` }}
-	var out [][]string
-	for i, e := range entries { // ReadDir sorts by name: by version
-		if want := fmt.Sprintf("%04d_", i+1); !strings.HasPrefix(e.Name(), want) {
-			return nil, fmt.Errorf("migration %s: versions must run 0001, 0002… without gaps", e.Name())
-		}
-		src, err := fs.ReadFile(migrationFS, path.Join(c.s.migrations, e.Name()))
-		if err != nil {
-			return nil, err
-		}
-		tmpl, err := template.New(e.Name()).Option("missingkey=error").Funcs(funcs).Parse(string(src))
-		if err != nil {
-			return nil, fmt.Errorf("parsing migration %s: %w", e.Name(), err)
-		}
-		var b strings.Builder
-		if err := tmpl.Execute(&b, data); err != nil {
-			return nil, fmt.Errorf("rendering migration %s: %w", e.Name(), err)
-		}
-		var stmts []string
-		for stmt := range strings.SplitSeq(b.String(), ";\n") {
-			var keep []string
-			for line := range strings.Lines(stmt) {
-				if !strings.HasPrefix(strings.TrimSpace(line), "--") {
-					keep = append(keep, line)
-				}
-			}
-			if s := strings.TrimSpace(strings.Join(keep, "")); s != "" {
-				stmts = append(stmts, strings.TrimSuffix(s, ";"))
-			}
-		}
-		out = append(out, stmts)
-	}
-	return out, nil
+	return migrator.Load(migrationFS, c.s.migrations, data, funcs)
 }
 
 // MigrateReport says what Migrate did.
@@ -93,7 +56,7 @@ func (c *core) migrateReport(ctx context.Context) (MigrateReport, error) {
 
 func (c *core) migrate(ctx context.Context) (r MigrateReport, err error) {
 	r.Table = c.table.String()
-	ms, err := c.migrations()
+	comp, err := c.component(&r)
 	if err != nil {
 		return r, err
 	}
@@ -102,58 +65,112 @@ func (c *core) migrate(ctx context.Context) (r MigrateReport, err error) {
 		return r, fmt.Errorf("beginning migration: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if c.s.migrateLock != "" {
-		if _, err := tx.Exec(ctx, c.s.migrateLock); err != nil {
-			return r, fmt.Errorf("taking the migration lock: %w", err)
-		}
+	res, err := migrator.Apply(ctx, tx, migrator.Engine(c.s.name), comp)
+	if err != nil {
+		return r, err
 	}
-	if _, err := tx.Exec(ctx, c.s.meta); err != nil {
-		return r, fmt.Errorf("creating the meta table: %w", err)
+	r.From, r.To = res.From, res.To
+	if err := tx.Commit(ctx); err != nil {
+		return r, fmt.Errorf("committing migration: %w", err)
 	}
+	return r, nil
+}
+
+// component is the outbox table as the one migrator of every idem table
+// sees it. The version is recorded in the version table; the <table>_meta
+// row, where it was recorded before, keeps the shard count and follows the
+// version, and is read once to adopt a table migrated before. Once it has
+// run, *r says what it did.
+func (c *core) component(r *MigrateReport) (*migrator.Component, error) {
+	ms, err := c.migrations()
+	if err != nil {
+		return nil, err
+	}
+	r.Table, r.To = c.table.String(), len(ms)
+	return &migrator.Component{
+		Name:       "outbox",
+		Table:      c.table.String(),
+		Key:        c.table.Quoted(),
+		Book:       c.table.Sibling(migrator.VersionTable),
+		Migrations: ms,
+		Drop: []string{
+			`DROP TABLE IF EXISTS ` + c.table.Quoted(),
+			`DROP TABLE IF EXISTS ` + c.table.Sibling(c.table.Name+"_leases"),
+			`DROP TABLE IF EXISTS ` + c.table.Sibling(c.table.Name+"_relays"),
+			`DROP TABLE IF EXISTS ` + c.table.Sibling(c.table.Name+"_meta"),
+		},
+		Setup: func(ctx context.Context, conn migrator.Conn) error {
+			if _, err := conn.Exec(ctx, c.s.meta); err != nil {
+				return fmt.Errorf("creating the meta table: %w", err)
+			}
+			return nil
+		},
+		Adopt: func(ctx context.Context, conn migrator.Conn) (int, error) {
+			var v, shards int
+			if err := conn.QueryRow(ctx, c.s.readMeta).Scan(&v, &shards); err != nil && !isNoRows(err) {
+				return 0, err
+			}
+			return v, nil
+		},
+		After: func(ctx context.Context, conn migrator.Conn, from, to int) error {
+			r.From, r.To = from, to
+			return c.recordMeta(ctx, conn, r, to)
+		},
+	}, nil
+}
+
+// recordMeta writes the meta row of a new table (the version and the shard
+// count, with the shards' leases), or checks the shard count of an existing
+// one and brings its version up to date.
+func (c *core) recordMeta(ctx context.Context, conn migrator.Conn, r *MigrateReport, version int) error {
+	var metaVersion int
 	found := true
-	if err := tx.QueryRow(ctx, c.s.readMeta).Scan(&r.From, &r.Shards); err != nil {
+	if err := conn.QueryRow(ctx, c.s.readMeta).Scan(&metaVersion, &r.Shards); err != nil {
 		if !isNoRows(err) {
-			return r, fmt.Errorf("reading the schema version: %w", err)
+			return fmt.Errorf("reading the shard count: %w", err)
 		}
 		found = false
 	}
-	r.Created, r.To = !found, len(ms)
-	if r.From > len(ms) {
-		return r, fmt.Errorf("schema version %d is newer than this build knows (%d): upgrade idem", r.From, len(ms))
-	}
-	for i, m := range ms[r.From:] {
-		for _, stmt := range m {
-			if _, err := tx.Exec(ctx, stmt); err != nil {
-				return r, fmt.Errorf("applying migration %d: %w", r.From+i+1, err)
-			}
-		}
-	}
+	r.Created = !found
 	switch {
 	case !found:
 		r.Shards = c.cfg.Shards
 		if r.Shards == 0 {
 			r.Shards = DefaultShards
 		}
-		if _, err := tx.Exec(ctx, c.s.insertMeta, len(ms), r.Shards); err != nil {
-			return r, fmt.Errorf("recording the shard count: %w", err)
+		if _, err := conn.Exec(ctx, c.s.insertMeta, version, r.Shards); err != nil {
+			return fmt.Errorf("recording the shard count: %w", err)
 		}
 		for shard := range r.Shards {
-			if _, err := tx.Exec(ctx, c.s.insertLease, shard, c.s.timeArg(never)); err != nil {
-				return r, fmt.Errorf("creating the shard leases: %w", err)
+			if _, err := conn.Exec(ctx, c.s.insertLease, shard, c.s.timeArg(never)); err != nil {
+				return fmt.Errorf("creating the shard leases: %w", err)
 			}
 		}
 	case c.cfg.Shards != 0 && c.cfg.Shards != r.Shards:
-		return r, fmt.Errorf("%w: the configured shard count %d differs from the %d stored with the table; leave Shards unset to use the stored one",
+		return fmt.Errorf("%w: the configured shard count %d differs from the %d stored with the table; leave Shards unset to use the stored one",
 			idem.ErrConfig, c.cfg.Shards, r.Shards)
-	case r.From < len(ms):
-		if _, err := tx.Exec(ctx, c.s.updateMeta, len(ms)); err != nil {
-			return r, fmt.Errorf("recording the schema version: %w", err)
+	case metaVersion < version:
+		// An older idem reads its version here.
+		if _, err := conn.Exec(ctx, c.s.updateMeta, version); err != nil {
+			return fmt.Errorf("recording the schema version: %w", err)
 		}
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return r, fmt.Errorf("committing migration: %w", err)
-	}
-	return r, nil
+	return nil
+}
+
+func init() {
+	migrator.Register("outbox", func(p migrator.Params) (*migrator.Component, error) {
+		switch p.Engine {
+		case migrator.Postgres, migrator.SQLite:
+		default:
+			return nil, fmt.Errorf("%w: the outbox runs on PostgreSQL and SQLite, not on %s", idem.ErrConfig, p.Engine)
+		}
+		c, err := newCore(string(p.Engine), nil, &Config{Table: p.Table, Shards: p.Shards})
+		if err != nil {
+			return nil, err
+		}
+		return c.component(&MigrateReport{})
+	})
 }
 
 // isNoRows reports the "no rows" error of pgx or database/sql.

@@ -33,7 +33,6 @@ type statements struct {
 	// missing reports an error that says the table is not there.
 	missing func(error) bool
 
-	migrateLock string // taken first in the migration transaction ("" on SQLite)
 	meta        string // creates the table of the stored version and shard count
 	readMeta    string // → version, shards
 	insertMeta  string // $1 version, $2 shards
@@ -88,7 +87,6 @@ func newStatements(dialect string, t inboxdb.Table) *statements {
 		plusMs = func() string { return "now() + $%d * interval '1 millisecond'" }()
 		inList = "= ANY($%d)"
 		forShare, skipLocked = " FOR SHARE", " FOR UPDATE SKIP LOCKED"
-		s.migrateLock = `SELECT pg_advisory_xact_lock(hashtext('idem.outbox.migrate'))`
 		// The lock space is the table's OID, not its spelling: one table
 		// named two ways (idem_outbox, public.idem_outbox) locks a key once.
 		s.lockKeys = `SELECT count(pg_advisory_xact_lock(hashtext($1::regclass::oid::text), h)) FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest($2::text[]) AS k ORDER BY 1) AS s`

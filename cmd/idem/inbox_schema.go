@@ -135,7 +135,7 @@ func inboxDDL(_ context.Context, args []string, stdout, _ io.Writer) error {
 			_, err = io.WriteString(stdout, text)
 			return err
 		}
-		return writeMigrations(stdout, *out, *format, *seq, sc, map[string]string{"": text})
+		return writeMigrations(stdout, *out, *format, *seq, inboxTitle(sc), map[string]string{"": text})
 	case "golang-migrate":
 		if *out == "" {
 			return fs.usagef("--format golang-migrate writes two files: give --out DIR")
@@ -144,7 +144,7 @@ func inboxDDL(_ context.Context, args []string, stdout, _ io.Writer) error {
 		if len(sc.Down) > 0 {
 			files[".down"] = sc.DownSQL()
 		}
-		return writeMigrations(stdout, *out, *format, *seq, sc, files)
+		return writeMigrations(stdout, *out, *format, *seq, inboxTitle(sc), files)
 	default:
 		return fs.usagef("--format %q: want one of %s", *format, strings.Join(ddlFormats, ", "))
 	}
@@ -195,10 +195,18 @@ var migrationNumber = map[string]*regexp.Regexp{
 // numberWidth is how each tool's own generator pads the number.
 var numberWidth = map[string]int{"goose": 5, "golang-migrate": 6, "flyway": 0}
 
+// inboxTitle names the migration files of an inbox script.
+func inboxTitle(sc inboxdb.Script) string {
+	if sc.From > 0 {
+		return fmt.Sprintf("idem_inbox_to_v%d", sc.Version)
+	}
+	return "idem_inbox"
+}
+
 // writeMigrations writes files (suffix → content) named for format into
 // dir, numbered seq (0: after the highest number there), refusing to
 // overwrite, and says what it wrote.
-func writeMigrations(stdout io.Writer, dir, format string, seq int, sc inboxdb.Script, files map[string]string) error {
+func writeMigrations(stdout io.Writer, dir, format string, seq int, title string, files map[string]string) error {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -221,10 +229,6 @@ func writeMigrations(stdout io.Writer, dir, format string, seq int, sc inboxdb.S
 			}
 		}
 		seq = int(highest + 1)
-	}
-	title := "idem_inbox"
-	if sc.From > 0 {
-		title = fmt.Sprintf("idem_inbox_to_v%d", sc.Version)
 	}
 	num := fmt.Sprintf("%0*d", width, seq)
 	name := func(suffix string) string {

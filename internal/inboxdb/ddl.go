@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/migrator"
 )
 
 // Script is the SQL Migrate runs for one inbox table, for a migration tool
@@ -80,8 +81,8 @@ func (d *Dialect) Script(window time.Duration, from int) (Script, error) {
 		s.Up = append(s.Up, Block{SQL: d.guardedMigrations(ms, from, key), Compound: true})
 	} else {
 		for _, m := range ms[from:] {
-			for _, stmt := range m.statements {
-				s.Up = append(s.Up, Block{SQL: "-- " + m.name + "\n" + stmt})
+			for _, stmt := range m.Statements {
+				s.Up = append(s.Up, Block{SQL: "-- " + m.Name + "\n" + stmt})
 			}
 		}
 	}
@@ -96,7 +97,7 @@ func (d *Dialect) Script(window time.Duration, from int) (Script, error) {
 	// table must not record the older version.
 	s.Up = append(s.Up,
 		Block{SQL: `INSERT INTO ` + book + ` AS m (table_name, version) VALUES (` + key + `, ` + strconv.Itoa(len(ms)) + `)
-ON CONFLICT (table_name) DO UPDATE SET version = excluded.version WHERE m.version < excluded.version`},
+ON CONFLICT (table_name) DO UPDATE SET version = excluded.version WHERE m.Version < excluded.version`},
 		// A table with settings keeps them, as with Migrate and no
 		// configured window.
 		Block{SQL: `INSERT INTO ` + settings + ` (table_name, layout, window_ms) VALUES (` + key + `, ` +
@@ -112,7 +113,7 @@ ON CONFLICT (table_name) DO NOTHING`},
 // guardedMigrations is PostgreSQL's migrations from version from in one
 // PL/pgSQL block that runs each only when the table's recorded version is
 // below it.
-func (d *Dialect) guardedMigrations(ms []migration, from int, key string) string {
+func (d *Dialect) guardedMigrations(ms []migrator.Migration, from int, key string) string {
 	book, settings := d.Table.Sibling(migrationsTable), d.Table.Sibling(settingsTable)
 	name := strings.ReplaceAll(d.Table.String(), "'", "''")
 	relkind := map[idem.Layout]string{idem.LayoutPlain: "r", idem.LayoutPartitioned: "p"}[d.Layout]
@@ -136,8 +137,8 @@ BEGIN
     END IF;
 `, settings, key, sqlString(d.Layout.String()), name, d.Layout)
 	for _, m := range ms[from:] {
-		fmt.Fprintf(&b, "    -- %s\n    IF idem_version < %d THEN\n", m.name, m.version)
-		for _, stmt := range m.statements {
+		fmt.Fprintf(&b, "    -- %s\n    IF idem_version < %d THEN\n", m.Name, m.Version)
+		for _, stmt := range m.Statements {
 			b.WriteString(indent(stmt, "        "))
 			b.WriteString(";\n")
 		}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/migrator"
 )
 
 // CleanupTimeout bounds the statements that end an operation after its
@@ -39,8 +40,9 @@ func rollback(ctx context.Context, tx Tx) {
 	_ = tx.Rollback(ctx)
 }
 
-// Row is one result row: pgx.Row and *sql.Row both are.
-type Row interface{ Scan(dest ...any) error }
+// Row is one result row: pgx.Row and *sql.Row both are. It is the
+// migrator's, so that a [Conn] is a migrator.Conn and the other way round.
+type Row = migrator.Row
 
 // Conn runs statements: a transaction, or one session.
 type Conn interface {

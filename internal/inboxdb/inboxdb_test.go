@@ -44,9 +44,9 @@ func TestMigrationsRender(t *testing.T) {
 			t.Fatalf("%s %s: %d migrations, want 2", d.Name, d.Layout, len(ms))
 		}
 		for _, m := range ms {
-			for _, s := range m.statements {
+			for _, s := range m.Statements {
 				if strings.HasSuffix(s, ";") || strings.TrimSpace(s) == "" {
-					t.Fatalf("%s: statement %q not split cleanly", m.name, s)
+					t.Fatalf("%s: statement %q not split cleanly", m.Name, s)
 				}
 			}
 		}

@@ -6,16 +6,13 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
-	"path"
-	"slices"
-	"strconv"
 	"strings"
 	"text/template"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/migrator"
 )
 
 // The bookkeeping tables, created beside the inbox (in its schema) and
@@ -41,19 +38,8 @@ const (
 //go:embed migrations
 var migrationFS embed.FS
 
-// migration is one numbered, rendered migration.
-type migration struct {
-	version    int
-	name       string
-	statements []string
-}
-
-// migrations renders d's templates for its table, in version order.
-func (d *Dialect) migrationList() ([]migration, error) {
-	entries, err := fs.ReadDir(migrationFS, d.migrations)
-	if err != nil {
-		return nil, fmt.Errorf("reading migrations: %w", err)
-	}
+// migrationList renders d's templates for its table, in version order.
+func (d *Dialect) migrationList() ([]migrator.Migration, error) {
 	t := d.Table
 	data := struct{ Table, Name string }{Table: t.Quoted(), Name: quoteIdent(t.Name)}
 	funcs := template.FuncMap{
@@ -66,59 +52,7 @@ func (d *Dialect) migrationList() ([]migration, error) {
 		// DROP INDEX.
 		"qindex": func(column string) string { return t.Sibling(t.IndexName(column)) },
 	}
-	var out []migration
-	for _, e := range entries {
-		num, _, ok := strings.Cut(e.Name(), "_")
-		v, err := strconv.Atoi(num)
-		if !ok || err != nil || !strings.HasSuffix(e.Name(), ".sql") {
-			return nil, fmt.Errorf("migration file %s: want NNNN_name.sql", e.Name())
-		}
-		src, err := fs.ReadFile(migrationFS, path.Join(d.migrations, e.Name()))
-		if err != nil {
-			return nil, fmt.Errorf("reading migration %s: %w", e.Name(), err)
-		}
-		tmpl, err := template.New(e.Name()).Option("missingkey=error").Funcs(funcs).Parse(string(src))
-		if err != nil {
-			return nil, fmt.Errorf("parsing migration %s: %w", e.Name(), err)
-		}
-		var b strings.Builder
-		if err := tmpl.Execute(&b, data); err != nil {
-			return nil, fmt.Errorf("rendering migration %s: %w", e.Name(), err)
-		}
-		out = append(out, migration{version: v, name: e.Name(), statements: splitStatements(b.String())})
-	}
-	slices.SortFunc(out, func(a, b migration) int { return a.version - b.version })
-	for i, m := range out {
-		if m.version != i+1 {
-			return nil, fmt.Errorf("migration %s: versions must run 1, 2, 3… without gaps", m.name)
-		}
-	}
-	return out, nil
-}
-
-// splitStatements cuts a script at semicolons that end a line, so each
-// statement is sent alone: not every driver accepts several per Exec. The
-// templates keep semicolons out of the middle of lines for this reason.
-func splitStatements(script string) []string {
-	var out []string
-	var cur strings.Builder
-	for line := range strings.Lines(script) {
-		trimmed := strings.TrimSpace(line)
-		if strings.HasPrefix(trimmed, "--") {
-			continue
-		}
-		cur.WriteString(line)
-		if strings.HasSuffix(trimmed, ";") {
-			if s := strings.TrimSuffix(strings.TrimSpace(cur.String()), ";"); s != "" {
-				out = append(out, s)
-			}
-			cur.Reset()
-		}
-	}
-	if s := strings.TrimSpace(cur.String()); s != "" {
-		out = append(out, s)
-	}
-	return out
+	return migrator.Load(migrationFS, d.migrations, data, funcs)
 }
 
 // Migrate brings the inbox table to the newest schema version and records
@@ -151,9 +85,8 @@ func (b *Inbox) MigrateReport(ctx context.Context) (idem.Settings, idem.MigrateR
 }
 
 func (b *Inbox) migrate(ctx context.Context) (set idem.Settings, rep idem.MigrateReport, err error) {
-	d := b.D
-	rep.Table = d.Table.String()
-	ms, err := d.migrationList()
+	rep.Table = b.D.Table.String()
+	comp, err := b.Component(&set, &rep)
 	if err != nil {
 		return set, rep, err
 	}
@@ -162,49 +95,75 @@ func (b *Inbox) migrate(ctx context.Context) (set idem.Settings, rep idem.Migrat
 		return set, rep, fmt.Errorf("beginning migration: %w", err)
 	}
 	defer rollback(ctx, tx)
-	for _, q := range d.Bookkeeping {
-		if _, err := tx.Exec(ctx, q); err != nil {
-			return set, rep, fmt.Errorf("creating the bookkeeping tables: %w", err)
-		}
+	if _, err := migrator.Apply(ctx, tx, migrator.Engine(b.D.Name), comp); err != nil {
+		return set, rep, err
 	}
-	key := d.Table.Quoted()
-	var current int
-	if err := tx.QueryRow(ctx, d.ReadVersion, key).Scan(&current); err != nil && !isNoRows(err) {
-		return set, rep, fmt.Errorf("reading schema version: %w", err)
+	if err := tx.Commit(ctx); err != nil {
+		return set, rep, fmt.Errorf("committing migration: %w", err)
 	}
-	existed, err := d.tableExists(ctx, tx)
+	return set, rep, nil
+}
+
+// Component is the inbox table as the one migrator of every idem table sees
+// it: the bookkeeping tables created first, an existing table refused when
+// it is not this store's inbox, and the settings recorded after the
+// migrations. The versions were always in the version table. Once it has
+// run, *set and *rep hold what [Inbox.MigrateReport] returns.
+func (b *Inbox) Component(set *idem.Settings, rep *idem.MigrateReport) (*migrator.Component, error) {
+	d := b.D
+	ms, err := d.migrationList()
 	if err != nil {
-		return set, rep, fmt.Errorf("looking for the table: %w", err)
+		return nil, err
 	}
-	rep.Created, rep.From, rep.To = !existed, current, len(ms)
-	if current > len(ms) {
-		return set, rep, fmt.Errorf("schema version %d is newer than this build knows (%d): upgrade idem", current, len(ms))
-	}
-	if existed {
-		// CREATE TABLE IF NOT EXISTS keeps a table of another shape or
-		// layout; the migrations after it would fail on it with the
-		// database's words, or worse, succeed.
-		cat, err := d.readCatalog(ctx, tx)
-		if err != nil {
-			return set, rep, fmt.Errorf("reading the catalog: %w", err)
-		}
-		if err := d.checkShape(cat); err != nil {
-			return set, rep, err
-		}
-	}
-	for _, m := range ms[current:] {
-		for _, stmt := range m.statements {
-			if _, err := tx.Exec(ctx, stmt); err != nil {
-				return set, rep, fmt.Errorf("applying %s: %w", m.name, err)
+	rep.Table = d.Table.String()
+	key := d.Table.Quoted()
+	return &migrator.Component{
+		Name:       "inbox",
+		Table:      d.Table.String(),
+		Key:        key,
+		Book:       d.Table.Sibling(migrationsTable),
+		Migrations: ms,
+		Setup: func(ctx context.Context, c migrator.Conn) error {
+			for _, q := range d.Bookkeeping {
+				if _, err := c.Exec(ctx, q); err != nil {
+					return fmt.Errorf("creating the bookkeeping tables: %w", err)
+				}
 			}
-		}
-	}
-	if current < len(ms) {
-		if _, err := tx.Exec(ctx, d.WriteVersion, key, len(ms)); err != nil {
-			return set, rep, fmt.Errorf("recording schema version: %w", err)
-		}
-	}
-	st, found, err := b.readSettings(ctx, tx)
+			return nil
+		},
+		Check: func(ctx context.Context, c migrator.Conn, from int) error {
+			existed, err := d.tableExists(ctx, c)
+			if err != nil {
+				return fmt.Errorf("looking for the table: %w", err)
+			}
+			rep.Created, rep.From, rep.To = !existed, from, len(ms)
+			if !existed {
+				return nil
+			}
+			// CREATE TABLE IF NOT EXISTS keeps a table of another shape or
+			// layout; the migrations after it would fail on it with the
+			// database's words, or worse, succeed.
+			cat, err := d.readCatalog(ctx, c)
+			if err != nil {
+				return fmt.Errorf("reading the catalog: %w", err)
+			}
+			return d.checkShape(cat)
+		},
+		After: func(ctx context.Context, c migrator.Conn, _, _ int) error {
+			s, r, err := b.recordSettings(ctx, c)
+			*set = s
+			rep.Layout, rep.Window = r.Layout, r.Window
+			return err
+		},
+	}, nil
+}
+
+// recordSettings writes the settings of a table that has none, and checks
+// those of one that has.
+func (b *Inbox) recordSettings(ctx context.Context, c Conn) (set idem.Settings, rep idem.MigrateReport, err error) {
+	d := b.D
+	key := d.Table.Quoted()
+	st, found, err := b.readSettings(ctx, c)
 	if err != nil {
 		return set, rep, err
 	}
@@ -215,7 +174,7 @@ func (b *Inbox) migrate(ctx context.Context) (set idem.Settings, rep idem.Migrat
 			set.Window = DefaultWindow
 		}
 		rep.Layout, rep.Window = set.Layout, set.Window
-		if _, err := tx.Exec(ctx, d.InsertSettings, key, set.Layout.String(), set.Window.Milliseconds()); err != nil {
+		if _, err := c.Exec(ctx, d.InsertSettings, key, set.Layout.String(), set.Window.Milliseconds()); err != nil {
 			return set, rep, fmt.Errorf("recording the inbox settings: %w", err)
 		}
 	case st.Layout != d.Layout:
@@ -227,9 +186,6 @@ func (b *Inbox) migrate(ctx context.Context) (set idem.Settings, rep idem.Migrat
 	default:
 		set = idem.Settings{Layout: st.Layout, Window: st.Guard}
 		rep.Layout, rep.Window = st.Layout, st.Window
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return set, rep, fmt.Errorf("committing migration: %w", err)
 	}
 	return set, rep, nil
 }

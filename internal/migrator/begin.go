@@ -1,0 +1,203 @@
+package migrator
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// PgxDB begins pgx transactions: a *pgxpool.Pool or a *pgx.Conn.
+type PgxDB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// BeginPgx begins the migration transaction on one connection of db; [Run]
+// takes the lock in it.
+func BeginPgx(ctx context.Context, db PgxDB) (Tx, error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return PgxTx(tx), nil
+}
+
+// PgxTx is the [Tx] of a pgx transaction.
+func PgxTx(tx pgx.Tx) Tx { return pgxTx{tx} }
+
+type pgxTx struct{ tx pgx.Tx }
+
+func (t pgxTx) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
+	tag, err := t.tx.Exec(ctx, sql, args...)
+	return tag.RowsAffected(), err
+}
+
+func (t pgxTx) QueryRow(ctx context.Context, sql string, args ...any) Row {
+	return t.tx.QueryRow(ctx, sql, args...)
+}
+
+func (t pgxTx) Query(ctx context.Context, sql string, each func(Row) error, args ...any) error {
+	rows, err := t.tx.Query(ctx, sql, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := each(rows); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
+func (t pgxTx) Commit(ctx context.Context) error   { return t.tx.Commit(ctx) }
+func (t pgxTx) Rollback(ctx context.Context) error { return t.tx.Rollback(ctx) }
+
+// MySQLLock names the lock that serializes migrators of one MySQL or
+// MariaDB database (sqlinbox's migrator takes the same). Lock names belong
+// to the server, not to a database, and have at most 64 characters: the name
+// carries a hash of the database.
+const MySQLLock = `CONCAT('idem.migrate.', SHA1(DATABASE()))`
+
+// BeginSQL begins the migration transaction on one connection of db, held
+// until Commit or Rollback, under e's lock where it is the session's: on
+// SQLite BEGIN IMMEDIATE (the write lock, taken at once); on MySQL and
+// MariaDB GET_LOCK, taken before the transaction and released after it, as
+// the DDL a migration runs commits implicitly. On PostgreSQL it is a plain
+// transaction: [Run] takes the lock.
+func BeginSQL(ctx context.Context, db *sql.DB, e Engine) (Tx, error) {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// discard ends a session that may still hold a lock or a transaction:
+	// it never goes back to the pool.
+	discard := func() {
+		_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		_ = conn.Close()
+	}
+	switch e {
+	case SQLite:
+		if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+			_ = conn.Close()
+			return nil, fmt.Errorf("beginning immediate transaction: %w", err)
+		}
+		end := func(stmt string) error {
+			_, err := conn.ExecContext(context.Background(), stmt)
+			if err != nil {
+				discard()
+				return err
+			}
+			return conn.Close()
+		}
+		return &sqlTx{conn: conn, q: conn, commit: func() error { return end("COMMIT") }, rollback: func() error { return end("ROLLBACK") }}, nil
+	case MySQL:
+		if err := getLock(ctx, conn); err != nil {
+			_ = conn.Close()
+			return nil, err
+		}
+	}
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		discard()
+		return nil, err
+	}
+	end := func(finish func() error) error {
+		err := finish()
+		if errors.Is(err, sql.ErrTxDone) {
+			err = nil
+		}
+		if e == MySQL {
+			if _, rerr := conn.ExecContext(context.Background(), `DO RELEASE_LOCK(`+MySQLLock+`)`); rerr != nil {
+				discard()
+				return err
+			}
+		}
+		return errors.Join(err, conn.Close())
+	}
+	return &sqlTx{conn: conn, q: tx, commit: func() error { return end(tx.Commit) }, rollback: func() error { return end(tx.Rollback) }}, nil
+}
+
+// getLock waits for the MySQL migration lock, a second at a time so that a
+// cancelled context is noticed.
+func getLock(ctx context.Context, conn *sql.Conn) error {
+	for {
+		var got sql.NullInt64
+		var noDB bool
+		if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(`+MySQLLock+`, 1), DATABASE() IS NULL`).Scan(&got, &noDB); err != nil {
+			return fmt.Errorf("taking the migration lock: %w", err)
+		}
+		switch {
+		case noDB:
+			// GET_LOCK answers NULL at once when the name is NULL: polling
+			// would spin.
+			return errors.New("taking the migration lock: the connection has no database selected (name one in the DSN: user@tcp(host:3306)/database)")
+		case !got.Valid:
+			return errors.New("taking the migration lock: GET_LOCK returned NULL (the session was killed, or the lock name is invalid)")
+		case got.Int64 == 1:
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("waiting for the migration lock, held by another migrator: %w", err)
+		}
+	}
+}
+
+// sqlQuerier is a *sql.Conn or *sql.Tx.
+type sqlQuerier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+type sqlTx struct {
+	conn             *sql.Conn
+	q                sqlQuerier
+	commit, rollback func() error
+	done             bool
+}
+
+func (t *sqlTx) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	r, err := t.q.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return r.RowsAffected()
+}
+
+func (t *sqlTx) QueryRow(ctx context.Context, query string, args ...any) Row {
+	return t.q.QueryRowContext(ctx, query, args...)
+}
+
+func (t *sqlTx) Query(ctx context.Context, query string, each func(Row) error, args ...any) error {
+	rows, err := t.q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := each(rows); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
+func (t *sqlTx) Commit(context.Context) error {
+	if t.done {
+		return sql.ErrTxDone
+	}
+	t.done = true
+	return t.commit()
+}
+
+func (t *sqlTx) Rollback(context.Context) error {
+	if t.done {
+		return nil
+	}
+	t.done = true
+	return t.rollback()
+}
