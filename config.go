@@ -52,7 +52,7 @@ type Config[TTx any] struct {
 	// disables the guard.
 	Horizon Horizon
 	// PartitionTime derives a message's partition time from its inbox key,
-	// for a partitioned inbox (DESIGN.md 7): the time must be a function of
+	// for a partitioned inbox (docs/design.md 7): the time must be a function of
 	// the key alone, so that every copy of a message, republished with any
 	// timestamp, lands on its marker. For "invoice:<customer>:<period>",
 	// return the period's start, and keep a retention window longer than a

@@ -11,7 +11,7 @@ import (
 // ErrExpired is wrapped by the error of an Expired result.
 var ErrExpired = errors.New("message older than the inbox retention window")
 
-// Horizon is the retention guard of a consumer (DESIGN.md 8): markers are
+// Horizon is the retention guard of a consumer (docs/design.md 8): markers are
 // kept for Window, so a message whose event time is older than that cannot
 // be proven new — its marker may already be pruned. Such a message gets the
 // outcome Expired instead of being silently applied again.

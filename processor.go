@@ -177,7 +177,7 @@ func (p *Processor[TTx]) ProcessBatchInOrder(ctx context.Context, msgs []Message
 // ProcessTx claims msg's key and runs the handler inside tx, a transaction
 // the caller owns and must commit whenever it returns a nil error: on
 // Applied for the effect, and on Duplicate too, since a duplicate newer than
-// its marker extends the marker's life in tx (DESIGN.md 8). It writes
+// its marker extends the marker's life in tx (docs/design.md 8). It writes
 // nothing for a DeadLettered message. A non-nil error means
 // the claim or the handler failed and tx must be rolled back. The result is
 // logged and observed when ProcessTx returns, before the caller commits: a
@@ -566,7 +566,7 @@ func (p *Processor[TTx]) runTx(ctx context.Context, items []*item) error {
 // claimAndExtend inserts the markers of items' distinct keys in sorted key
 // order and returns, in message order, the items this transaction claimed.
 // The others become Duplicates. A duplicate whose event time is later than
-// what its marker is kept for extends the marker's life (DESIGN.md 8), and
+// what its marker is kept for extends the marker's life (docs/design.md 8), and
 // extended says so: the transaction must then commit even when nothing was
 // claimed. A plain redelivery carries the marker's own time and writes
 // nothing.

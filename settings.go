@@ -26,7 +26,7 @@ type inboxState struct {
 func (p *Processor[TTx]) horizon() *Horizon { return p.inbox.horizon.Load() }
 
 // ready makes sure the processor guards with the inbox's stored window
-// (DESIGN.md 10): it reads the settings before the first message and every
+// (docs/design.md 10): it reads the settings before the first message and every
 // settingsTTL after, and fails, wrapping [ErrConfig], when the consumer's
 // horizon is longer than the stored window or the stored layout is not the
 // store's. force reads them now.

@@ -77,7 +77,7 @@ func (l Layout) String() string {
 }
 
 // Settings is what an inbox's migration records beside its table
-// (DESIGN.md 10): every processor, prune and CLI reads it, so none can
+// (docs/design.md 10): every processor, prune and CLI reads it, so none can
 // guard with a longer horizon or prune with a shorter window than the
 // table keeps.
 type Settings struct {
@@ -124,7 +124,7 @@ type Extension struct {
 	KeepUntil time.Time
 }
 
-// Extender is a store that can extend markers' lives (DESIGN.md 8). In tx,
+// Extender is a store that can extend markers' lives (docs/design.md 8). In tx,
 // it sets each key's keep-until to the given time where that is later than
 // the stored one, and writes nothing otherwise.
 type Extender[TTx any] interface {

@@ -32,7 +32,7 @@ var paths = []path{{"batch", 0}, {"single", 1}}
 
 // Run runs every check of the suite against h, each as a parallel subtest
 // with its own topic and PostgreSQL schema. Each check fails when the
-// adapter breaks the contract it names (DESIGN.md, sections 1-6, 11, 12).
+// adapter breaks the contract it names (docs/design.md, sections 1-6, 11, 12).
 func Run(t *testing.T, h Harness) {
 	t.Helper()
 	known := h.Features().Known
@@ -134,7 +134,7 @@ func seq(prefix string, n int) []string {
 
 // The same ID delivered twice, in one batch and long after, has one
 // effect: the second copy is a Duplicate, acked, never applied
-// (DESIGN.md 1, 3).
+// (docs/design.md 1, 3).
 func sameIDTwice(t *testing.T, h Harness, p path) {
 	e := newEnv(t, h, pgxinbox.Plain)
 	e.publish(msgs("a", "b", "a")...)
@@ -161,7 +161,7 @@ func countOf[T comparable](s []T, v T) int {
 
 // A crash between the database commit and the ack (the processor's
 // AfterCommit fault, once) leaves the message to redelivery, which finds
-// its marker: one effect (DESIGN.md 4).
+// its marker: one effect (docs/design.md 4).
 func crashAfterCommit(t *testing.T, h Harness, p path) {
 	e := newEnv(t, h, pgxinbox.Plain)
 	var fired atomic.Bool
@@ -195,7 +195,7 @@ func crashAfterCommit(t *testing.T, h Harness, p path) {
 // A consumer that dies at the adapter's own fault point, after the
 // database commit and before the ack, leaves the committed messages to
 // redelivery, which finds their markers: every message once, some of them
-// met again as Duplicates (DESIGN.md 4; the incident of the seeds).
+// met again as Duplicates (docs/design.md 4; the incident of the seeds).
 func crashBeforeAck(t *testing.T, h Harness, p path) {
 	e, ids := crashedBeforeAck(t, h, p)
 	e.wantEffects(ids...)
@@ -248,7 +248,7 @@ func crashedBeforeAck(t *testing.T, h Harness, p path) (*env, []string) {
 }
 
 // A message without an ID goes to the dead-letter destination with a
-// reason and is never applied; its neighbours are (DESIGN.md 1).
+// reason and is never applied; its neighbours are (docs/design.md 1).
 func missingID(t *testing.T, h Harness, p path) {
 	e := newEnv(t, h, pgxinbox.Plain)
 	body := uniqueBody("no-id")
@@ -270,7 +270,7 @@ func missingID(t *testing.T, h Harness, p path) {
 // A handler's permanent error dead-letters the message at once, with
 // reason, consumer, attempts, outcome and origin; it is never applied,
 // each poison message is dead-lettered once, and its neighbours are
-// applied (DESIGN.md 5, 6, 12).
+// applied (docs/design.md 5, 6, 12).
 func poison(t *testing.T, h Harness, p path) {
 	e := newEnv(t, h, pgxinbox.Plain)
 	fail := func(_ context.Context, m idem.Message, _ int) error {
@@ -312,7 +312,7 @@ func poison(t *testing.T, h Harness, p path) {
 // A handler error that is not permanent is retried, and the message is
 // dead-lettered after exactly RetryPolicy.MaxAttempts runs of the handler,
 // counting the run in a shared batch transaction it failed, with
-// x-idem-attempts saying so (DESIGN.md 5, 11).
+// x-idem-attempts saying so (docs/design.md 5, 11).
 func transientExhausted(t *testing.T, h Harness, p path) {
 	e := newEnv(t, h, pgxinbox.Plain)
 	fail := func(_ context.Context, m idem.Message, _ int) error {
@@ -344,7 +344,7 @@ func transientExhausted(t *testing.T, h Harness, p path) {
 
 // A message older than the inbox's retention window (its event-time
 // header 20 days old, the window 14) cannot be proven new: Expired, to the
-// dead-letter destination with outcome expired, never applied (DESIGN.md
+// dead-letter destination with outcome expired, never applied (docs/design.md
 // 8).
 func expired(t *testing.T, h Harness) {
 	e := newEnv(t, h, pgxinbox.Plain)
@@ -359,7 +359,7 @@ func expired(t *testing.T, h Harness) {
 
 // Two consumers of one topic, each with its own processor and pool, and
 // every message published twice: each is applied once, whichever consumer
-// got which copy and however their transactions raced (DESIGN.md 3).
+// got which copy and however their transactions raced (docs/design.md 3).
 func twoConsumers(t *testing.T, h Harness) {
 	e := newEnv(t, h, pgxinbox.Plain)
 	ids := seq("m", 30)
@@ -386,7 +386,7 @@ func twoConsumers(t *testing.T, h Harness) {
 // answering or goes silent, with connect_timeout=1), between messages,
 // under a handler or under a COMMIT, spends no message's budget: messages
 // are held past RetryPolicy.WaitUnavailable, nothing is dead-lettered, and
-// everything is applied once after the database comes back (DESIGN.md 4,
+// everything is applied once after the database comes back (docs/design.md 4,
 // 11).
 func outage(t *testing.T, h Harness, fail func(*netfault.Proxy), at strike) {
 	e := newEnv(t, h, pgxinbox.Plain)
@@ -459,7 +459,7 @@ const (
 
 // Run refuses to start when the inbox table is missing, with an error
 // wrapping idem.ErrInboxNotReady, and takes nothing: a consumer started
-// after the migration applies every message once (DESIGN.md 11).
+// after the migration applies every message once (docs/design.md 11).
 func missingInboxTable(t *testing.T, h Harness) {
 	e := newEnv(t, h, pgxinbox.Plain)
 	bare := e.store(e.pool, true)
@@ -484,7 +484,7 @@ func missingInboxTable(t *testing.T, h Harness) {
 // An inbox table that goes away under a running consumer (a deploy ahead
 // of its migration, a table renamed) is a configuration outage: messages
 // are held, nothing is dead-lettered, and all are applied once when the
-// table is back (DESIGN.md 11).
+// table is back (docs/design.md 11).
 func inboxTableGone(t *testing.T, h Harness) {
 	e := newEnv(t, h, pgxinbox.Plain)
 	e.start(e.consumer(e.processor(procOptions{}), ConsumerOptions{}))
@@ -509,7 +509,7 @@ func inboxTableGone(t *testing.T, h Harness) {
 
 // Cancelling Run while the inbox database is unreachable returns within
 // the harness's StopWithin, dead-letters nothing, and leaves every
-// message to a later consumer, which applies each once (DESIGN.md 4, 11).
+// message to a later consumer, which applies each once (docs/design.md 4, 11).
 func shutdownDuringOutage(t *testing.T, h Harness) {
 	e := newEnv(t, h, pgxinbox.Plain)
 	pool, proxy := e.proxiedPool()
@@ -535,7 +535,7 @@ func shutdownDuringOutage(t *testing.T, h Harness) {
 // A consumer started while the inbox database is unreachable (a connect
 // that times out) waits for it: an outage is not a reason to refuse to
 // start, as a missing table is. Once the database is back, it applies
-// what waited (DESIGN.md 11).
+// what waited (docs/design.md 11).
 func outageAtStart(t *testing.T, h Harness) {
 	e := newEnv(t, h, pgxinbox.Plain)
 	pool, proxy := e.proxiedPool()
@@ -561,7 +561,7 @@ func outageAtStart(t *testing.T, h Harness) {
 }
 
 // A consumer whose dead letters would have nowhere to go refuses to start
-// and takes nothing (DESIGN.md 12).
+// and takes nothing (docs/design.md 12).
 func noDeadLetterDestination(t *testing.T, h Harness) {
 	e := newEnv(t, h, pgxinbox.Plain)
 	e.publish(msg("m1"))
@@ -582,7 +582,7 @@ func noDeadLetterDestination(t *testing.T, h Harness) {
 // A dead-letter destination that goes away under a running consumer
 // loses no dead letter and doubles none: the poison messages stay with
 // the consumer, unsettled, while their dead letters cannot be written,
-// and reach the destination once each when it is back (DESIGN.md 12).
+// and reach the destination once each when it is back (docs/design.md 12).
 func deadLetterDestinationLost(t *testing.T, h Harness) {
 	b, ok := h.(DeadLetterBreaker)
 	if !ok {
@@ -621,7 +621,7 @@ func deadLetterDestinationLost(t *testing.T, h Harness) {
 
 // Where the broker promises order, messages are applied in the order they
 // were published, with a transient failure retried and a poison message
-// dead-lettered in the middle (DESIGN.md 6).
+// dead-lettered in the middle (docs/design.md 6).
 func ordered(t *testing.T, h Harness, p path) {
 	if !h.Features().Ordered {
 		t.Skip("the broker promises no order (Features.Ordered is false)")
@@ -654,7 +654,7 @@ func ordered(t *testing.T, h Harness, p path) {
 // day earlier) meets its marker whether it comes in the same batch or
 // long after: one effect. A message whose ID carries no time cannot be
 // placed and is dead-lettered, one whose ID's time is older than the
-// window expires; neither is applied (DESIGN.md 7, 8; issue 11).
+// window expires; neither is applied (docs/design.md 7, 8; issue 11).
 func partitionedRepublish(t *testing.T, h Harness, p path) {
 	e := newEnv(t, h, pgxinbox.Partitioned)
 	now := time.Now().UTC()

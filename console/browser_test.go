@@ -78,7 +78,7 @@ func submitter(t *testing.T, action string, fields map[string][]string) http.Han
 // TestBrowser renders the console's pages in a real headless Chromium,
 // redrives a group through its form as the browser sends it, sees a
 // cross-origin form refused, and with IDEM_CONSOLE_SCREENSHOTS=dir writes
-// the screenshots of the README there.
+// the screenshots of docs/dead-letters.md there.
 func TestBrowser(t *testing.T) {
 	bin := chromium(t)
 	e := newEnv(t)

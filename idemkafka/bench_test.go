@@ -25,7 +25,7 @@ import (
 // each pipeline's msgs/s and what the claim costs. The two pipelines run in
 // alternating order for several rounds and the medians are reported, so that
 // a neighbour's load hits both alike. IDEM_BENCH_RECORDS sets the records
-// per pass (default 20000; the README figure uses 200000) and
+// per pass (default 20000; docs/performance.md uses 200000) and
 // IDEM_BENCH_ROUNDS the rounds (default 3):
 //
 //	IDEM_BENCH_RECORDS=200000 go test -run '^$' -bench Pipeline -benchtime 1x ./idemkafka/

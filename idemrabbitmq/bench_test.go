@@ -20,7 +20,7 @@ import (
 )
 
 // drainMessages is how many persistent messages BenchmarkDrain drains per
-// run. The figure in the README uses 100,000:
+// run. The figure in docs/performance.md uses 100,000:
 //
 //	go test -run '^$' -bench Drain -benchtime 1x ./idemrabbitmq/ -args -drain.messages=100000
 var drainMessages = flag.Int("drain.messages", envInt("IDEM_BENCH_MESSAGES", 20000), "messages per BenchmarkDrain run (env IDEM_BENCH_MESSAGES)")

@@ -13,8 +13,8 @@ import (
 )
 
 // RetentionStore is what the retention checks need of a store: the inbox,
-// its stored settings (DESIGN.md 10), markers that outlive the messages
-// that need them (DESIGN.md 8), and the prune.
+// its stored settings (docs/design.md 10), markers that outlive the messages
+// that need them (docs/design.md 8), and the prune.
 type RetentionStore[TTx any] interface {
 	idem.Store[TTx]
 	idem.Extender[TTx]

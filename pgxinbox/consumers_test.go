@@ -230,7 +230,7 @@ FROM generate_series(1, 50000) g, LATERAL (SELECT now() - g * (interval '10 days
 }
 
 // BenchmarkConsumerStats reads the per-consumer figures of an inbox of
-// IDEM_BENCH_CONSUMER_ROWS markers (default 100,000; the README's figures
+// IDEM_BENCH_CONSUMER_ROWS markers (default 100,000; docs/performance.md's figures
 // are for 1,000,000) over five consumers that share it evenly and one that
 // started a moment ago:
 //

@@ -54,7 +54,7 @@
 // [Plain] (the default) is one table, pruned by batched DELETE: simple, and
 // fine up to some millions of markers a day. [Partitioned] partitions the
 // table by day of partition time and drops whole days: no per-row WAL, no
-// dead tuples, no vacuum debt (see the README for measured figures). The
+// dead tuples, no vacuum debt (see docs/performance.md for measured figures). The
 // partition column must be in the primary key, which is why it is a
 // function of the key alone, and never the time of processing or a
 // timestamp a copy of the message carries: a message first processed at

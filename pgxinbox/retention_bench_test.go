@@ -19,7 +19,7 @@ import (
 // in the same run: DROP of a daily partition against batched DELETE (plus
 // the VACUUM the DELETE leaves behind), as time and WAL bytes; and claim
 // throughput while the batched DELETE runs against the same table idle. The
-// size is IDEM_BENCH_RETENTION_ROWS (default 70,000, for CI); the README's
+// size is IDEM_BENCH_RETENTION_ROWS (default 70,000, for CI); docs/performance.md's
 // figures come from
 //
 //	IDEM_BENCH_RETENTION_ROWS=5000000 go test -run '^$' -bench Retention -benchtime 1x -timeout 60m ./pgxinbox/

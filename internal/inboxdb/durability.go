@@ -66,7 +66,7 @@ func PostgresDurability(syncCommit, standbyNames, fsync string, recovery bool, s
 			"ALTER ROLE <consumer role> SET synchronous_commit = on (or remove the override from the connection URL)"))
 	case standbyNames == "" && standbys > 0:
 		d.Risks = append(d.Risks, risk(fmt.Sprintf("%d streaming standby(s) replicate asynchronously (synchronous_standby_names is empty): a failover to a standby that had not received the last commits loses their effects while their messages stay acked", standbys),
-			"set synchronous_standby_names to the standbys' application_name (e.g. 'ANY 1 (replica1, replica2)') and synchronous_commit = on; see the README, Running on clusters"))
+			"set synchronous_standby_names to the standbys' application_name (e.g. 'ANY 1 (replica1, replica2)') and synchronous_commit = on; see docs/clusters.md"))
 	case standbyNames != "" && syncCommit == "local":
 		d.Risks = append(d.Risks, risk("synchronous_commit is local: commits are acknowledged before the synchronous standby has them, so a failover can lose acknowledged effects",
 			"ALTER ROLE <consumer role> SET synchronous_commit = on"))
@@ -176,7 +176,7 @@ func MySQLDurability(mariadb bool, flushLog, syncBinlog string, logBin bool, rep
 	switch {
 	case replicas > 0 && !enabled:
 		d.Risks = append(d.Risks, risk(fmt.Sprintf("%d replica(s) replicate asynchronously: a failover to a replica that had not received the last commits loses their effects while their messages stay acked", replicas),
-			"enable semi-synchronous replication (rpl_semi_sync_source_enabled, MariaDB rpl_semi_sync_master_enabled, with wait point AFTER_SYNC) and a timeout longer than your failover's detection time; see the README, Running on clusters"))
+			"enable semi-synchronous replication (rpl_semi_sync_source_enabled, MariaDB rpl_semi_sync_master_enabled, with wait point AFTER_SYNC) and a timeout longer than your failover's detection time; see docs/clusters.md"))
 	case enabled:
 		if wp := either("rpl_semi_sync_source_wait_point", "rpl_semi_sync_master_wait_point"); wp != "" && wp != "AFTER_SYNC" {
 			d.Risks = append(d.Risks, risk("semi-synchronous replication waits "+wp+": a commit is visible to other sessions (a duplicate's claim, a reader of the effects) before any replica has it, so a failover at that moment loses a commit that others already acted on",

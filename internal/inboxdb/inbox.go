@@ -397,7 +397,7 @@ func (b *Inbox) horizons(ctx context.Context, c Conn) ([]Horizon, error) {
 }
 
 // SetWindow changes the window stored with the table, the one explicit
-// operation that does (DESIGN.md 10), and logs the old and new values. It
+// operation that does (docs/design.md 10), and logs the old and new values. It
 // refuses, unless force is set, a window under [MinWindow] and one shorter
 // than the longest horizon a consumer recorded: that consumer would accept
 // messages whose markers the prune removes. It returns the old window.

@@ -20,7 +20,7 @@ import (
 const (
 	// migrationsTable: the schema version of each inbox table.
 	migrationsTable = "idem_migrations"
-	// settingsTable: each inbox's layout and retention window (DESIGN.md
+	// settingsTable: each inbox's layout and retention window (docs/design.md
 	// 10), written by Migrate, changed only by SetWindow.
 	settingsTable = "idem_inbox_settings"
 	// horizonsTable: the horizon each consumer of an inbox last reported.
