@@ -19,7 +19,7 @@ import (
 	"github.com/idemkit/idem/sqliteinbox"
 )
 
-// The ledger of the source documents: OrderPaid adds 12,500 to a merchant's balance. The
+// The ledger told in docs/design.md: OrderPaid adds 12,500 to a merchant's balance. The
 // broker delivers the event twice; the balance moves once.
 func Example() {
 	ctx := context.Background()

@@ -195,7 +195,7 @@ func crashAfterCommit(t *testing.T, h Harness, p path) {
 // A consumer that dies at the adapter's own fault point, after the
 // database commit and before the ack, leaves the committed messages to
 // redelivery, which finds their markers: every message once, some of them
-// met again as Duplicates (docs/design.md 4; the incident of the seeds).
+// met again as Duplicates (docs/design.md 4; the incident in docs/design.md).
 func crashBeforeAck(t *testing.T, h Harness, p path) {
 	e, ids := crashedBeforeAck(t, h, p)
 	e.wantEffects(ids...)
@@ -693,7 +693,7 @@ func partitionedRepublish(t *testing.T, h Harness, p path) {
 
 // A consumer whose broker connection is cut while a batch is in the
 // database loses nothing and doubles nothing: what committed is found in
-// the inbox when the broker redelivers it (the incident of the seeds).
+// the inbox when the broker redelivers it (the incident in docs/design.md).
 func connectionCut(t *testing.T, h Harness) {
 	e := newEnv(t, h, pgxinbox.Plain)
 	ids := seq("m", 20)

@@ -54,7 +54,7 @@ func TestProbeRanksLegacyConsumers(t *testing.T) {
 }
 
 // legacyFindings probes the legacy consumers on one shared database.
-// They are written without idem, as the seeds' codebase was: each commits
+// They are written without idem, as the incident's codebase was: each commits
 // on its own.
 func legacyFindings(t *testing.T) []idemtest.Finding {
 	t.Helper()

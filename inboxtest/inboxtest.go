@@ -577,7 +577,7 @@ func (s suite[TTx]) duplicatesInsideBatch(t *testing.T) {
 }
 
 // businessKey dedupes two different messages that ask for the same effect:
-// the seeds' invoice per (customer, period).
+// the incident's invoice per (customer, period).
 func (s suite[TTx]) businessKey(t *testing.T) {
 	ctx := context.Background()
 	env := s.open(t, 1)

@@ -21,7 +21,7 @@ func init() {
 }
 
 // demoDoc is the help of `idem demo`.
-const demoDoc = `Replays the billing incident of the source documents: a broker restart redelivers
+const demoDoc = `Replays the billing incident told in docs/design.md: a broker restart redelivers
 deliveries that were processed but not acknowledged, and the producer republishes 5%
 of events. A naive consumer and an idem consumer get the same deliveries; the report
 compares what they did.

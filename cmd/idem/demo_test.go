@@ -149,14 +149,14 @@ func TestDemoCommandWording(t *testing.T) {
 		t.Fatalf("exit %d; stderr:\n%s", code, errb.String())
 	}
 	text := out.String()
-	for _, want := range []string{"(--seed 5)", "source documents", "What varies between runs", "depends on timing",
+	for _, want := range []string{"(--seed 5)", "told in docs/design.md", "What varies between runs", "depends on timing",
 		"What does not", "the idem side applies each event once"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("report lacks %q:\n%s", want, text)
 		}
 	}
 	if strings.Contains(text, "(seed ") || strings.Contains(text, "seed's") {
-		t.Errorf("report still says seed for the source documents:\n%s", text)
+		t.Errorf("report still says seed for the incident:\n%s", text)
 	}
 	if strings.Contains(text, "kept for inspection") {
 		t.Errorf("report points at SQLite files removed at exit:\n%s", text)

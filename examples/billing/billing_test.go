@@ -257,7 +257,7 @@ func TestNaiveConsumersApplyTwice(t *testing.T) {
 			t.Errorf("naive charges: %+v, want 2 charges to one customer", s)
 		}
 		if n := e.count(t, `SELECT balance FROM merchant_balances`); n != 25_000 {
-			t.Errorf("naive balance after two deliveries: %d, want 25000 (the source documents' example)", n)
+			t.Errorf("naive balance after two deliveries: %d, want 25000 (the incident's example)", n)
 		}
 	})
 }

@@ -34,7 +34,7 @@ func (s Services) InvoicesConfig() *idem.Config[*sql.Tx] {
 // index as its conflict target: should an invoice for the customer and period
 // exist anyway (written by another path, or before the inbox existed), nothing
 // is written and nothing is charged, and the message counts as handled, which
-// is what the source documents' catch of the unique violation does, without
+// is what the incident's catch of the unique violation does, without
 // aborting the transaction on PostgreSQL. On MySQL the unique index on the
 // key and the live column is the conflict (ON DUPLICATE KEY UPDATE that
 // changes nothing: no row affected).

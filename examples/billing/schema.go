@@ -74,7 +74,7 @@ var tables = []string{
 	)`,
 }
 
-// guard is the first of the source documents' preventive changes: the database,
+// guard is the first of the incident's preventive changes: the database,
 // not the code, refuses a second live invoice for a customer and period.
 const guard = `CREATE UNIQUE INDEX IF NOT EXISTS ux_invoices_customer_period
 	ON invoices (customer_id, period) WHERE status <> 'VoidedDuplicate'`

@@ -14,7 +14,7 @@ const StatsConsumer = "billing-stats"
 // StatsConfig is the idem configuration of the stats service. Its effect is a
 // recompute, naturally idempotent: it writes no inbox marker, yet runs in a
 // transaction with the same ack and dead-letter discipline as the others. The
-// source documents' stats consumer added each amount to a running total and was
+// incident's stats consumer added each amount to a running total and was
 // wrong after every redelivery; recomputing from the source rows cannot be.
 func StatsConfig() *idem.Config[*sql.Tx] { return Services{}.StatsConfig() }
 

@@ -17,7 +17,7 @@ import (
 
 // TestEveryConsumer runs idemtest's three checks (delivered twice, delivered
 // concurrently, crash after commit) on every billing consumer, on both
-// databases: the source documents' "a test for every consumer", with the list
+// databases: the incident's "a test for every consumer", with the list
 // of consumers taken from the code that wires them.
 func TestEveryConsumer(t *testing.T) {
 	var wired []string

@@ -1,4 +1,4 @@
-// Package demo replays the billing incident of the source documents side by
+// Package demo replays the billing incident told in docs/design.md side by
 // side: a broker restart redelivers the deliveries a consumer had processed but
 // not acknowledged, and a producer republishes some events with the same ID. A
 // naive consumer (no inbox, no constraint, a charge without a key) and an idem

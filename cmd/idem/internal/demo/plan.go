@@ -105,7 +105,7 @@ func newPlan(renewals int, seed int64, republish float64) *plan {
 		id := fmt.Sprintf("sku-%04d", i+1)
 		p.initialStock[id] = 10_000
 		p.stock[id] = 10_000
-		unit[i] = 12_500 * int64(1+rng.IntN(8)) // 12,500 is the source documents' OrderPaid amount
+		unit[i] = 12_500 * int64(1+rng.IntN(8)) // 12,500 is the incident's OrderPaid amount
 	}
 	p.orders = max(1, renewals/2)
 	for i := range p.orders {

@@ -11,7 +11,7 @@ import (
 	"github.com/idemkit/idem"
 )
 
-// DuplicateInvoiceQuery is the source documents' first tracing step: customers
+// DuplicateInvoiceQuery is the incident's first tracing step: customers
 // with more than one invoice for a period. It is run unchanged on both sides.
 const DuplicateInvoiceQuery = `SELECT customer_id, period, COUNT(*) AS invoices
 FROM invoices
@@ -146,7 +146,7 @@ func measure(ctx context.Context, s *side, p *plan) (*SideReport, error) {
 		SELECT customer_id FROM invoices GROUP BY customer_id, period HAVING COUNT(*) > 1) d`); err != nil {
 		return nil, err
 	}
-	// The source documents' "amount billed too much": per customer and period,
+	// The incident's "amount billed too much": per customer and period,
 	// all but one invoice.
 	if err := one(&r.AmountDoubleBilled, `SELECT COALESCE(SUM(extra), 0) FROM (
 		SELECT SUM(amount) - MAX(amount) AS extra FROM invoices
@@ -207,12 +207,12 @@ func abs(n int64) int64 {
 }
 
 // WriteText writes the report as a person reads it: the scenario, the
-// side-by-side table, the source documents' query on both sides and the
+// side-by-side table, the incident's query on both sides and the
 // verdict.
 func (r *Report) WriteText(w io.Writer) error {
 	var b strings.Builder
 	n, i := r.Naive, r.Idem
-	fmt.Fprintf(&b, "idem demo: the billing incident of the source documents, replayed on %s + %s (--seed %d)\n", r.Broker, r.Database, r.Seed)
+	fmt.Fprintf(&b, "idem demo: the billing incident told in docs/design.md, replayed on %s + %s (--seed %d)\n", r.Broker, r.Database, r.Seed)
 	fmt.Fprintf(&b, "  %s renewals and %s orders (%s order lines) published; the producer republished %s of them with the same event ID.\n",
 		num(r.Renewals), num(r.Orders), num(r.OrderLines), num(r.Republished))
 	fmt.Fprintf(&b, "  Broker restart mid-stream: %s deliveries (naive) and %s (idem), over three consumers each, were processed but not yet acknowledged, and were delivered again.\n\n",
@@ -240,7 +240,7 @@ func (r *Report) WriteText(w io.Writer) error {
 			fmt.Fprintf(&b, "  %s  %s  %s\n", strings.Repeat("─", w0), strings.Repeat("─", w1), strings.Repeat("─", w2))
 		}
 	}
-	fmt.Fprintf(&b, "\nThe source documents' duplicate-invoice query, on both sides:\n")
+	fmt.Fprintf(&b, "\nThe incident's duplicate-invoice query, on both sides:\n")
 	for _, l := range strings.Split(r.Query, "\n") {
 		fmt.Fprintf(&b, "  %s\n", l)
 	}
