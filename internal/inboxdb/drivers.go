@@ -8,45 +8,17 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/internal/migrator"
 )
 
-// pgxQuerier is a pgx.Tx or a *pgx.Conn.
-type pgxQuerier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
-type pgxConn struct{ q pgxQuerier }
-
-func (c pgxConn) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
-	tag, err := c.q.Exec(ctx, sql, args...)
-	return tag.RowsAffected(), err
-}
-
-func (c pgxConn) QueryRow(ctx context.Context, sql string, args ...any) Row {
-	return c.q.QueryRow(ctx, sql, args...)
-}
-
-func (c pgxConn) Query(ctx context.Context, sql string, each func(Row) error, args ...any) error {
-	rows, err := c.q.Query(ctx, sql, args...)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		if err := each(rows); err != nil {
-			return err
-		}
-	}
-	return rows.Err()
-}
+// pgxConn is the [Conn] of a pgx transaction or connection.
+type pgxConn = migrator.PgxConn
 
 // PgxTxConn is the [Conn] of a pgx transaction, for shared logic that runs
 // inside a store's own transaction.
-func PgxTxConn(tx pgx.Tx) Conn { return pgxConn{tx} }
+func PgxTxConn(tx pgx.Tx) Conn { return pgxConn{Q: tx} }
 
 type pgxTx struct {
 	pgxConn
@@ -71,7 +43,7 @@ func (p pgxDriver) Begin(ctx context.Context) (Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	return pgxTx{pgxConn{tx}, tx}, nil
+	return pgxTx{pgxConn{Q: tx}, tx}, nil
 }
 
 func (p pgxDriver) Read(ctx context.Context, f func(Conn) error) error {
@@ -84,7 +56,7 @@ func (p pgxDriver) Read(ctx context.Context, f func(Conn) error) error {
 		defer cancel()
 		_ = tx.Rollback(ctx)
 	}()
-	return f(pgxConn{tx})
+	return f(pgxConn{Q: tx})
 }
 
 // BeginMigration begins; the dialect's first bookkeeping statement takes
@@ -102,7 +74,7 @@ func (s pgxSession) BeginBatch(ctx context.Context) (Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	return pgxTx{pgxConn{tx}, tx}, nil
+	return pgxTx{pgxConn{Q: tx}, tx}, nil
 }
 
 func (p pgxDriver) Lead(ctx context.Context, d *Dialect) (Session, func(), bool, error) {
@@ -138,7 +110,7 @@ func (p pgxDriver) Lead(ctx context.Context, d *Dialect) (Session, func(), bool,
 		}
 		giveBack()
 	}
-	return pgxSession{pgxConn{conn}, conn}, release, true, nil
+	return pgxSession{pgxConn{Q: conn}, conn}, release, true, nil
 }
 
 // sqlQuerier is a *sql.DB, *sql.Conn or *sql.Tx.

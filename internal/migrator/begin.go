@@ -8,6 +8,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // PgxDB begins pgx transactions: a *pgxpool.Pool or a *pgx.Conn.
@@ -26,21 +27,33 @@ func BeginPgx(ctx context.Context, db PgxDB) (Tx, error) {
 }
 
 // PgxTx is the [Tx] of a pgx transaction.
-func PgxTx(tx pgx.Tx) Tx { return pgxTx{tx} }
+func PgxTx(tx pgx.Tx) Tx { return pgxTx{PgxConn{tx}, tx} }
 
-type pgxTx struct{ tx pgx.Tx }
+// PgxQuerier is a pgx.Tx or a *pgx.Conn.
+type PgxQuerier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
 
-func (t pgxTx) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
-	tag, err := t.tx.Exec(ctx, sql, args...)
+// PgxConn is the [Conn] of a pgx transaction or connection, shared by
+// every package that runs idem's SQL through pgx.
+type PgxConn struct{ Q PgxQuerier }
+
+// Exec runs sql and returns the rows it affected.
+func (c PgxConn) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
+	tag, err := c.Q.Exec(ctx, sql, args...)
 	return tag.RowsAffected(), err
 }
 
-func (t pgxTx) QueryRow(ctx context.Context, sql string, args ...any) Row {
-	return t.tx.QueryRow(ctx, sql, args...)
+// QueryRow runs sql for one row.
+func (c PgxConn) QueryRow(ctx context.Context, sql string, args ...any) Row {
+	return c.Q.QueryRow(ctx, sql, args...)
 }
 
-func (t pgxTx) Query(ctx context.Context, sql string, each func(Row) error, args ...any) error {
-	rows, err := t.tx.Query(ctx, sql, args...)
+// Query runs sql and calls each for every row.
+func (c PgxConn) Query(ctx context.Context, sql string, each func(Row) error, args ...any) error {
+	rows, err := c.Q.Query(ctx, sql, args...)
 	if err != nil {
 		return err
 	}
@@ -51,6 +64,11 @@ func (t pgxTx) Query(ctx context.Context, sql string, each func(Row) error, args
 		}
 	}
 	return rows.Err()
+}
+
+type pgxTx struct {
+	PgxConn
+	tx pgx.Tx
 }
 
 func (t pgxTx) Commit(ctx context.Context) error   { return t.tx.Commit(ctx) }
