@@ -632,37 +632,57 @@ func (s suite[TTx]) natural(t *testing.T) {
 	}
 }
 
+// processTx runs messages in transactions the caller owns. On the
+// pool-of-one run the caller's transaction holds the pool's only
+// connection, so nothing the processor reads (the stored settings, the
+// pruned-key summaries) may ask for another: the first call of a fresh
+// processor, and calls after one whose handler failed, apply their
+// messages.
 func (s suite[TTx]) processTx(t *testing.T) {
 	ctx := context.Background()
 	env := s.open(t, 1)
-	p := s.proc(t, env, "ledger", nil, nil)
-	run := func(commit bool) idem.Result {
+	errRefused := errors.New("handler refuses")
+	p := s.proc(t, env, "ledger", func(m idem.Message) error {
+		if m.ID == "evt-refused" {
+			return errRefused
+		}
+		return nil
+	}, nil)
+	run := func(id string, commit bool) (idem.Result, error) {
 		tx, err := env.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		r, err := p.ProcessTx(ctx, tx, msg("evt-1"))
-		if err != nil {
-			t.Fatal(err)
+		r, perr := p.ProcessTx(ctx, tx, msg(id))
+		if perr != nil || !commit {
+			if err := env.Rollback(ctx, tx); err != nil {
+				t.Fatal(err)
+			}
+			return r, perr
 		}
-		if commit {
-			err = env.Commit(ctx, tx)
-		} else {
-			err = env.Rollback(ctx, tx)
-		}
+		return r, env.Commit(ctx, tx)
+	}
+	applied := func(id string, commit bool) idem.Result {
+		t.Helper()
+		r, err := run(id, commit)
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("ProcessTx %s: %v", id, err)
 		}
 		return r
 	}
-	want(t, run(false), idem.Applied)
+	want(t, applied("evt-1", false), idem.Applied)
 	if count(t, env.Effects, "ledger", "") != 0 || markers(t, env, "ledger") != 0 {
 		t.Fatalf("rolled-back caller transaction left an effect or marker")
 	}
-	want(t, run(true), idem.Applied)
-	want(t, run(true), idem.Duplicate)
-	if c := count(t, env.Effects, "ledger", ""); c != 1 {
-		t.Fatalf("effects = %d, want 1", c)
+	want(t, applied("evt-1", true), idem.Applied)
+	want(t, applied("evt-1", true), idem.Duplicate)
+	if _, err := run("evt-refused", true); !errors.Is(err, errRefused) {
+		t.Fatalf("a failing handler: ProcessTx error %s, want the handler's", errText(err))
+	}
+	want(t, applied("evt-2", true), idem.Applied)
+	want(t, applied("evt-3", true), idem.Applied)
+	if c := count(t, env.Effects, "ledger", ""); c != 3 {
+		t.Fatalf("effects = %d, want 3", c)
 	}
 }
 
