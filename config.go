@@ -77,7 +77,12 @@ type Config[TTx any] struct {
 	// by default: such a message is applied, flagged (Result.PrunedOn) and
 	// logged once a minute. A summary answers yes for about one key in a
 	// million it never saw, so a refused message may be new: redrive it on
-	// purpose to a consumer without RefuseLate.
+	// purpose to a consumer without RefuseLate. The check reads the
+	// summaries in the claim's own transaction, so a prune that committed
+	// before the claim is seen; a ProcessTx caller whose transaction runs at
+	// REPEATABLE READ or stricter and read before calling has a snapshot
+	// older than its claim, and should run such transactions at READ
+	// COMMITTED (PostgreSQL's default; MySQL's is REPEATABLE READ).
 	RefuseLate bool
 	// TxTimeout bounds one transaction, from BEGIN to the handler's end, so
 	// that a half-open connection cannot stall a worker until TCP gives up.

@@ -34,6 +34,11 @@ type PrunedSummaryStore interface {
 	PrunedSummaries(ctx context.Context, consumer string) ([]PrunedSummary, error)
 }
 
+// errLateInShared fails a transaction in which a message was refused as a
+// late duplicate after its claim, beside others that would commit its
+// marker.
+var errLateInShared = errors.New("a message was refused as a late duplicate after its claim, in a transaction shared with others: it is rolled back, and its messages are tried one at a time")
+
 // refuseFreshLate reads the summaries in tx when one of fresh, just
 // claimed, needs the late check and the consumer refuses late duplicates,
 // and makes Expired those whose keys a prune removed since the summaries

@@ -179,7 +179,9 @@ func (p *Processor[TTx]) ProcessBatchInOrder(ctx context.Context, msgs []Message
 // Applied for the effect, and on Duplicate too, since a duplicate newer than
 // its marker extends the marker's life in tx (docs/design.md 8). It writes
 // nothing for a DeadLettered message. A non-nil error means
-// the claim or the handler failed and tx must be rolled back. The result is
+// the claim or the handler failed and tx must be rolled back; so does an
+// Expired result with its error, a late duplicate refused after its claim
+// (Config.RefuseLate), whose marker tx holds. The result is
 // logged and observed when ProcessTx returns, before the caller commits: a
 // caller that then rolls back has still been counted as Applied.
 func (p *Processor[TTx]) ProcessTx(ctx context.Context, tx TTx, msg Message) (Result, error) {
@@ -216,6 +218,14 @@ func (p *Processor[TTx]) processTx(ctx context.Context, tx TTx, msg Message) (Re
 		if !p.cfg.Natural {
 			if fresh, _, err = p.claimAndExtend(ctx, tx, fresh); err != nil {
 				return it.res, err
+			}
+			if it.res.Outcome == Expired {
+				// Refused as a late duplicate after its claim: the
+				// marker is in the caller's transaction, which must be
+				// rolled back, or its redeliveries would be Duplicates
+				// of a message never applied.
+				p.report(it.res, time.Since(start))
+				return it.res, it.res.Err
 			}
 		}
 		if err := p.handle(ctx, tx, fresh, false); err != nil {
@@ -657,8 +667,17 @@ func (p *Processor[TTx]) claimAndExtend(ctx context.Context, tx TTx, items []*it
 			}
 		}
 	}
+	claimed := len(fresh)
 	if fresh, err = p.refuseFreshLate(ctx, tx, fresh); err != nil {
 		return nil, false, err
+	}
+	if len(fresh) < claimed && (len(items) > 1 || extended || p.needsCommit(tx)) {
+		// A refused message's marker is in this transaction, which its
+		// neighbours would commit: the marker would then answer its
+		// redeliveries Duplicate, never applied. The transaction is
+		// rolled back, and its messages go one at a time, where a refused
+		// one's transaction has nothing to commit.
+		return nil, false, errLateInShared
 	}
 	p.markLate(fresh)
 	return fresh, extended, nil

@@ -213,21 +213,30 @@ func (b *Inbox) PrunedSummariesIn(ctx context.Context, c Conn, consumer string) 
 	if err != nil {
 		return nil, fmt.Errorf("listing pruned-key summaries: %w", err)
 	}
+	// The cache's lock is never held across a query: a reader waiting for
+	// a pool connection under it would stall a claim that holds the
+	// pool's last connection and wants the lock (one connection per
+	// operation). A consumer's map is replaced whole, never changed in
+	// place, so the one read here stays valid after the lock is let go.
 	b.summaries.mu.Lock()
-	defer b.summaries.mu.Unlock()
-	if b.summaries.sums == nil {
-		b.summaries.sums = map[string]map[summaryID]*bloom.Filter{}
-	}
 	have := b.summaries.sums[consumer]
+	b.summaries.mu.Unlock()
 	next := make(map[summaryID]*bloom.Filter, len(ids))
 	out := make([]idem.PrunedSummary, 0, len(ids))
 	for _, id := range ids {
 		f := have[id]
 		if f == nil {
 			if f, err = b.readSummary(ctx, c, consumer, id); err != nil {
-				// One summary that cannot be read (corrupt, of a newer
-				// format, pruned since the listing) must not hold the
-				// consumer: it is skipped, and said.
+				var bad *badSummaryError
+				if !errors.As(err, &bad) && !isNoRows(err) {
+					// The database did not answer: no summary may be
+					// left out silently, or a late duplicate would be
+					// applied.
+					return nil, err
+				}
+				// One summary that cannot be decoded (corrupt, of a
+				// newer format) or was forgotten since the listing must
+				// not hold the consumer: it is skipped, and said.
 				b.Logger.Warn("skipping a pruned-key summary", "table", b.Label(), "consumer", consumer,
 					"pruned_at", id.at, "source", id.source, "error", err)
 				continue
@@ -236,9 +245,20 @@ func (b *Inbox) PrunedSummariesIn(ctx context.Context, c Conn, consumer string) 
 		next[id] = f
 		out = append(out, idem.PrunedSummary{Day: id.at.UTC().Truncate(day), Has: f.Has})
 	}
+	b.summaries.mu.Lock()
+	if b.summaries.sums == nil {
+		b.summaries.sums = map[string]map[summaryID]*bloom.Filter{}
+	}
 	b.summaries.sums[consumer] = next
+	b.summaries.mu.Unlock()
 	return out, nil
 }
+
+// badSummaryError is a stored summary that cannot be decoded.
+type badSummaryError struct{ err error }
+
+func (e *badSummaryError) Error() string { return e.err.Error() }
+func (e *badSummaryError) Unwrap() error { return e.err }
 
 func (b *Inbox) readSummary(ctx context.Context, c Conn, consumer string, id summaryID) (*bloom.Filter, error) {
 	var blob []byte
@@ -249,7 +269,7 @@ func (b *Inbox) readSummary(ctx context.Context, c Conn, consumer string, id sum
 	}
 	f := new(bloom.Filter)
 	if err := f.UnmarshalBinary(blob); err != nil {
-		return nil, errors.Join(fmt.Errorf("decoding the pruned-key summary of %s at %s", consumer, at.Format(time.RFC3339)), err)
+		return nil, &badSummaryError{errors.Join(fmt.Errorf("decoding the pruned-key summary of %s at %s", consumer, at.Format(time.RFC3339)), err)}
 	}
 	return f, nil
 }
