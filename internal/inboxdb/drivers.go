@@ -113,44 +113,12 @@ func (p pgxDriver) Lead(ctx context.Context, d *Dialect) (Session, func(), bool,
 	return pgxSession{pgxConn{Q: conn}, conn}, release, true, nil
 }
 
-// sqlQuerier is a *sql.DB, *sql.Conn or *sql.Tx.
-type sqlQuerier interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-}
-
-type sqlConn struct{ q sqlQuerier }
-
-func (c sqlConn) Exec(ctx context.Context, query string, args ...any) (int64, error) {
-	r, err := c.q.ExecContext(ctx, query, args...)
-	if err != nil {
-		return 0, err
-	}
-	return r.RowsAffected()
-}
-
-func (c sqlConn) QueryRow(ctx context.Context, query string, args ...any) Row {
-	return c.q.QueryRowContext(ctx, query, args...)
-}
-
-func (c sqlConn) Query(ctx context.Context, query string, each func(Row) error, args ...any) error {
-	rows, err := c.q.QueryContext(ctx, query, args...)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		if err := each(rows); err != nil {
-			return err
-		}
-	}
-	return rows.Err()
-}
+// sqlConn is the [Conn] of a database/sql pool, connection or transaction.
+type sqlConn = migrator.SQLConn
 
 // SQLTxConn is the [Conn] of a database/sql transaction, for shared logic
 // that runs inside a caller's own transaction.
-func SQLTxConn(tx *sql.Tx) Conn { return sqlConn{tx} }
+func SQLTxConn(tx *sql.Tx) Conn { return sqlConn{Q: tx} }
 
 type sqlTx struct {
 	sqlConn
@@ -180,7 +148,7 @@ func (s sqlDriver) Begin(ctx context.Context) (Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	return sqlTx{sqlConn{tx}, tx.Commit, func() error {
+	return sqlTx{sqlConn{Q: tx}, tx.Commit, func() error {
 		if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
 			return err
 		}
@@ -189,7 +157,7 @@ func (s sqlDriver) Begin(ctx context.Context) (Tx, error) {
 }
 
 func (s sqlDriver) Read(ctx context.Context, f func(Conn) error) error {
-	return f(sqlConn{s.db})
+	return f(sqlConn{Q: s.db})
 }
 
 func (s sqlDriver) BeginMigration(ctx context.Context) (Tx, error) {
@@ -218,7 +186,7 @@ func (s sqlDriver) BeginMigration(ctx context.Context) (Tx, error) {
 		}
 		return errors.Join(err, conn.Close())
 	}
-	return sqlTx{sqlConn{conn}, func() error { return end("COMMIT") }, func() error { return end("ROLLBACK") }}, nil
+	return sqlTx{sqlConn{Q: conn}, func() error { return end("COMMIT") }, func() error { return end("ROLLBACK") }}, nil
 }
 
 func (s sqlDriver) Lead(ctx context.Context, d *Dialect) (Session, func(), bool, error) {
@@ -226,13 +194,13 @@ func (s sqlDriver) Lead(ctx context.Context, d *Dialect) (Session, func(), bool,
 		// SQLite: writers take turns on the database lock, so every
 		// instance prunes; a batch is an IMMEDIATE transaction on one
 		// connection, taken for the batch only.
-		return sqlSession{sqlConn{s.db}, s.BeginMigration}, func() {}, true, nil
+		return sqlSession{sqlConn{Q: s.db}, s.BeginMigration}, func() {}, true, nil
 	}
 	conn, release, ok, err := LockedConn(ctx, s.db, d)
 	if err != nil || !ok {
 		return nil, nil, ok, err
 	}
-	return sqlSession{sqlConn{conn}, func(ctx context.Context) (Tx, error) { return SQLConnTx(ctx, conn, nil) }}, release, true, nil
+	return sqlSession{sqlConn{Q: conn}, func(ctx context.Context) (Tx, error) { return SQLConnTx(ctx, conn, nil) }}, release, true, nil
 }
 
 // sqlSession is the leader's session of a database/sql pool.
@@ -249,7 +217,7 @@ func SQLConnTx(ctx context.Context, conn *sql.Conn, opts *sql.TxOptions) (Tx, er
 	if err != nil {
 		return nil, err
 	}
-	return sqlTx{sqlConn{tx}, tx.Commit, func() error {
+	return sqlTx{sqlConn{Q: tx}, tx.Commit, func() error {
 		if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
 			return err
 		}

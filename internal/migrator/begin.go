@@ -111,7 +111,7 @@ func BeginSQL(ctx context.Context, db *sql.DB, e Engine) (Tx, error) {
 			}
 			return conn.Close()
 		}
-		return &sqlTx{conn: conn, q: conn, commit: func() error { return end("COMMIT") }, rollback: func() error { return end("ROLLBACK") }}, nil
+		return &sqlTx{SQLConn: SQLConn{Q: conn}, conn: conn, commit: func() error { return end("COMMIT") }, rollback: func() error { return end("ROLLBACK") }}, nil
 	case MySQL:
 		if err := getLock(ctx, conn); err != nil {
 			_ = conn.Close()
@@ -136,7 +136,7 @@ func BeginSQL(ctx context.Context, db *sql.DB, e Engine) (Tx, error) {
 		}
 		return errors.Join(err, conn.Close())
 	}
-	return &sqlTx{conn: conn, q: tx, commit: func() error { return end(tx.Commit) }, rollback: func() error { return end(tx.Rollback) }}, nil
+	return &sqlTx{SQLConn: SQLConn{Q: tx}, conn: conn, commit: func() error { return end(tx.Commit) }, rollback: func() error { return end(tx.Rollback) }}, nil
 }
 
 // getLock waits for the MySQL migration lock, a second at a time so that a
@@ -164,34 +164,34 @@ func getLock(ctx context.Context, conn *sql.Conn) error {
 	}
 }
 
-// sqlQuerier is a *sql.Conn or *sql.Tx.
-type sqlQuerier interface {
+// SQLQuerier is a *sql.DB, *sql.Conn or *sql.Tx.
+type SQLQuerier interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }
 
-type sqlTx struct {
-	conn             *sql.Conn
-	q                sqlQuerier
-	commit, rollback func() error
-	done             bool
-}
+// SQLConn is the [Conn] of a database/sql pool, connection or transaction,
+// shared by every package that runs idem's SQL through database/sql.
+type SQLConn struct{ Q SQLQuerier }
 
-func (t *sqlTx) Exec(ctx context.Context, query string, args ...any) (int64, error) {
-	r, err := t.q.ExecContext(ctx, query, args...)
+// Exec runs query and returns the rows it affected.
+func (c SQLConn) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	r, err := c.Q.ExecContext(ctx, query, args...)
 	if err != nil {
 		return 0, err
 	}
 	return r.RowsAffected()
 }
 
-func (t *sqlTx) QueryRow(ctx context.Context, query string, args ...any) Row {
-	return t.q.QueryRowContext(ctx, query, args...)
+// QueryRow runs query for one row.
+func (c SQLConn) QueryRow(ctx context.Context, query string, args ...any) Row {
+	return c.Q.QueryRowContext(ctx, query, args...)
 }
 
-func (t *sqlTx) Query(ctx context.Context, query string, each func(Row) error, args ...any) error {
-	rows, err := t.q.QueryContext(ctx, query, args...)
+// Query runs query and calls each for every row.
+func (c SQLConn) Query(ctx context.Context, query string, each func(Row) error, args ...any) error {
+	rows, err := c.Q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return err
 	}
@@ -202,6 +202,13 @@ func (t *sqlTx) Query(ctx context.Context, query string, each func(Row) error, a
 		}
 	}
 	return rows.Err()
+}
+
+type sqlTx struct {
+	SQLConn
+	conn             *sql.Conn
+	commit, rollback func() error
+	done             bool
 }
 
 func (t *sqlTx) Commit(context.Context) error {
