@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/idemkit/idem/idemstore"
 )
 
 // batch is ProcessBatch and ProcessBatchInOrder.
@@ -115,7 +117,7 @@ func (p *Processor[TTx]) runBatch(ctx context.Context, valid []*item, inOrder bo
 	// The message whose own handler failed the batch ran once already, and
 	// that run is charged to it, when the failure is its own (not an
 	// outage): MaxAttempts counts every run of the handler for a message.
-	if !v.blameless && classify(p.store, v.err) == ClassTransient && storeStep(v.err) == "" {
+	if !v.blameless && classify(p.store, v.err) == idemstore.ClassTransient && storeStep(v.err) == "" {
 		for _, it := range valid {
 			if !it.handlerFailed {
 				continue

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/idemkit/idem/idemstore"
 )
 
 // ErrInboxNotReady is wrapped by [Processor.Check] when the inbox cannot be
@@ -20,8 +22,8 @@ const stepSchema = "checking the inbox schema"
 const checkKey = "idem.check"
 
 // Check proves, before a consumer takes its first message, that the inbox
-// can be used: it verifies the table (when the store is a [SchemaChecker]:
-// its columns, unique key, indexes, layout, stored settings, schema version
+// can be used: it verifies the table ([idemstore.Store.Check]: its
+// columns, unique key, indexes, layout, stored settings, schema version
 // and partitions), reads the stored settings (when the store keeps them),
 // records the consumer's own horizon (when it set one: the stored window
 // cannot then be shortened below it without force), and makes one claim in
@@ -44,8 +46,8 @@ func (p *Processor[TTx]) Check(ctx context.Context) error {
 	// A horizon the consumer set itself is recorded, so that the stored
 	// window cannot be shortened below it unawares; one that follows the
 	// stored window needs no record.
-	if hr, ok := p.store.(HorizonRecorder); ok && p.userHorizon.Window > 0 {
-		if err := hr.RecordHorizon(ctx, p.cfg.Consumer, p.userHorizon.Window); err != nil {
+	if p.userHorizon.Window > 0 {
+		if err := p.store.RecordHorizon(ctx, p.cfg.Consumer, p.userHorizon.Window); err != nil {
 			return p.notReady(wrapStep(stepSettings, err))
 		}
 	}
@@ -55,11 +57,11 @@ func (p *Processor[TTx]) Check(ctx context.Context) error {
 	}
 	defer func() { _ = p.store.Rollback(context.WithoutCancel(ctx), tx) }()
 	now := time.Now().UTC()
-	c := Claim{Key: checkKey, MessageID: checkKey, BodySHA256: BodyHash(nil), EventTime: now}
+	c := idemstore.Claim{Key: checkKey, MessageID: checkKey, BodySHA256: BodyHash(nil), EventTime: now}
 	if p.partitioned() {
 		c.PartitionTime = now
 	}
-	if _, err := p.store.Claim(ctx, tx, p.cfg.Consumer, []Claim{c}, p.lockTimeout()); err != nil {
+	if _, err := p.store.Claim(ctx, tx, p.cfg.Consumer, []idemstore.Claim{c}, p.lockTimeout()); err != nil {
 		return p.notReady(wrapStep(stepClaim, err))
 	}
 	if _, err := p.store.Lookup(ctx, tx, p.cfg.Consumer, []string{checkKey}); err != nil {
@@ -68,12 +70,11 @@ func (p *Processor[TTx]) Check(ctx context.Context) error {
 	return nil
 }
 
-// checkSchema asks a [SchemaChecker] store about its table and refuses
+// checkSchema asks the store about its table ([idemstore.Store.Check]) and refuses
 // any problem but an advisory one (logged), each with its fix, in a
 // [SchemaError].
 func (p *Processor[TTx]) checkSchema(ctx context.Context) error {
-	sc, ok := p.store.(SchemaChecker)
-	if !ok || p.cfg.Natural {
+	if p.cfg.Natural {
 		return nil
 	}
 	if p.cfg.TxTimeout > 0 {
@@ -81,11 +82,11 @@ func (p *Processor[TTx]) checkSchema(ctx context.Context) error {
 		ctx, cancel = context.WithTimeout(ctx, p.cfg.TxTimeout)
 		defer cancel()
 	}
-	probs, err := sc.Check(ctx)
+	probs, err := p.store.Check(ctx)
 	if err != nil {
 		return p.notReady(wrapStep(stepSchema, err))
 	}
-	var stop []SchemaProblem
+	var stop []idemstore.SchemaProblem
 	for _, pr := range probs {
 		if pr.Advisory {
 			p.cfg.Logger.Warn("inbox table problem a consumer starts with", "consumer", p.cfg.Consumer, "problem", pr.What, "fix", pr.Fix)
@@ -102,12 +103,12 @@ func (p *Processor[TTx]) checkSchema(ctx context.Context) error {
 // notReady wraps a failed check with what to do about it.
 func (p *Processor[TTx]) notReady(err error) error {
 	switch classify(p.store, err) {
-	case ClassConfig:
+	case idemstore.ClassConfig:
 		if errors.Is(err, ErrConfig) {
 			return fmt.Errorf("%w: consumer %s: %w", ErrInboxNotReady, p.cfg.Consumer, err)
 		}
 		return fmt.Errorf("%w: consumer %s: %w (is the inbox migrated? run: idem inbox migrate; does the role have INSERT on it?)", ErrInboxNotReady, p.cfg.Consumer, err)
-	case ClassUnavailable:
+	case idemstore.ClassUnavailable:
 		// An outage, not a misconfiguration: a caller may wait it out.
 		return fmt.Errorf("%w: %w: consumer %s: %w", ErrInboxNotReady, ErrUnavailable, p.cfg.Consumer, err)
 	}
@@ -126,20 +127,16 @@ func notReadyResult(msg Message, err error) Result {
 }
 
 // checkDurability logs, at start, every way the store's database could
-// lose a commit it acknowledged (see [DurabilityChecker]), and again at a
+// lose a commit it acknowledged ([idemstore.Store.Durability]), and again at a
 // later Check only when the risks changed. It never stops the consumer: a
 // role that cannot read the settings is logged.
 func (p *Processor[TTx]) checkDurability(ctx context.Context) {
-	dc, ok := p.store.(DurabilityChecker)
-	if !ok {
-		return
-	}
 	if p.cfg.TxTimeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, p.cfg.TxTimeout)
 		defer cancel()
 	}
-	d, err := dc.Durability(ctx)
+	d, err := p.store.Durability(ctx)
 	if err != nil {
 		p.cfg.Logger.Info("could not read the database's commit and replication settings", "consumer", p.cfg.Consumer, "error", err)
 		return

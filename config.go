@@ -70,7 +70,8 @@ type Config[TTx any] struct {
 	// are applied, counted (Result.Untimed) and logged once a minute.
 	RefuseUntimed bool
 	// RefuseLate refuses a message whose key a prune deleted (the store
-	// keeps summaries of pruned keys, see [PrunedSummaryStore]): it is
+	// keeps summaries of pruned keys, see
+	// [github.com/idemkit/idem/idemstore.Store.PrunedSummaries]): it is
 	// probably a late duplicate, a replay older than the window or an
 	// untimed message come back after its marker went. Its outcome is
 	// Expired, wrapping [ErrMarkerPruned], with the day of the prune. Off

@@ -6,10 +6,13 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemkit/idem/internal/nopstore"
 )
 
-// nopStore satisfies Store for configuration tests, which never reach it.
-type nopStore struct{ Store[struct{}] }
+// nopStore is a store without a database, for configuration tests; a test
+// that needs one method to behave embeds it and overrides that method.
+type nopStore struct{ nopstore.Store[struct{}] }
 
 func TestNewProcessorRefusesBadConfig(t *testing.T) {
 	h := func(context.Context, struct{}, Message) error { return nil }

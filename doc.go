@@ -50,7 +50,8 @@
 //
 // # Testing
 //
-// Package inboxtest is the conformance suite of stores; package idemtest is
+// Package idemstore is the contract stores implement, and
+// idemstore/storetest their conformance suite; package idemtest is
 // the test kit for consumers (deliver twice, concurrently, crash after
 // commit). Config.Faults injects failures at named points of the path.
 package idem

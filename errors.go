@@ -3,6 +3,8 @@ package idem
 import (
 	"context"
 	"errors"
+
+	"github.com/idemkit/idem/idemstore"
 )
 
 // permanentError marks an error that no retry can fix.
@@ -28,49 +30,14 @@ func IsPermanent(err error) bool {
 	return errors.As(err, &p)
 }
 
-// ErrorClass is how a store classifies a database error.
-type ErrorClass int
-
-const (
-	// ClassTransient errors may succeed when tried again: serialization
-	// failure (40001), deadlock (40P01), lock timeout (55P03), a lost
-	// connection, or any handler error not marked [Permanent].
-	ClassTransient ErrorClass = iota
-	// ClassPermanent errors fail the same way every time: a constraint the
-	// handler broke (class 23) or bad data (22). The message is dead-lettered
-	// at once. A missing table (42) is NOT permanent: during a deploy it may
-	// appear a moment later, so it is retried and left to the broker.
-	ClassPermanent
-	// ClassUnavailable errors say the database itself cannot be reached: a
-	// refused or lost connection, an admin shutdown, too many connections.
-	// They are transient, and they are not the message's fault, so retrying
-	// them does not spend the message's attempts (RetryPolicy.WaitUnavailable).
-	ClassUnavailable
-	// ClassBusy errors say the transaction met another one: a
-	// serialization failure (40001), a deadlock (40P01), a lock timeout
-	// (55P03). Met by the claim (another transaction holds the key), they
-	// are waited out like an outage (ErrBusy), never spent from the
-	// message's attempts nor dead-lettered. Met by the handler's own
-	// statements, they are waited out for RetryPolicy.MaxContention tries
-	// in a row and then spend attempts (ErrContention).
-	ClassBusy
-	// ClassConfig errors say the inbox (or the handler's own schema) is not
-	// set up for this consumer: an undefined table (42P01), a missing
-	// permission (42501), an unknown database (3D000), failed
-	// authentication (class 28). A deploy that runs before its migration
-	// gives them on every message. They are outages, not the message's
-	// fault: held and retried, never dead-lettered, and reported with the
-	// fix.
-	ClassConfig
-)
-
 // Errors the processor reports in Result.Err.
 var (
 	// ErrCommitUnknown: the connection failed during COMMIT, so the effect
 	// may or may not be durable. The message is left to redelivery, which
 	// either finds the marker or redoes the work. Stores wrap it around a
-	// failed commit whose outcome they cannot know.
-	ErrCommitUnknown = errors.New("commit outcome unknown")
+	// failed commit whose outcome they cannot know; it is
+	// [idemstore.ErrCommitUnknown].
+	ErrCommitUnknown = idemstore.ErrCommitUnknown
 	// ErrRetriesExhausted: a transient error outlived the retry budget.
 	ErrRetriesExhausted = errors.New("retries exhausted")
 	// ErrUnavailable: the database stayed unreachable for longer than
@@ -108,18 +75,18 @@ var (
 // stored window): a context error is not the caller's shutdown unless the
 // caller's context is done, which the retry policy checks first. A connect
 // or read timeout is the database being unreachable, and the store says so.
-func classify[TTx any](s Store[TTx], err error) ErrorClass {
+func classify[TTx any](s idemstore.Store[TTx], err error) idemstore.ErrorClass {
 	var hd *handlerDeadlineError
 	switch {
 	case IsPermanent(err):
-		return ClassPermanent
+		return idemstore.ClassPermanent
 	case errors.Is(err, ErrConfig):
-		return ClassConfig
+		return idemstore.ClassConfig
 	case errors.As(err, &hd):
 		// A deadline of the handler's own: the store would read the
 		// timeout, or the connection the driver closed for it, as an
 		// outage.
-		return ClassTransient
+		return idemstore.ClassTransient
 	}
 	return s.Classify(err)
 }
@@ -174,7 +141,7 @@ func storeStep(err error) string {
 }
 
 // connLostError is a handler's failure on a transaction whose connection
-// is gone (see [Breaker]).
+// is gone (see [idemstore.Store.Broken]).
 type connLostError struct{ err error }
 
 func (e *connLostError) Error() string {

@@ -3,6 +3,8 @@ package idem
 import (
 	"context"
 	"time"
+
+	"github.com/idemkit/idem/idemstore"
 )
 
 // Hook is any value that implements one or more of the hook interfaces
@@ -39,7 +41,7 @@ type Attempt struct {
 	// Try numbers the tries of this transaction, from 1.
 	Try int
 	// Class is the error's class: whether it is the message's fault.
-	Class ErrorClass
+	Class idemstore.ErrorClass
 	Err   error
 	// Again is set when the policy tries again, after Wait.
 	Again bool

@@ -17,8 +17,9 @@ var ErrExpired = errors.New("message older than the inbox retention window")
 // outcome Expired instead of being silently applied again.
 type Horizon struct {
 	// Window is how long the inbox keeps markers; it must match the store's
-	// retention. 0 takes the store's horizon when the store has one
-	// (HorizonStore); -1 disables the guard.
+	// retention. 0 takes the store's window
+	// ([github.com/idemkit/idem/idemstore.Store.Window]), and then the
+	// window stored with its table; -1 disables the guard.
 	Window time.Duration
 	// Skew is a safety margin for clocks: a message is expired once its event
 	// time is older than Window minus Skew, so a producer clock running ahead
@@ -54,14 +55,6 @@ func (h *Horizon) setDefaults() {
 
 // maxAhead is the furthest an event time may be ahead and still be trusted.
 const maxAhead = time.Hour
-
-// HorizonStore is a store that knows its retention window and offers the
-// matching horizon guard; [NewProcessor] adopts it unless Config.Horizon sets
-// a window, and refuses a window longer than the store's. A store wrapped in
-// a decorator loses this unless the decorator forwards Horizon.
-type HorizonStore interface {
-	Horizon() Horizon
-}
 
 func (h *Horizon) validate() error {
 	if h.Window < -1 || h.Skew < 0 || (h.Window > 0 && h.Skew >= h.Window) {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/idemkit/idem/idemstore"
 )
 
 func TestHorizonExpiresOldMessages(t *testing.T) {
@@ -53,13 +55,18 @@ func TestTimeFromUUIDv7(t *testing.T) {
 	}
 }
 
-// horizonStore is a store with a retention window, for configuration tests.
+// horizonStore is a store with a retention window, configured and stored
+// with its table, for configuration tests.
 type horizonStore struct {
 	nopStore
 	window time.Duration
 }
 
-func (s horizonStore) Horizon() Horizon { return Horizon{Window: s.window} }
+func (s horizonStore) Window() time.Duration { return s.window }
+
+func (s horizonStore) Settings(context.Context) (idemstore.Settings, error) {
+	return idemstore.Settings{Window: s.window}, nil
+}
 
 func TestHorizonFromStore(t *testing.T) {
 	h := func(context.Context, struct{}, Message) error { return nil }
@@ -68,8 +75,11 @@ func TestHorizonFromStore(t *testing.T) {
 	if err != nil || p.cfg.Horizon.Window != store.window {
 		t.Fatalf("processor did not adopt the store's window: %v %v", p, err)
 	}
-	_, err = NewProcessor[struct{}](store, &Config[struct{}]{Consumer: "x", Key: ByMessageID, Handler: h,
+	long, err := NewProcessor[struct{}](store, &Config[struct{}]{Consumer: "x", Key: ByMessageID, Handler: h,
 		Horizon: Horizon{Window: 30 * 24 * time.Hour}})
+	if err == nil {
+		err = long.ready(context.Background(), true)
+	}
 	if !errors.Is(err, ErrConfig) {
 		t.Fatalf("a horizon longer than the store keeps markers was accepted: %v", err)
 	}

@@ -14,26 +14,6 @@ import (
 // among the markers a prune deleted.
 var ErrMarkerPruned = errors.New("marker pruned")
 
-// PrunedSummary is a compact record of the keys whose markers a prune
-// deleted for one consumer: a Bloom filter, which may answer yes for a key
-// it never saw (at its false-positive rate) but never no for one it did.
-type PrunedSummary struct {
-	// Day is the UTC day of the prune.
-	Day time.Time
-	// Has reports whether key was probably among the pruned markers.
-	Has func(key string) bool
-}
-
-// PrunedSummaryStore is a store whose prune keeps summaries of the keys it
-// deleted (see package retention). A processor over one loads its
-// consumer's summaries with the settings and checks every fresh key in
-// memory: a hit is a message whose marker is gone — a replay older than
-// the window, or an untimed message redelivered after its marker was
-// pruned — which no inbox can otherwise tell from a new one.
-type PrunedSummaryStore interface {
-	PrunedSummaries(ctx context.Context, consumer string) ([]PrunedSummary, error)
-}
-
 // errLateInShared fails a transaction in which a message was refused as a
 // late duplicate after its claim, beside others that would commit its
 // marker.
@@ -48,11 +28,10 @@ var errLateInShared = errors.New("a message was refused as a late duplicate afte
 // recently the processor loaded them; it costs one listing of a few rows
 // on the claim's connection when nothing changed.
 func (p *Processor[TTx]) refuseFreshLate(ctx context.Context, tx TTx, fresh []*item) ([]*item, error) {
-	ps, ok := p.store.(TxSettingsStore[TTx])
-	if !ok || !p.cfg.RefuseLate || !slices.ContainsFunc(fresh, p.needsLateCheck) {
+	if !p.cfg.RefuseLate || !slices.ContainsFunc(fresh, p.needsLateCheck) {
 		return fresh, nil
 	}
-	sums, err := ps.PrunedSummariesIn(ctx, tx, p.cfg.Consumer)
+	sums, err := p.store.PrunedSummariesIn(ctx, tx, p.cfg.Consumer)
 	if err != nil {
 		return nil, wrapStep(stepLookup, fmt.Errorf("reading pruned-key summaries: %w", err))
 	}
@@ -72,11 +51,10 @@ func (p *Processor[TTx]) refuseFreshLate(ctx context.Context, tx TTx, fresh []*i
 
 // loadPruned reads the consumer's pruned-key summaries, newest first.
 func (p *Processor[TTx]) loadPruned(ctx context.Context) error {
-	ps, ok := p.store.(PrunedSummaryStore)
-	if !ok || p.cfg.Natural {
+	if p.cfg.Natural {
 		return nil
 	}
-	sums, err := ps.PrunedSummaries(ctx, p.cfg.Consumer)
+	sums, err := p.store.PrunedSummaries(ctx, p.cfg.Consumer)
 	if err != nil {
 		return wrapStep(stepSettings, fmt.Errorf("reading pruned-key summaries: %w", err))
 	}

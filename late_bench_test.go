@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/bloom"
 )
 
@@ -15,10 +16,14 @@ import (
 // stores' benchmarks).
 type summaryStore struct {
 	nopStore
-	sums []PrunedSummary
+	sums []idemstore.PrunedSummary
 }
 
-func (s *summaryStore) PrunedSummaries(context.Context, string) ([]PrunedSummary, error) {
+func (s *summaryStore) PrunedSummaries(context.Context, string) ([]idemstore.PrunedSummary, error) {
+	return s.sums, nil
+}
+
+func (s *summaryStore) PrunedSummariesIn(context.Context, struct{}, string) ([]idemstore.PrunedSummary, error) {
 	return s.sums, nil
 }
 
@@ -48,7 +53,7 @@ func BenchmarkLateCheck(b *testing.B) {
 		b.Run(fmt.Sprintf("summaries=%d/timed=%v", n, c.timed), func(b *testing.B) {
 			st := &summaryStore{}
 			for _, f := range filters[:n] {
-				st.sums = append(st.sums, PrunedSummary{Day: time.Now(), Has: f.Has})
+				st.sums = append(st.sums, idemstore.PrunedSummary{Day: time.Now(), Has: f.Has})
 			}
 			p, err := NewProcessor[struct{}](st, &Config[struct{}]{Consumer: "x", Key: ByMessageID,
 				Logger:  slog.New(slog.DiscardHandler),

@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idemkit/idem/idemstore"
 )
 
 // countHandler counts the records logged at each level.
@@ -29,7 +31,7 @@ func TestDuplicatesAreSummarised(t *testing.T) {
 	h := &countHandler{}
 	p := procFor(t, nopStore{}, func(c *Config[struct{}]) { c.Logger = slog.New(h) })
 	for i := range 100_000 {
-		p.report(Result{Outcome: Duplicate, MessageID: "m", First: &Marker{MessageID: "m", ProcessedAt: time.Now().Add(-time.Duration(i) * time.Millisecond)}}, 0)
+		p.report(Result{Outcome: Duplicate, MessageID: "m", First: &idemstore.Marker{MessageID: "m", ProcessedAt: time.Now().Add(-time.Duration(i) * time.Millisecond)}}, 0)
 	}
 	if h.info.Load() != 1 || h.debug.Load() != 100_000 {
 		t.Fatalf("%d Info and %d Debug lines for 100,000 duplicates; want 1 summary and one Debug line each", h.info.Load(), h.debug.Load())

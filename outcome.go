@@ -1,6 +1,10 @@
 package idem
 
-import "time"
+import (
+	"time"
+
+	"github.com/idemkit/idem/idemstore"
+)
 
 // Outcome is what became of one message. Each adapter maps outcomes onto its
 // broker's verbs in one place (ack, nack, dead letter).
@@ -54,7 +58,7 @@ type Result struct {
 	// the tries that were the message's own; see RetryPolicy.
 	Attempts int
 	// First describes the marker that won, for a Duplicate when known.
-	First *Marker
+	First *idemstore.Marker
 	// Conflict is set on a Duplicate whose body differs from the body that
 	// won: the same key was reused for different content, usually a producer
 	// bug.
@@ -74,16 +78,4 @@ type Result struct {
 	// that day (see Config.RefuseLate): an Applied message with PrunedOn is
 	// probably applied a second time; an Expired one was refused for it.
 	PrunedOn time.Time
-}
-
-// Marker is a row of the inbox: the claim of one key by one consumer.
-type Marker struct {
-	Key         string
-	MessageID   string
-	BodySHA256  []byte
-	ProcessedAt time.Time
-	// KeepUntil is the time the marker's retention is counted from: the
-	// latest of its write time and the event times of the messages that
-	// met it. Zero when the store does not record it.
-	KeepUntil time.Time
 }

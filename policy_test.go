@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/idemkit/idem/idemstore"
 )
 
 func TestDispose(t *testing.T) {
@@ -47,16 +49,16 @@ func TestDispose(t *testing.T) {
 // not set up for the consumer (anywhere), and the caller's shutdown cost the
 // message nothing; its own failures do, and exhausting them dead-letters it.
 func TestRetrierSpendsOnlyTheMessagesFaults(t *testing.T) {
-	class := func(err error) ErrorClass {
+	class := func(err error) idemstore.ErrorClass {
 		switch {
 		case errors.Is(err, errDownForTest):
-			return ClassUnavailable
+			return idemstore.ClassUnavailable
 		case errors.Is(err, errNoTableForTest):
-			return ClassConfig
+			return idemstore.ClassConfig
 		case errors.Is(err, errDeadlockForTest):
-			return ClassBusy
+			return idemstore.ClassBusy
 		}
-		return ClassTransient
+		return idemstore.ClassTransient
 	}
 	policy := RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond, WaitUnavailable: time.Hour, MaxContention: 10}
 	r := &retrier{policy: policy, class: class}

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+
+	"github.com/idemkit/idem/idemstore"
 )
 
 // Predict says what a delivery of msg would do now, without running the
@@ -65,7 +67,7 @@ func (p *Processor[TTx]) Refresh(ctx context.Context) error {
 
 // lookupMarker reads key's marker in a transaction of its own, which it
 // rolls back: it writes nothing and holds no lock past its return.
-func (p *Processor[TTx]) lookupMarker(ctx context.Context, key string) (Marker, bool, error) {
+func (p *Processor[TTx]) lookupMarker(ctx context.Context, key string) (idemstore.Marker, bool, error) {
 	if p.cfg.TxTimeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, p.cfg.TxTimeout)
@@ -73,12 +75,12 @@ func (p *Processor[TTx]) lookupMarker(ctx context.Context, key string) (Marker, 
 	}
 	tx, err := p.store.Begin(ctx)
 	if err != nil {
-		return Marker{}, false, wrapStep(stepBegin, err)
+		return idemstore.Marker{}, false, wrapStep(stepBegin, err)
 	}
 	defer func() { _ = p.store.Rollback(context.WithoutCancel(ctx), tx) }()
 	ms, err := p.store.Lookup(ctx, tx, p.cfg.Consumer, []string{key})
 	if err != nil {
-		return Marker{}, false, wrapStep(stepLookup, fmt.Errorf("key %q: %w", key, err))
+		return idemstore.Marker{}, false, wrapStep(stepLookup, fmt.Errorf("key %q: %w", key, err))
 	}
 	m, ok := ms[key]
 	return m, ok, nil

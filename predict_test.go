@@ -13,6 +13,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/mysqlinbox"
@@ -25,7 +26,7 @@ import (
 // predictEnv is a store with what the prediction test needs of its
 // database: making a marker old enough to prune, and pruning.
 type predictEnv[TTx any] struct {
-	store idem.Store[TTx]
+	store idemstore.Store[TTx]
 	// age makes key's marker older than the window.
 	age func(t *testing.T, key string)
 	// prune prunes with the stored window.

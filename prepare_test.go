@@ -6,9 +6,11 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemkit/idem/idemstore"
 )
 
-func procFor(t *testing.T, store Store[struct{}], mod func(*Config[struct{}])) *Processor[struct{}] {
+func procFor(t *testing.T, store idemstore.Store[struct{}], mod func(*Config[struct{}])) *Processor[struct{}] {
 	t.Helper()
 	cfg := &Config[struct{}]{Consumer: "x", Key: ByMessageID,
 		Handler: func(context.Context, struct{}, Message) error { return nil }}
@@ -77,7 +79,7 @@ func TestEventTimeSources(t *testing.T) {
 // partStore is a store configured for the partitioned layout.
 type partStore struct{ nopStore }
 
-func (partStore) Layout() Layout { return LayoutPartitioned }
+func (partStore) Layout() idemstore.Layout { return idemstore.LayoutPartitioned }
 
 func TestPartitionTimeIsAFunctionOfTheKey(t *testing.T) {
 	id := "019cf1a2-b3c4-7def-8123-456789abcdef" // 2026-03-15 13:14:57Z
@@ -132,14 +134,18 @@ func TestPartitionTimeIsAFunctionOfTheKey(t *testing.T) {
 // the processor's reading of them.
 type settingsStore struct {
 	nopStore
-	s Settings
+	s idemstore.Settings
 }
 
-func (s *settingsStore) Settings(context.Context) (Settings, error) { return s.s, nil }
+func (s *settingsStore) Settings(context.Context) (idemstore.Settings, error) { return s.s, nil }
+
+func (s *settingsStore) SettingsIn(context.Context, struct{}) (idemstore.Settings, error) {
+	return s.s, nil
+}
 
 func TestStoredWindowRules(t *testing.T) {
 	ctx := context.Background()
-	store := &settingsStore{s: Settings{Window: 30 * 24 * time.Hour}}
+	store := &settingsStore{s: idemstore.Settings{Window: 30 * 24 * time.Hour}}
 	p := procFor(t, store, nil)
 	if err := p.ready(ctx, true); err != nil || p.horizon().Window != store.s.Window {
 		t.Fatalf("default horizon under a stored 30-day window: %v, %v", p.horizon().Window, err)
@@ -170,8 +176,12 @@ type prunedStore struct {
 	keys map[string]bool
 }
 
-func (s *prunedStore) PrunedSummaries(context.Context, string) ([]PrunedSummary, error) {
-	return []PrunedSummary{{Day: s.day, Has: func(k string) bool { return s.keys[k] }}}, nil
+func (s *prunedStore) PrunedSummaries(context.Context, string) ([]idemstore.PrunedSummary, error) {
+	return []idemstore.PrunedSummary{{Day: s.day, Has: func(k string) bool { return s.keys[k] }}}, nil
+}
+
+func (s *prunedStore) PrunedSummariesIn(ctx context.Context, _ struct{}, consumer string) ([]idemstore.PrunedSummary, error) {
+	return s.PrunedSummaries(ctx, consumer)
 }
 
 func TestLateDuplicatesRefused(t *testing.T) {
@@ -210,23 +220,23 @@ func TestNaturalNeedsNoInbox(t *testing.T) {
 
 type failingSettings struct{ nopStore }
 
-func (*failingSettings) Settings(context.Context) (Settings, error) {
-	return Settings{}, errors.New("relation idem_inbox_settings does not exist")
+func (*failingSettings) Settings(context.Context) (idemstore.Settings, error) {
+	return idemstore.Settings{}, errors.New("relation idem_inbox_settings does not exist")
 }
 
 // windowedStore keeps its window in the database (Settings) and has a
-// configured default (Horizon) that a process which never migrated holds.
+// configured default (Window) that a process which never migrated holds.
 type windowedStore struct {
 	settingsStore
 	configured time.Duration
 }
 
-func (s *windowedStore) Horizon() Horizon { return Horizon{Window: s.configured} }
+func (s *windowedStore) Window() time.Duration { return s.configured }
 
 // A horizon the stored window allows is accepted even when the store's
 // configured default is shorter: the stored window decides.
 func TestStoredWindowDecidesOverTheConfiguredDefault(t *testing.T) {
-	store := &windowedStore{settingsStore: settingsStore{s: Settings{Window: 30 * 24 * time.Hour}}, configured: 14 * 24 * time.Hour}
+	store := &windowedStore{settingsStore: settingsStore{s: idemstore.Settings{Window: 30 * 24 * time.Hour}}, configured: 14 * 24 * time.Hour}
 	p, err := NewProcessor[struct{}](store, &Config[struct{}]{Consumer: "x", Key: ByMessageID,
 		Handler: func(context.Context, struct{}, Message) error { return nil },
 		Horizon: Horizon{Window: 20 * 24 * time.Hour}})

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemkit/idem/idemstore"
 )
 
 // Processor applies messages exactly once in effect: for each message it
@@ -18,7 +20,7 @@ import (
 // ProcessBatch returns an outcome for which [Outcome.Acked] is true.
 // A Processor is safe for concurrent use.
 type Processor[TTx any] struct {
-	store Store[TTx]
+	store idemstore.Store[TTx]
 	cfg   Config[TTx]
 	// userHorizon is Config.Horizon as the consumer set it; the guard in
 	// force (p.horizon()) is derived from it and the stored settings.
@@ -42,7 +44,7 @@ type Processor[TTx any] struct {
 
 // NewProcessor returns a processor over store. It applies cfg's defaults and
 // returns an error wrapping [ErrConfig] when cfg is invalid.
-func NewProcessor[TTx any](store Store[TTx], cfg *Config[TTx]) (*Processor[TTx], error) {
+func NewProcessor[TTx any](store idemstore.Store[TTx], cfg *Config[TTx]) (*Processor[TTx], error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: store is nil", ErrConfig)
 	}
@@ -51,20 +53,10 @@ func NewProcessor[TTx any](store Store[TTx], cfg *Config[TTx]) (*Processor[TTx],
 	}
 	c := *cfg
 	user := c.Horizon
-	_, stored := store.(SettingsStore)
-	if hs, ok := store.(HorizonStore); ok {
-		h := hs.Horizon()
-		switch {
-		case c.Horizon.Window == 0:
-			c.Horizon.Window, c.Horizon.Skew = h.Window, max(c.Horizon.Skew, h.Skew)
-		case c.Horizon.Window > h.Window && !stored:
-			// A store whose window is stored is judged by the stored
-			// window, read before the first message (ready); its
-			// configured one may be a default this process never wrote.
-			// Otherwise the guard would accept messages whose markers
-			// prune removes.
-			return nil, fmt.Errorf("%w: horizon window %v is longer than the store's retention window %v: messages older than the store keeps markers for would be applied again", ErrConfig, c.Horizon.Window, h.Window)
-		}
+	if c.Horizon.Window == 0 {
+		// Until the stored settings are read (ready), which judge the
+		// window, the consumer guards with the store's configured one.
+		c.Horizon.Window = store.Window()
 	}
 	c.setDefaults()
 	if err := c.validate(); err != nil {
@@ -78,7 +70,7 @@ func NewProcessor[TTx any](store Store[TTx], cfg *Config[TTx]) (*Processor[TTx],
 		p.hooks = append(p.hooks, observerHook{c.Observer})
 	}
 	Each(p.hooks, func(t TraceHook) { p.tracers = append(p.tracers, t) })
-	if ls, ok := store.(LayoutStore); ok && ls.Layout() == LayoutPartitioned && !c.Natural {
+	if store.Layout() == idemstore.LayoutPartitioned && !c.Natural {
 		switch {
 		case c.PartitionTime != nil:
 			p.partitionTime = c.PartitionTime
@@ -101,7 +93,7 @@ func (p *Processor[TTx]) Natural() bool { return p.cfg.Natural }
 // item is one message on its way through the processor.
 type item struct {
 	msg   Message
-	claim Claim
+	claim idemstore.Claim
 	res   Result
 	// hash is the body's SHA-256, which claim.BodySHA256 points into: one
 	// allocation fewer per message.
@@ -301,7 +293,7 @@ func (p *Processor[TTx]) admit(it *item, msg Message, quiet bool) {
 	}
 	it.res.Key = key
 	it.hash = sha256.Sum256(msg.Body)
-	it.claim = Claim{Key: key, MessageID: msg.ID, BodySHA256: it.hash[:], EventTime: it.msg.Time}
+	it.claim = idemstore.Claim{Key: key, MessageID: msg.ID, BodySHA256: it.hash[:], EventTime: it.msg.Time}
 	if p.partitionTime != nil {
 		pt, err := p.placeKey(key)
 		if err != nil {
@@ -397,7 +389,7 @@ func (p *Processor[TTx]) processOne(ctx context.Context, it *item, prior int) {
 }
 
 func (p *Processor[TTx]) retrier(policy RetryPolicy) *retrier {
-	return &retrier{policy: policy, class: func(err error) ErrorClass { return classify(p.store, err) }}
+	return &retrier{policy: policy, class: func(err error) idemstore.ErrorClass { return classify(p.store, err) }}
 }
 
 // attempt runs the transaction over items until it succeeds or r gives up,
@@ -526,16 +518,14 @@ func (p *Processor[TTx]) runTx(ctx context.Context, items []*item) error {
 			// a pool of N) the ping would otherwise wait for the
 			// connection its own caller holds, find no database, and hold
 			// a poison message forever.
-			if pg, ok := p.store.(Pinger); ok {
-				open = false
-				_ = p.store.Rollback(context.WithoutCancel(ctx), tx)
-				if p.ping(ctx, pg) != nil {
-					return &connLostError{err}
-				}
+			open = false
+			_ = p.store.Rollback(context.WithoutCancel(ctx), tx)
+			if p.ping(ctx) != nil {
+				return &connLostError{err}
 			}
 			return &handlerDeadlineError{err}
 		}
-		if b, ok := p.store.(Breaker[TTx]); ok && !IsPermanent(err) && ctx.Err() == nil && b.Broken(tx) {
+		if !IsPermanent(err) && ctx.Err() == nil && p.store.Broken(tx) {
 			return &connLostError{err}
 		}
 		return err
@@ -592,7 +582,7 @@ func (p *Processor[TTx]) claimAndExtend(ctx context.Context, tx TTx, items []*it
 				// The same key twice in one batch: the first message owns
 				// it, and the marker is kept for the later of their times.
 				it.res.Outcome = Duplicate
-				it.res.First = &Marker{Key: it.claim.Key, MessageID: owner.msg.ID, BodySHA256: owner.claim.BodySHA256}
+				it.res.First = &idemstore.Marker{Key: it.claim.Key, MessageID: owner.msg.ID, BodySHA256: owner.claim.BodySHA256}
 				it.res.Conflict = !bytes.Equal(owner.claim.BodySHA256, it.claim.BodySHA256)
 				if it.claim.EventTime.After(owner.claim.EventTime) {
 					owner.claim.EventTime = it.claim.EventTime
@@ -607,7 +597,7 @@ func (p *Processor[TTx]) claimAndExtend(ctx context.Context, tx TTx, items []*it
 		// instead of deadlocking.
 		slices.SortFunc(owned, func(a, b *item) int { return strings.Compare(a.claim.Key, b.claim.Key) })
 	}
-	claims := make([]Claim, len(owned))
+	claims := make([]idemstore.Claim, len(owned))
 	for i, o := range owned {
 		claims[i] = o.claim
 	}
@@ -634,7 +624,7 @@ func (p *Processor[TTx]) claimAndExtend(ctx context.Context, tx TTx, items []*it
 		if err != nil {
 			return nil, false, wrapStep(stepLookup, err)
 		}
-		var ext []Extension
+		var ext []idemstore.Extension
 		for i, k := range dups {
 			m, ok := markers[k]
 			if !ok {
@@ -644,14 +634,14 @@ func (p *Processor[TTx]) claimAndExtend(ctx context.Context, tx TTx, items []*it
 			it.res.First = &m
 			it.res.Conflict = !bytes.Equal(m.BodySHA256, it.claim.BodySHA256)
 			if !m.KeepUntil.IsZero() && it.claim.EventTime.After(m.KeepUntil) {
-				ext = append(ext, Extension{Key: k, KeepUntil: it.claim.EventTime})
+				ext = append(ext, idemstore.Extension{Key: k, KeepUntil: it.claim.EventTime})
 			}
 		}
-		if e, ok := p.store.(Extender[TTx]); ok && len(ext) > 0 && p.partitionTime == nil {
+		if len(ext) > 0 && p.partitionTime == nil {
 			// Partitioned markers cannot move to a later day; their
 			// partition time is the key's own, and the horizon expires by
 			// it, so they need no extension.
-			if err := e.Extend(ctx, tx, p.cfg.Consumer, ext); err != nil {
+			if err := p.store.Extend(ctx, tx, p.cfg.Consumer, ext); err != nil {
 				return nil, false, wrapStep(stepExtend, err)
 			}
 			extended = true
@@ -771,18 +761,17 @@ func (e *afterCommitError) Error() string { return "after commit: " + e.err.Erro
 func (e *afterCommitError) Unwrap() error { return e.err }
 
 // needsCommit reports whether the store asks for tx to be committed
-// although nothing in it was applied ([CommitNeeder]).
+// although nothing in it was applied ([idemstore.Store.NeedsCommit]).
 func (p *Processor[TTx]) needsCommit(tx TTx) bool {
-	cn, ok := p.store.(CommitNeeder[TTx])
-	return ok && cn.NeedsCommit(tx)
+	return p.store.NeedsCommit(tx)
 }
 
 // pingTimeout bounds the ping that tells a handler's own deadline on a
 // slow query from one on a database that stopped answering.
 const pingTimeout = time.Second
 
-func (p *Processor[TTx]) ping(ctx context.Context, pg Pinger) error {
+func (p *Processor[TTx]) ping(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pingTimeout)
 	defer cancel()
-	return pg.Ping(ctx)
+	return p.store.Ping(ctx)
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"time"
+
+	"github.com/idemkit/idem/idemstore"
 )
 
 // RetryPolicy is how the processor retries a transient failure in process
@@ -111,7 +113,7 @@ type verdict struct {
 // long to wait, and what to report when giving up.
 type retrier struct {
 	policy    RetryPolicy
-	class     func(error) ErrorClass
+	class     func(error) idemstore.ErrorClass
 	attempt   int       // tries so far that count against MaxAttempts
 	downSince time.Time // start of the current outage
 	waits     int       // tries during that outage, for its backoff
@@ -136,7 +138,7 @@ func (r *retrier) next(ctx context.Context, err error) verdict {
 		// injected for drills): leave it to redelivery, as a crash would.
 		r.attempt++
 		return verdict{outcome: Retry, err: err, whole: true}
-	case commitUnknown(err) && r.class(err) == ClassUnavailable:
+	case commitUnknown(err) && r.class(err) == idemstore.ClassUnavailable:
 		// The server went away around the COMMIT (shut down, backend
 		// terminated, connection refused): an outage. Trying again in place
 		// is safe, since the claim decides: the marker is there (Duplicate)
@@ -161,11 +163,11 @@ func (r *retrier) next(ctx context.Context, err error) verdict {
 	}
 	class := r.class(err)
 	switch {
-	case class == ClassPermanent:
+	case class == idemstore.ClassPermanent:
 		return verdict{outcome: DeadLettered, err: err}
-	case class == ClassConfig:
+	case class == idemstore.ClassConfig:
 		return r.wait(fmt.Errorf("%w: %w", ErrMisconfigured, err), ErrMisconfigured)
-	case class == ClassBusy && storeStep(err) == "":
+	case class == idemstore.ClassBusy && storeStep(err) == "":
 		// The handler's own statements met another transaction: waited
 		// out, uncounted, for MaxContention tries in a row, then charged.
 		err = fmt.Errorf("%w: %w", ErrContention, err)
@@ -176,9 +178,9 @@ func (r *retrier) next(ctx context.Context, err error) verdict {
 			r.downSince, r.waits = time.Time{}, 0
 			return verdict{outcome: Retry, err: err, again: true, wait: max(r.policy.Backoff(r.contention), minOutageWait)}
 		}
-	case class == ClassBusy:
+	case class == idemstore.ClassBusy:
 		return r.wait(err, ErrBusy)
-	case storeStep(err) != "" && storeStep(err) != stepCommit && class == ClassUnavailable:
+	case storeStep(err) != "" && storeStep(err) != stepCommit && class == idemstore.ClassUnavailable:
 		// BEGIN, the claim and the lookups carry nothing of the message
 		// but its validated key, so their failure proves an outage.
 		return r.wait(err, ErrUnavailable)
@@ -190,7 +192,7 @@ func (r *retrier) next(ctx context.Context, err error) verdict {
 		// holder.
 		return r.wait(err, ErrBusy)
 	}
-	if class != ClassBusy {
+	if class != idemstore.ClassBusy {
 		r.contention = 0
 	}
 	r.downSince, r.waits = time.Time{}, 0

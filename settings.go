@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemkit/idem/idemstore"
 )
 
 // settingsTTL is how long a processor trusts the inbox settings it read
@@ -19,7 +21,7 @@ type inboxState struct {
 	mu      sync.Mutex
 	next    atomic.Int64 // unix nanoseconds of the next read; 0: never read
 	horizon atomic.Pointer[Horizon]
-	pruned  atomic.Pointer[[]PrunedSummary]
+	pruned  atomic.Pointer[[]idemstore.PrunedSummary]
 }
 
 // horizon is the guard in force.
@@ -35,12 +37,10 @@ func (p *Processor[TTx]) ready(ctx context.Context, force bool) error {
 }
 
 // readyIn is ready, reading in *in, a transaction the caller holds, when in
-// is not nil and the store can ([TxSettingsStore]): the caller of
-// ProcessTx may hold the pool's only connection.
+// is not nil ([idemstore.Store.SettingsIn]): the caller of ProcessTx may
+// hold the pool's only connection.
 func (p *Processor[TTx]) readyIn(ctx context.Context, force bool, in *TTx) error {
-	ss, ok := p.store.(SettingsStore)
-	_, hasPruned := p.store.(PrunedSummaryStore)
-	if !ok && !hasPruned || p.cfg.Natural {
+	if p.cfg.Natural {
 		return nil // a natural consumer keeps no markers: no inbox to read
 	}
 	if !force && time.Now().UnixNano() < p.inbox.next.Load() {
@@ -64,11 +64,11 @@ func (p *Processor[TTx]) readyIn(ctx context.Context, force bool, in *TTx) error
 		ctx, cancel = context.WithTimeout(ctx, p.cfg.TxTimeout)
 		defer cancel()
 	}
-	if ok {
-		s, err := p.settings(ctx, ss, in)
-		if err != nil {
-			return wrapStep(stepSettings, err)
-		}
+	s, err := p.settings(ctx, in)
+	if err != nil {
+		return wrapStep(stepSettings, err)
+	}
+	if s != (idemstore.Settings{}) { // a store that records no settings returns none
 		h, err := p.horizonFor(s)
 		if err != nil {
 			return err
@@ -93,23 +93,20 @@ func (p *Processor[TTx]) readyIn(ctx context.Context, force bool, in *TTx) error
 	return nil
 }
 
-// settings reads the stored settings, in *in when it is not nil and the
-// store can.
-func (p *Processor[TTx]) settings(ctx context.Context, ss SettingsStore, in *TTx) (Settings, error) {
-	if ts, ok := p.store.(TxSettingsStore[TTx]); ok && in != nil {
-		return ts.SettingsIn(ctx, *in)
+// settings reads the stored settings, in *in when it is not nil.
+func (p *Processor[TTx]) settings(ctx context.Context, in *TTx) (idemstore.Settings, error) {
+	if in != nil {
+		return p.store.SettingsIn(ctx, *in)
 	}
-	return ss.Settings(ctx)
+	return p.store.Settings(ctx)
 }
 
-// loadPrunedIn is loadPruned, reading in *in when it is not nil and the
-// store can.
+// loadPrunedIn is loadPruned, reading in *in when it is not nil.
 func (p *Processor[TTx]) loadPrunedIn(ctx context.Context, in *TTx) error {
-	ts, ok := p.store.(TxSettingsStore[TTx])
-	if _, prunes := p.store.(PrunedSummaryStore); !ok || in == nil || !prunes || p.cfg.Natural {
+	if in == nil || p.cfg.Natural {
 		return p.loadPruned(ctx)
 	}
-	sums, err := ts.PrunedSummariesIn(ctx, *in, p.cfg.Consumer)
+	sums, err := p.store.PrunedSummariesIn(ctx, *in, p.cfg.Consumer)
 	if err != nil {
 		return wrapStep(stepSettings, fmt.Errorf("reading pruned-key summaries: %w", err))
 	}
@@ -121,10 +118,10 @@ func (p *Processor[TTx]) loadPrunedIn(ctx context.Context, in *TTx) error {
 // stored window when the consumer set none, its own when shorter, and an
 // error when longer (the guard would accept messages whose markers prune
 // removes).
-func (p *Processor[TTx]) horizonFor(s Settings) (Horizon, error) {
-	if ls, ok := p.store.(LayoutStore); ok && ls.Layout() != s.Layout {
+func (p *Processor[TTx]) horizonFor(s idemstore.Settings) (Horizon, error) {
+	if l := p.store.Layout(); l != s.Layout {
 		return Horizon{}, fmt.Errorf("%w: consumer %s: the store is configured for the %s layout but the inbox table was created %s",
-			ErrConfig, p.cfg.Consumer, ls.Layout(), s.Layout)
+			ErrConfig, p.cfg.Consumer, l, s.Layout)
 	}
 	h := p.userHorizon
 	stored := s.Stored

@@ -2,7 +2,7 @@
 // checks every adapter (idemrabbitmq, idemkafka, the next one) passes
 // against its real broker and the real PostgreSQL, so that "exactly-once
 // effects" means the same on each. It is to adapters what package
-// inboxtest is to stores.
+// storetest is to stores.
 //
 // An adapter's tests give [Run] a [Harness]: how to make a fresh topic,
 // publish to it, build a consumer of it over an [idem.Processor], and read

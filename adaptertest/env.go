@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/netfault"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/pooltest"
@@ -663,7 +664,7 @@ func (r *recorder) failedTries(id string, own bool) int {
 }
 
 // failedOfClass counts failed tries whose error had class c.
-func (r *recorder) failedOfClass(c idem.ErrorClass) int {
+func (r *recorder) failedOfClass(c idemstore.ErrorClass) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n := 0
@@ -691,9 +692,9 @@ func (r *recorder) deadLetterSettles() int {
 func (r *recorder) triesSince(n int) string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	count := map[idem.ErrorClass]int{}
-	first := map[idem.ErrorClass]error{}
-	var classes []idem.ErrorClass
+	count := map[idemstore.ErrorClass]int{}
+	first := map[idemstore.ErrorClass]error{}
+	var classes []idemstore.ErrorClass
 	for _, a := range r.failed[min(n, len(r.failed)):] {
 		if count[a.Class] == 0 {
 			classes = append(classes, a.Class)
@@ -709,15 +710,15 @@ func (r *recorder) triesSince(n int) string {
 	return b.String()
 }
 
-func className(c idem.ErrorClass) string {
+func className(c idemstore.ErrorClass) string {
 	switch c {
-	case idem.ClassTransient:
+	case idemstore.ClassTransient:
 		return "transient"
-	case idem.ClassPermanent:
+	case idemstore.ClassPermanent:
 		return "permanent"
-	case idem.ClassUnavailable:
+	case idemstore.ClassUnavailable:
 		return "unavailable"
-	case idem.ClassConfig:
+	case idemstore.ClassConfig:
 		return "config"
 	}
 	return fmt.Sprint(int(c))

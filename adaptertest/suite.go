@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/netfault"
 	"github.com/idemkit/idem/pgxinbox"
 )
@@ -497,7 +498,7 @@ func inboxTableGone(t *testing.T, h Harness) {
 	ids := seq("during", 3)
 	e.publish(msgs(ids...)...)
 	e.waitFor(settle, "messages held while the inbox table is gone (a configuration error, then a blameless Retry)", func() bool {
-		return e.rec.failedOfClass(idem.ClassConfig) >= 2 && e.rec.blamelessRetries() >= 1
+		return e.rec.failedOfClass(idemstore.ClassConfig) >= 2 && e.rec.blamelessRetries() >= 1
 	})
 	if _, err := e.pool.Exec(ctx, `ALTER TABLE idem_inbox_away RENAME TO idem_inbox`); err != nil {
 		t.Fatal(err)

@@ -36,6 +36,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 )
 
 // Headers of a dead letter, as idemrabbitmq and idemkafka write them.
@@ -157,7 +158,7 @@ type Judgement struct {
 	// InboxKey is the key the consumer will claim.
 	InboxKey string `json:"inbox_key,omitempty"`
 	// Marker is the marker found, for Duplicate.
-	Marker *idem.Marker `json:"marker,omitempty"`
+	Marker *idemstore.Marker `json:"marker,omitempty"`
 	// PrunedOn is the day a prune probably deleted the key's marker.
 	PrunedOn time.Time `json:"pruned_on,omitzero"`
 }

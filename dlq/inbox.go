@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/pgxinbox"
 )
 
@@ -137,7 +138,7 @@ func (in *Inbox) Table() string { return in.cfg.Table }
 func (in *Inbox) AuditTable() string { return in.audit }
 
 // Settings reads the layout and window stored with the table.
-func (in *Inbox) Settings(ctx context.Context) (idem.Settings, error) {
+func (in *Inbox) Settings(ctx context.Context) (idemstore.Settings, error) {
 	s, err := in.store.Settings(ctx)
 	if err != nil {
 		return s, fmt.Errorf("reading the settings of inbox %s: %w", in.cfg.Table, err)
@@ -163,7 +164,7 @@ func (in *Inbox) judge(ctx context.Context, consumer string) (Judge, error) {
 			return nil, err
 		}
 		st := in.store
-		if set.Layout == idem.LayoutPartitioned {
+		if set.Layout == idemstore.LayoutPartitioned {
 			if st, err = pgxinbox.New(in.db, &pgxinbox.Config{Table: in.cfg.Table, Layout: pgxinbox.Partitioned}); err != nil {
 				return nil, err
 			}
@@ -452,7 +453,7 @@ var ErrMarkerChanged = errors.New("the marker judged is no longer the key's, or 
 // A concurrent replay of the same letter that judged m too waits on the
 // row, finds it gone and gets [ErrMarkerChanged]: each letter is applied
 // at most once more, however many replays race.
-func (in *Inbox) retireJudged(ctx context.Context, consumer, key, replayOf string, m *idem.Marker, r Retirement) (Retired, error) {
+func (in *Inbox) retireJudged(ctx context.Context, consumer, key, replayOf string, m *idemstore.Marker, r Retirement) (Retired, error) {
 	if m == nil {
 		return Retired{}, fmt.Errorf("%w: consumer %s, key %q in %s", ErrNoMarker, consumer, key, in.cfg.Table)
 	}
@@ -576,7 +577,7 @@ RETURNING id, retired_at, retired_by, why, inbox_table, consumer, key, message_i
 // that retired a marker of (consumer, key) before the marker m was
 // written: m is then, all but surely, that replay's own effect, and the
 // letter a copy left in the DLQ. Reading creates nothing.
-func (in *Inbox) replayedBefore(ctx context.Context, consumer, key, replayOf string, m *idem.Marker) (*Retired, error) {
+func (in *Inbox) replayedBefore(ctx context.Context, consumer, key, replayOf string, m *idemstore.Marker) (*Retired, error) {
 	if m == nil {
 		return nil, nil
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemkafka"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -122,7 +123,7 @@ func (h *holdHooks) OnRetry(*kgo.Record, int, idem.Result) { h.holds.count() }
 // outageProcessor is a processor over store (the schema reached through a
 // proxy) that waits 100ms for an unreachable database before it hands the
 // record back, with a budget of 2 runs.
-func outageProcessor(t testing.TB, store idem.Store[pgx.Tx], out idem.Observer) *idem.Processor[pgx.Tx] {
+func outageProcessor(t testing.TB, store idemstore.Store[pgx.Tx], out idem.Observer) *idem.Processor[pgx.Tx] {
 	t.Helper()
 	proc, err := idem.NewProcessor[pgx.Tx](store, &idem.Config[pgx.Tx]{
 		Consumer: "kafka-test", Key: idem.ByMessageID, Handler: write, Observer: out, Logger: testLogger,

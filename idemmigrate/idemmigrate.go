@@ -27,6 +27,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/dlq"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/inboxdb"
 	"github.com/idemkit/idem/internal/migrator"
 	"github.com/idemkit/idem/pgxinbox"
@@ -84,7 +85,7 @@ type Config struct {
 	// Migrate or EnsurePartitions (idem inbox partitions ensure) creates
 	// them.
 	InboxTable  string
-	InboxLayout idem.Layout
+	InboxLayout idemstore.Layout
 	InboxWindow time.Duration
 	// OutboxTable is the outbox table (default idem_outbox); OutboxShards
 	// the shard count a new outbox records (0: the default).
@@ -225,7 +226,7 @@ func (m *Migrator) inboxDialect() (*inboxdb.Dialect, error) {
 	if err != nil {
 		return nil, err
 	}
-	if m.engine != Postgres && m.cfg.InboxLayout != idem.LayoutPlain {
+	if m.engine != Postgres && m.cfg.InboxLayout != idemstore.LayoutPlain {
 		return nil, fmt.Errorf("%w: %s inboxes have the plain layout", idem.ErrConfig, m.engine)
 	}
 	t := inboxdb.Table{Name: name}
@@ -254,7 +255,7 @@ func (m *Migrator) inbox() (*migrator.Component, error) {
 		return nil, err
 	}
 	b := &inboxdb.Inbox{D: d, Window: m.cfg.InboxWindow}
-	return b.Component(new(idem.Settings), new(idem.MigrateReport))
+	return b.Component(new(idemstore.Settings), new(idemstore.MigrateReport))
 }
 
 // deadLetters is the dead-letter operators' audit tables (the markers a

@@ -12,10 +12,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "modernc.org/sqlite"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/dlq"
 	"github.com/idemkit/idem/idemkey"
 	"github.com/idemkit/idem/idemmigrate"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/mysqlinbox"
@@ -480,7 +480,7 @@ func TestConfigRefused(t *testing.T) {
 			t.Errorf("%s --only %s: no error", c.e, c.only)
 		}
 	}
-	if _, err := idemmigrate.NewScript(idemmigrate.Postgres, &idemmigrate.Config{InboxLayout: idem.LayoutPartitioned, Only: []string{"inbox"}}); err != nil {
+	if _, err := idemmigrate.NewScript(idemmigrate.Postgres, &idemmigrate.Config{InboxLayout: idemstore.LayoutPartitioned, Only: []string{"inbox"}}); err != nil {
 		t.Errorf("partitioned inbox: %v", err)
 	}
 }

@@ -12,25 +12,20 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemotel"
+	"github.com/idemkit/idem/idemstore"
+	"github.com/idemkit/idem/internal/nopstore"
 )
 
 // memStore is an inbox in memory, so that the benchmarks measure the
 // processor's own work and not a database round trip (the stores have
 // their own benchmarks).
 type memStore struct {
+	nopstore.Store[struct{}]
 	mu   sync.Mutex
 	keys map[string]bool
 }
 
-func (s *memStore) Begin(context.Context) (struct{}, error)  { return struct{}{}, nil }
-func (s *memStore) Commit(context.Context, struct{}) error   { return nil }
-func (s *memStore) Rollback(context.Context, struct{}) error { return nil }
-func (s *memStore) Classify(error) idem.ErrorClass           { return idem.ClassTransient }
-func (s *memStore) Lookup(context.Context, struct{}, string, []string) (map[string]idem.Marker, error) {
-	return nil, nil
-}
-
-func (s *memStore) Claim(_ context.Context, _ struct{}, _ string, claims []idem.Claim, _ time.Duration) ([]bool, error) {
+func (s *memStore) Claim(_ context.Context, _ struct{}, _ string, claims []idemstore.Claim, _ time.Duration) ([]bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]bool, len(claims))

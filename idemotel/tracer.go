@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 )
 
 // ScopeName is the instrumentation scope of the spans a [Tracer] starts.
@@ -257,17 +258,17 @@ func (t *Tracer) TraceAttempt(ctx context.Context, _ string, a idem.Attempt) {
 	span.AddEvent(AttemptEvent, trace.WithAttributes(attrs...))
 }
 
-func className(c idem.ErrorClass) string {
+func className(c idemstore.ErrorClass) string {
 	switch c {
-	case idem.ClassTransient:
+	case idemstore.ClassTransient:
 		return "transient"
-	case idem.ClassPermanent:
+	case idemstore.ClassPermanent:
 		return "permanent"
-	case idem.ClassUnavailable:
+	case idemstore.ClassUnavailable:
 		return "unavailable"
-	case idem.ClassBusy:
+	case idemstore.ClassBusy:
 		return "busy"
-	case idem.ClassConfig:
+	case idemstore.ClassConfig:
 		return "config"
 	}
 	return fmt.Sprintf("class(%d)", int(c))

@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemprom"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/outbox"
 )
@@ -92,10 +93,10 @@ func exported(t *testing.T) map[string]*dto.MetricFamily {
 	enqueue(t, ob, pool, outbox.Message{Destination: "invoices", Key: "c-1", Body: []byte("x")})
 	reg.MustRegister(idemprom.NewOutboxCollector(ob, "", nil))
 
-	first := &idem.Marker{Key: "k", MessageID: "k", ProcessedAt: time.Now().Add(-time.Hour)}
+	first := &idemstore.Marker{Key: "k", MessageID: "k", ProcessedAt: time.Now().Add(-time.Hour)}
 	m.OnOutcome("ledger", idem.Result{Outcome: idem.Applied, Untimed: true, PrunedOn: time.Now()}, time.Millisecond)
 	m.OnOutcome("ledger", idem.Result{Outcome: idem.Duplicate, First: first, Conflict: true}, time.Millisecond)
-	m.OnAttempt("ledger", idem.Attempt{Class: idem.ClassUnavailable, Err: errors.New("connection refused")})
+	m.OnAttempt("ledger", idem.Attempt{Class: idemstore.ClassUnavailable, Err: errors.New("connection refused")})
 	m.OnSettle("ledger", "invoices", idem.Disposition{Action: idem.ActionHold}, idem.Result{})
 	m.OnDeadLetter("ledger", "invoices.dlq", idem.Result{Outcome: idem.DeadLettered, Err: idem.Permanent(errors.New("no such customer"))}, nil)
 	m.OnRedelivered("ledger", "invoices")

@@ -63,6 +63,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 )
 
 // Metrics is an idem.Observer that records to Prometheus. One Metrics can
@@ -215,9 +216,9 @@ func (m *Metrics) Observe(consumer string, r idem.Result, elapsed time.Duration)
 	m.OnOutcome(consumer, r, elapsed)
 }
 
-var classNames = map[idem.ErrorClass]string{
-	idem.ClassTransient: "transient", idem.ClassPermanent: "permanent",
-	idem.ClassUnavailable: "unavailable", idem.ClassConfig: "config", idem.ClassBusy: "busy",
+var classNames = map[idemstore.ErrorClass]string{
+	idemstore.ClassTransient: "transient", idemstore.ClassPermanent: "permanent",
+	idemstore.ClassUnavailable: "unavailable", idemstore.ClassConfig: "config", idemstore.ClassBusy: "busy",
 }
 
 // OnAttempt implements idem.AttemptHook.

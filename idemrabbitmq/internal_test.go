@@ -6,22 +6,12 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/nopstore"
 )
 
 // nopStore lets internal tests build a processor without a database; they
 // never process through it.
-type nopStore struct{}
-
-func (nopStore) Begin(context.Context) (struct{}, error)  { return struct{}{}, nil }
-func (nopStore) Commit(context.Context, struct{}) error   { return nil }
-func (nopStore) Rollback(context.Context, struct{}) error { return nil }
-func (nopStore) Classify(error) idem.ErrorClass           { return idem.ClassTransient }
-func (nopStore) Lookup(context.Context, struct{}, string, []string) (map[string]idem.Marker, error) {
-	return nil, nil
-}
-func (nopStore) Claim(_ context.Context, _ struct{}, _ string, c []idem.Claim, _ time.Duration) ([]bool, error) {
-	return make([]bool, len(c)), nil
-}
+type nopStore = nopstore.Store[struct{}]
 
 func newTestConsumer(t *testing.T, cfg *Config) *Consumer[struct{}] {
 	t.Helper()

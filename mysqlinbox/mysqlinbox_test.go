@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 
-	"github.com/idemkit/idem/inboxtest"
+	"github.com/idemkit/idem/idemstore/storetest"
 	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/netfault"
 	"github.com/idemkit/idem/internal/pooltest"
@@ -87,20 +87,20 @@ func migratedAs(t testing.TB, db *sql.DB, d sqlinbox.Dialect, cfg *sqlinbox.Conf
 
 // envDB is the conformance suite's environment on a fresh database whose
 // pool has at most conns connections (0: database/sql's default).
-func envDB(t *testing.T, d sqlinbox.Dialect, via func(string) string, conns int) (inboxtest.Env[*sql.Tx], *sql.DB) {
+func envDB(t *testing.T, d sqlinbox.Dialect, via func(string) string, conns int) (storetest.Env[*sql.Tx], *sql.DB) {
 	db, _ := freshDBVia(t, via)
 	pooltest.SQL(t, db, conns)
 	return envOn(t, d, db), db
 }
 
 // envOn is the conformance suite's environment on db.
-func envOn(t *testing.T, d sqlinbox.Dialect, db *sql.DB) inboxtest.Env[*sql.Tx] {
+func envOn(t *testing.T, d sqlinbox.Dialect, db *sql.DB) storetest.Env[*sql.Tx] {
 	ctx := context.Background()
 	store := migratedAs(t, db, d, nil)
 	if _, err := db.ExecContext(ctx, `CREATE TABLE effects (consumer VARBINARY(255), "key" VARBINARY(512), message_id VARBINARY(255))`); err != nil {
 		t.Fatal(err)
 	}
-	return inboxtest.Env[*sql.Tx]{
+	return storetest.Env[*sql.Tx]{
 		Store: store,
 		Apply: func(ctx context.Context, tx *sql.Tx, consumer, key, id string) error {
 			_, err := tx.ExecContext(ctx, `INSERT INTO effects VALUES (?, ?, ?)`, consumer, key, id)
@@ -125,9 +125,9 @@ func envOn(t *testing.T, d sqlinbox.Dialect, db *sql.DB) inboxtest.Env[*sql.Tx] 
 // keeps when the DSN asks for it: keys and IDs spliced into the text by the
 // driver's escaping must claim exactly as parameters do.
 func TestConformanceInterpolated(t *testing.T) {
-	inboxtest.Run(t, inboxtest.Harness[*sql.Tx]{
+	storetest.Run(t, storetest.Harness[*sql.Tx]{
 		LockTimeout: true,
-		Open: func(t *testing.T, conns int) inboxtest.Env[*sql.Tx] {
+		Open: func(t *testing.T, conns int) storetest.Env[*sql.Tx] {
 			dsn := mysqltest.Database(t, "idem_t_").FormatDSN()
 			if strings.Contains(dsn, "?") {
 				dsn += "&interpolateParams=true"
@@ -149,10 +149,10 @@ func TestConformanceInterpolated(t *testing.T) {
 func TestConformance(t *testing.T) {
 	for _, d := range dialects(t) {
 		t.Run(d.Name(), func(t *testing.T) {
-			inboxtest.Run(t, inboxtest.Harness[*sql.Tx]{
+			storetest.Run(t, storetest.Harness[*sql.Tx]{
 				LockTimeout: true,
-				Open:        func(t *testing.T, conns int) inboxtest.Env[*sql.Tx] { e, _ := envDB(t, d, nil, conns); return e },
-				OpenBehindFault: func(t *testing.T, conns int) (inboxtest.Env[*sql.Tx], inboxtest.Fault) {
+				Open:        func(t *testing.T, conns int) storetest.Env[*sql.Tx] { e, _ := envDB(t, d, nil, conns); return e },
+				OpenBehindFault: func(t *testing.T, conns int) (storetest.Env[*sql.Tx], storetest.Fault) {
 					var p *netfault.Proxy
 					e, _ := envDB(t, d, func(target string) string {
 						p = netfault.New(t, target)
@@ -172,12 +172,12 @@ func TestConformance(t *testing.T) {
 func TestRetentionConformance(t *testing.T) {
 	for _, d := range dialects(t) {
 		t.Run(d.Name(), func(t *testing.T) {
-			inboxtest.RunRetention(t, inboxtest.RetentionHarness[*sql.Tx]{Open: func(t *testing.T, conns int) inboxtest.RetentionEnv[*sql.Tx] {
+			storetest.RunRetention(t, storetest.RetentionHarness[*sql.Tx]{Open: func(t *testing.T, conns int) storetest.RetentionEnv[*sql.Tx] {
 				e, db := envDB(t, d, nil, conns)
-				return inboxtest.RetentionEnv[*sql.Tx]{
+				return storetest.RetentionEnv[*sql.Tx]{
 					Env:   e,
 					Store: e.Store.(*sqlinbox.Store),
-					Reopen: func(t *testing.T, window time.Duration) inboxtest.RetentionStore[*sql.Tx] {
+					Reopen: func(t *testing.T, window time.Duration) storetest.RetentionStore[*sql.Tx] {
 						s, err := sqlinbox.New(db, d, &sqlinbox.Config{Window: window})
 						if err != nil {
 							t.Fatal(err)
@@ -229,9 +229,9 @@ func keysAreBytes(t *testing.T, d sqlinbox.Dialect, db *sql.DB) {
 	}
 	defer func() { _ = tx.Rollback() }()
 	keys := []string{"A", "a", "e", "é", "x ", "x", `a'b`, `a\'b`, `\`, `"q"`, "%_", "\x00\xff\xfe", "k\x00"}
-	claims := make([]idem.Claim, len(keys))
+	claims := make([]idemstore.Claim, len(keys))
 	for i, k := range keys {
-		claims[i] = idem.Claim{Key: k, MessageID: "m" + k}
+		claims[i] = idemstore.Claim{Key: k, MessageID: "m" + k}
 	}
 	got, err := s.Claim(ctx, tx, "c", claims, 0)
 	if err != nil {

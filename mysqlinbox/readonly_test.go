@@ -14,6 +14,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/mysqlinbox"
 )
@@ -130,7 +131,7 @@ func TestReadOnlyServerIsAnOutage(t *testing.T) {
 			if err == nil {
 				t.Fatal("a claim on the read-only server succeeded: the user is not bound by read_only")
 			}
-			if c := store.Classify(err); c != idem.ClassUnavailable {
+			if c := store.Classify(err); c != idemstore.ClassUnavailable {
 				t.Errorf("claim on a read-only server: %v, class %v, want unavailable", err, c)
 			}
 			if !reject && !strings.Contains(err.Error(), "1290") {

@@ -13,6 +13,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/netfault"
 	"github.com/idemkit/idem/mysqlinbox"
@@ -22,9 +23,9 @@ import (
 
 func claim(t *testing.T, s *sqlinbox.Store, tx *sql.Tx, lock time.Duration, keys ...string) ([]bool, error) {
 	t.Helper()
-	cs := make([]idem.Claim, len(keys))
+	cs := make([]idemstore.Claim, len(keys))
 	for i, k := range keys {
-		cs[i] = idem.Claim{Key: k, MessageID: "m-" + k}
+		cs[i] = idemstore.Claim{Key: k, MessageID: "m-" + k}
 	}
 	return s.Claim(context.Background(), tx, "c", cs, lock)
 }
@@ -53,7 +54,7 @@ func TestLockWaitTimeoutIsBusy(t *testing.T) {
 	if err == nil {
 		t.Fatal("the waiter's claim succeeded while the holder held the key")
 	}
-	if c := s.Classify(err); c != idem.ClassBusy {
+	if c := s.Classify(err); c != idemstore.ClassBusy {
 		t.Errorf("lock wait timeout %v: class %v, want busy", err, c)
 	}
 	if d := time.Since(start); d > 30*time.Second {
@@ -100,7 +101,7 @@ func TestDeadlockIsBusy(t *testing.T) {
 	if failed == nil {
 		t.Fatal("crossed claims did not deadlock")
 	}
-	if c := s.Classify(failed); c != idem.ClassBusy {
+	if c := s.Classify(failed); c != idemstore.ClassBusy {
 		t.Errorf("deadlock %v: class %v, want busy", failed, c)
 	}
 }
@@ -126,17 +127,17 @@ func TestClassifyServerErrors(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		err  error
-		want idem.ErrorClass
+		want idemstore.ErrorClass
 	}{
-		{"duplicate entry (1062)", dup, idem.ClassPermanent},
-		{"data too long (1406)", long, idem.ClassPermanent},
-		{"missing table (1146)", missing, idem.ClassConfig},
-		{"out of range (1264)", outOfRange, idem.ClassPermanent},
-		{"division by zero (1365)", divZero, idem.ClassPermanent},
-		{"key too long (1071)", keyTooLong, idem.ClassPermanent},
-		{"row size too large (1118)", rowTooLarge, idem.ClassPermanent},
-		{"bad connection", driverBadConn(), idem.ClassUnavailable},
-		{"handler error", errors.New("boom"), idem.ClassTransient},
+		{"duplicate entry (1062)", dup, idemstore.ClassPermanent},
+		{"data too long (1406)", long, idemstore.ClassPermanent},
+		{"missing table (1146)", missing, idemstore.ClassConfig},
+		{"out of range (1264)", outOfRange, idemstore.ClassPermanent},
+		{"division by zero (1365)", divZero, idemstore.ClassPermanent},
+		{"key too long (1071)", keyTooLong, idemstore.ClassPermanent},
+		{"row size too large (1118)", rowTooLarge, idemstore.ClassPermanent},
+		{"bad connection", driverBadConn(), idemstore.ClassUnavailable},
+		{"handler error", errors.New("boom"), idemstore.ClassTransient},
 	} {
 		if c.err == nil {
 			t.Errorf("%s: the statement did not fail", c.name)
@@ -156,7 +157,7 @@ func TestClassifyServerErrors(t *testing.T) {
 	}
 	defer func() { _ = tx.Rollback() }()
 	_, err = claim(t, s, tx, 0, "k")
-	if c := s.Classify(err); err == nil || c != idem.ClassConfig {
+	if c := s.Classify(err); err == nil || c != idemstore.ClassConfig {
 		t.Errorf("claim on a dropped inbox: %v, class %v, want config", err, c)
 	}
 }
@@ -488,7 +489,7 @@ func TestFrozenServerFailsClaimUnavailable(t *testing.T) {
 	if err == nil {
 		t.Fatal("a claim on a frozen server succeeded")
 	}
-	if c := s.Classify(err); c != idem.ClassUnavailable {
+	if c := s.Classify(err); c != idemstore.ClassUnavailable {
 		t.Errorf("claim on a frozen server: %v, classified %v, want unavailable", err, c)
 	}
 	_ = tx.Rollback()

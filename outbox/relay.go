@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/inboxdb"
 	"github.com/idemkit/idem/internal/pgerr"
 
@@ -197,7 +198,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if errors.Is(err, ErrNoTable) || pgerr.Classify(err) == idem.ClassConfig {
+		if errors.Is(err, ErrNoTable) || pgerr.Classify(err) == idemstore.ClassConfig {
 			return fmt.Errorf("starting the relay: %w", err)
 		}
 		r.outage(ctx, st, log, err)

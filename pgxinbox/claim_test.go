@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/pgxinbox"
 )
 
@@ -26,18 +27,18 @@ func TestClaimSetsLockTimeout(t *testing.T) {
 			ctx := context.Background()
 			_, store := openLayout(t, layout, nil)
 			now := time.Now()
-			claim := func(key string) idem.Claim {
-				return idem.Claim{Key: key, MessageID: key, BodySHA256: idem.BodyHash([]byte(key)), EventTime: now, PartitionTime: now}
+			claim := func(key string) idemstore.Claim {
+				return idemstore.Claim{Key: key, MessageID: key, BodySHA256: idem.BodyHash([]byte(key)), EventTime: now, PartitionTime: now}
 			}
 			holder, err := store.Begin(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer func() { _ = holder.Rollback(ctx) }()
-			if _, err := store.Claim(ctx, holder, "ledger", []idem.Claim{claim("k9-held")}, time.Second); err != nil {
+			if _, err := store.Claim(ctx, holder, "ledger", []idemstore.Claim{claim("k9-held")}, time.Second); err != nil {
 				t.Fatal(err)
 			}
-			for _, claims := range [][]idem.Claim{
+			for _, claims := range [][]idemstore.Claim{
 				{claim("k9-held")},
 				{claim("k1"), claim("k2"), claim("k9-held")},
 			} {
@@ -62,7 +63,7 @@ func TestClaimSetsLockTimeout(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					claims := make([]idem.Claim, n)
+					claims := make([]idemstore.Claim, n)
 					for i := range claims {
 						claims[i] = claim(fmt.Sprintf("s-%d-%v-%d", n, lock, i))
 					}
@@ -100,7 +101,7 @@ func TestClaimRecordsMessageID(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	_, store := openLayout(t, pgxinbox.Plain, nil)
-	for _, claims := range [][]idem.Claim{
+	for _, claims := range [][]idemstore.Claim{
 		{{Key: "one-same", MessageID: "one-same"}},
 		{{Key: "one-other", MessageID: "m-one-other"}},
 		{{Key: "b-same", MessageID: "b-same"}, {Key: "b-other", MessageID: "m-b-other"}, {Key: "b-same2", MessageID: "b-same2"}},

@@ -7,22 +7,22 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/inboxtest"
+	"github.com/idemkit/idem/idemstore"
+	"github.com/idemkit/idem/idemstore/storetest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
 )
 
 func TestConformance(t *testing.T) {
-	conformance(t, pgxinbox.Plain, func(s *pgxinbox.Store) idem.Store[pgx.Tx] { return s })
+	conformance(t, pgxinbox.Plain, func(s *pgxinbox.Store) idemstore.Store[pgx.Tx] { return s })
 }
 
 // conformance runs the shared store suite on a fresh schema per subtest,
 // with a layout; wrap may adapt the store (see TestPartitionedConformance).
 // The effects table has no unique constraint, so a double application shows.
-func conformance(t *testing.T, layout pgxinbox.Layout, wrap func(*pgxinbox.Store) idem.Store[pgx.Tx]) {
-	env := func(pool *pgxpool.Pool, store *pgxinbox.Store) inboxtest.Env[pgx.Tx] {
-		return inboxtest.Env[pgx.Tx]{
+func conformance(t *testing.T, layout pgxinbox.Layout, wrap func(*pgxinbox.Store) idemstore.Store[pgx.Tx]) {
+	env := func(pool *pgxpool.Pool, store *pgxinbox.Store) storetest.Env[pgx.Tx] {
+		return storetest.Env[pgx.Tx]{
 			Store: wrap(store),
 			Apply: func(ctx context.Context, tx pgx.Tx, consumer, key, id string) error {
 				_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1, $2, $3)`, consumer, key, id)
@@ -41,12 +41,12 @@ func conformance(t *testing.T, layout pgxinbox.Layout, wrap func(*pgxinbox.Store
 			Rollback: func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) },
 		}
 	}
-	inboxtest.Run(t, inboxtest.Harness[pgx.Tx]{
+	storetest.Run(t, storetest.Harness[pgx.Tx]{
 		LockTimeout: true,
-		Open: func(t *testing.T, conns int) inboxtest.Env[pgx.Tx] {
+		Open: func(t *testing.T, conns int) storetest.Env[pgx.Tx] {
 			return env(openLayoutOf(t, layout, nil, conns))
 		},
-		OpenBehindFault: func(t *testing.T, conns int) (inboxtest.Env[pgx.Tx], inboxtest.Fault) {
+		OpenBehindFault: func(t *testing.T, conns int) (storetest.Env[pgx.Tx], storetest.Fault) {
 			pool, proxy := pgtest.PoolBehindFaultOf(t, conns)
 			return env(pool, migrated(t, pool, layout)), proxy
 		},

@@ -60,7 +60,7 @@
 // timestamp a copy of the message carries: a message first processed at
 // 23:59 and redelivered at 00:01, or republished with a fresh timestamp,
 // would otherwise land on another key and be applied twice. The processor
-// derives it (idem.Claim.PartitionTime): by default the time inside a
+// derives it (idemstore.Claim.PartitionTime): by default the time inside a
 // UUIDv7 message ID, or Config.PartitionTime for a business key that names
 // its period. A claim without one is refused (dead-lettered,
 // idem.ErrNoPartitionTime), and the guard also expires a message whose

@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/inboxdb"
 )
 
@@ -27,17 +27,17 @@ import (
 // commit across a failover to that standby; remote_write keeps it unless
 // the standby's operating system crashes at the same time as the primary.
 // A standby that is disconnected when Durability runs is not counted.
-func (s *Store) Durability(ctx context.Context) (idem.Durability, error) {
+func (s *Store) Durability(ctx context.Context) (idemstore.Durability, error) {
 	tx, err := s.db.Begin(ctx)
 	if err != nil {
-		return idem.Durability{}, fmt.Errorf("pgxinbox: reading durability settings: %w", err)
+		return idemstore.Durability{}, fmt.Errorf("pgxinbox: reading durability settings: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	var syncCommit, standbyNames, fsync string
 	var recovery bool
 	var standbys, syncStandbys int
 	if err := tx.QueryRow(ctx, inboxdb.PostgresDurabilitySQL).Scan(&syncCommit, &standbyNames, &fsync, &recovery, &standbys, &syncStandbys); err != nil {
-		return idem.Durability{}, fmt.Errorf("pgxinbox: reading durability settings: %w", err)
+		return idemstore.Durability{}, fmt.Errorf("pgxinbox: reading durability settings: %w", err)
 	}
 	return inboxdb.PostgresDurability(syncCommit, standbyNames, fsync, recovery, standbys, syncStandbys), nil
 }

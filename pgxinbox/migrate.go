@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 )
 
 // Migrate brings the inbox table up to the newest schema version and
@@ -33,7 +33,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 // table, upgraded it (the schema versions before and after) or found it up
 // to date, with its stored layout and window and the partitions it
 // created.
-func (s *Store) MigrateReport(ctx context.Context) (idem.MigrateReport, error) {
+func (s *Store) MigrateReport(ctx context.Context) (idemstore.MigrateReport, error) {
 	set, rep, err := s.inbox.MigrateReport(ctx)
 	if err != nil {
 		return rep, fmt.Errorf("pgxinbox: %w", err)

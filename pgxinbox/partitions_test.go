@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
 	"github.com/idemkit/idem/retention"
@@ -22,35 +23,37 @@ import (
 // would otherwise refuse such keys, rightly) and forwards the rest. A real
 // consumer uses UUIDv7 IDs or sets idem.Config.PartitionTime instead.
 type timedStore struct {
-	s  *pgxinbox.Store
+	*pgxinbox.Store
 	at time.Time
 }
 
-func (s timedStore) Begin(ctx context.Context) (pgx.Tx, error)     { return s.s.Begin(ctx) }
-func (s timedStore) Commit(ctx context.Context, tx pgx.Tx) error   { return s.s.Commit(ctx, tx) }
-func (s timedStore) Rollback(ctx context.Context, tx pgx.Tx) error { return s.s.Rollback(ctx, tx) }
-func (s timedStore) Classify(err error) idem.ErrorClass            { return s.s.Classify(err) }
-func (s timedStore) Horizon() idem.Horizon                         { return s.s.Horizon() }
-func (s timedStore) Lookup(ctx context.Context, tx pgx.Tx, consumer string, keys []string) (map[string]idem.Marker, error) {
-	return s.s.Lookup(ctx, tx, consumer, keys)
-}
-func (s timedStore) Extend(ctx context.Context, tx pgx.Tx, consumer string, ext []idem.Extension) error {
-	return s.s.Extend(ctx, tx, consumer, ext)
+func (s timedStore) Layout() idemstore.Layout { return idemstore.LayoutPlain }
+
+func (s timedStore) Settings(ctx context.Context) (idemstore.Settings, error) {
+	st, err := s.Store.Settings(ctx)
+	st.Layout = idemstore.LayoutPlain
+	return st, err
 }
 
-func (s timedStore) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims []idem.Claim, lockTimeout time.Duration) ([]bool, error) {
+func (s timedStore) SettingsIn(ctx context.Context, tx pgx.Tx) (idemstore.Settings, error) {
+	st, err := s.Store.SettingsIn(ctx, tx)
+	st.Layout = idemstore.LayoutPlain
+	return st, err
+}
+
+func (s timedStore) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims []idemstore.Claim, lockTimeout time.Duration) ([]bool, error) {
 	cs := slices.Clone(claims)
 	for i := range cs {
 		if cs[i].PartitionTime.IsZero() {
 			cs[i].PartitionTime = s.at
 		}
 	}
-	return s.s.Claim(ctx, tx, consumer, cs, lockTimeout)
+	return s.Store.Claim(ctx, tx, consumer, cs, lockTimeout)
 }
 
 func TestPartitionedConformance(t *testing.T) {
 	at := time.Now().Add(-time.Hour)
-	conformance(t, pgxinbox.Partitioned, func(s *pgxinbox.Store) idem.Store[pgx.Tx] { return timedStore{s, at} })
+	conformance(t, pgxinbox.Partitioned, func(s *pgxinbox.Store) idemstore.Store[pgx.Tx] { return timedStore{s, at} })
 }
 
 // TestPartitionedRefusesNoPartitionTime: without a partition time the
@@ -66,7 +69,7 @@ func TestPartitionedRefusesNoPartitionTime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = store.Claim(ctx, tx, "ledger", []idem.Claim{{Key: "k", MessageID: "m", BodySHA256: []byte{0}, EventTime: time.Now()}}, 0)
+	_, err = store.Claim(ctx, tx, "ledger", []idemstore.Claim{{Key: "k", MessageID: "m", BodySHA256: []byte{0}, EventTime: time.Now()}}, 0)
 	_ = tx.Rollback(ctx)
 	if !idem.IsPermanent(err) || !errors.Is(err, idem.ErrNoPartitionTime) || !errors.Is(err, pgxinbox.ErrNoEventTime) ||
 		!strings.Contains(err.Error(), "function of the key alone") {
@@ -268,7 +271,7 @@ func TestPartitions(t *testing.T) {
 		t.Fatalf("summaries after dropping six days: %d (%v)", len(sums), err)
 	}
 	has := func(key string) bool {
-		return slices.ContainsFunc(sums, func(s idem.PrunedSummary) bool { return s.Has(key) })
+		return slices.ContainsFunc(sums, func(s idemstore.PrunedSummary) bool { return s.Has(key) })
 	}
 	if !has(old.ID) || has(today.Format("evt-2006-01-02")) {
 		t.Fatalf("summaries: dropped key %v, kept key %v; want true and false", has(old.ID), has(today.Format("evt-2006-01-02")))

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
 	"github.com/idemkit/idem/retention"
@@ -88,10 +88,10 @@ func TestPoolOfOneMaintenance(t *testing.T) {
 	onPoolOne(t, "Migrate", func(ctx context.Context) (any, error) { return nil, store.Migrate(ctx) })
 	const markers = 1000
 	keys := make([]string, markers)
-	claims := make([]idem.Claim, markers)
+	claims := make([]idemstore.Claim, markers)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("k-%04d", i)
-		claims[i] = idem.Claim{Key: keys[i], MessageID: keys[i]}
+		claims[i] = idemstore.Claim{Key: keys[i], MessageID: keys[i]}
 	}
 	onPoolOne(t, "claiming", func(ctx context.Context) (any, error) {
 		return nil, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -108,7 +108,7 @@ func TestPoolOfOneMaintenance(t *testing.T) {
 	if res.Markers != markers || res.Summaries != 1 {
 		t.Fatalf("prune on a pool of one: %+v, want %d markers and 1 summary", res, markers)
 	}
-	sums := onPoolOne(t, "PrunedSummaries", func(ctx context.Context) ([]idem.PrunedSummary, error) {
+	sums := onPoolOne(t, "PrunedSummaries", func(ctx context.Context) ([]idemstore.PrunedSummary, error) {
 		return store.PrunedSummaries(ctx, "ledger")
 	})
 	for _, k := range keys {
@@ -138,7 +138,7 @@ func TestPoolOfOnePartitions(t *testing.T) {
 	old := today.AddDate(0, 0, -18).Add(time.Hour)
 	onPoolOne(t, "claiming", func(ctx context.Context) (any, error) {
 		return nil, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			_, err := store.Claim(ctx, tx, "ledger", []idem.Claim{{Key: "old", MessageID: "old", PartitionTime: old}}, 0)
+			_, err := store.Claim(ctx, tx, "ledger", []idemstore.Claim{{Key: "old", MessageID: "old", PartitionTime: old}}, 0)
 			return err
 		})
 	})
@@ -148,7 +148,7 @@ func TestPoolOfOnePartitions(t *testing.T) {
 	if len(res.Partitions) == 0 {
 		t.Fatalf("prune on a pool of one dropped no partition: %+v", res)
 	}
-	sums := onPoolOne(t, "PrunedSummaries", func(ctx context.Context) ([]idem.PrunedSummary, error) {
+	sums := onPoolOne(t, "PrunedSummaries", func(ctx context.Context) ([]idemstore.PrunedSummary, error) {
 		return store.PrunedSummaries(ctx, "ledger")
 	})
 	found := false

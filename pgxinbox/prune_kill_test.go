@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
 	"github.com/idemkit/idem/retention"
@@ -59,10 +60,10 @@ func TestPruneKilledMidRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	keys := make([]string, markers)
-	claims := make([]idem.Claim, markers)
+	claims := make([]idemstore.Claim, markers)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("k-%04d", i)
-		claims[i] = idem.Claim{Key: keys[i], MessageID: keys[i]}
+		claims[i] = idemstore.Claim{Key: keys[i], MessageID: keys[i]}
 	}
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		_, err := store.Claim(ctx, tx, "ledger", claims, 0)

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkit/idem/inboxtest"
+	"github.com/idemkit/idem/idemstore/storetest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
 )
@@ -18,14 +18,14 @@ func TestRetentionConformance(t *testing.T) {
 	for _, layout := range []pgxinbox.Layout{pgxinbox.Plain, pgxinbox.Partitioned} {
 		t.Run(layout.String(), func(t *testing.T) {
 			t.Parallel()
-			inboxtest.RunRetention(t, inboxtest.RetentionHarness[pgx.Tx]{Open: func(t *testing.T, conns int) inboxtest.RetentionEnv[pgx.Tx] {
+			storetest.RunRetention(t, storetest.RetentionHarness[pgx.Tx]{Open: func(t *testing.T, conns int) storetest.RetentionEnv[pgx.Tx] {
 				return retentionEnv(t, layout, conns)
 			}})
 		})
 	}
 }
 
-func retentionEnv(t *testing.T, layout pgxinbox.Layout, conns int) inboxtest.RetentionEnv[pgx.Tx] {
+func retentionEnv(t *testing.T, layout pgxinbox.Layout, conns int) storetest.RetentionEnv[pgx.Tx] {
 	ctx := context.Background()
 	pool := pgtest.PoolOf(t, conns)
 	store, err := pgxinbox.New(pool, &pgxinbox.Config{Layout: layout})
@@ -38,8 +38,8 @@ func retentionEnv(t *testing.T, layout pgxinbox.Layout, conns int) inboxtest.Ret
 	if _, err := pool.Exec(ctx, `CREATE TABLE effects (consumer text, key text, message_id text)`); err != nil {
 		t.Fatal(err)
 	}
-	return inboxtest.RetentionEnv[pgx.Tx]{
-		Env: inboxtest.Env[pgx.Tx]{
+	return storetest.RetentionEnv[pgx.Tx]{
+		Env: storetest.Env[pgx.Tx]{
 			Store: store,
 			Apply: func(ctx context.Context, tx pgx.Tx, consumer, key, id string) error {
 				_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1, $2, $3)`, consumer, key, id)
@@ -58,7 +58,7 @@ func retentionEnv(t *testing.T, layout pgxinbox.Layout, conns int) inboxtest.Ret
 			Rollback: func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) },
 		},
 		Store: store,
-		Reopen: func(t *testing.T, window time.Duration) inboxtest.RetentionStore[pgx.Tx] {
+		Reopen: func(t *testing.T, window time.Duration) storetest.RetentionStore[pgx.Tx] {
 			s, err := pgxinbox.New(pool, &pgxinbox.Config{Layout: layout, Window: window})
 			if err != nil {
 				t.Fatal(err)

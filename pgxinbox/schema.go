@@ -6,10 +6,9 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/inboxdb"
 )
-
-var _ idem.SchemaChecker = (*Store)(nil)
 
 // DDL returns the SQL [Store.Migrate] runs for table in layout, for a
 // migration tool (golang-migrate, goose, Atlas, Flyway) to run instead: the
@@ -75,7 +74,7 @@ func script(table string, layout Layout, window time.Duration) (inboxdb.Script, 
 // is older than the one that migrated it), and, partitioned, with
 // partitions for today and tomorrow. Each problem comes with its fix. Two
 // queries: the catalog, then the version and settings.
-func (s *Store) Check(ctx context.Context) ([]idem.SchemaProblem, error) {
+func (s *Store) Check(ctx context.Context) ([]idemstore.SchemaProblem, error) {
 	probs, err := s.inbox.Check(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("pgxinbox: %w", err)

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
 )
@@ -240,7 +241,7 @@ func TestDDLDownRemovesWhatUpMade(t *testing.T) {
 	}
 }
 
-func check(t *testing.T, s *pgxinbox.Store) []idem.SchemaProblem {
+func check(t *testing.T, s *pgxinbox.Store) []idemstore.SchemaProblem {
 	t.Helper()
 	probs, err := s.Check(context.Background())
 	if err != nil {
@@ -249,7 +250,7 @@ func check(t *testing.T, s *pgxinbox.Store) []idem.SchemaProblem {
 	return probs
 }
 
-func hasProblem(probs []idem.SchemaProblem, what, fix string) bool {
+func hasProblem(probs []idemstore.SchemaProblem, what, fix string) bool {
 	for _, p := range probs {
 		if strings.Contains(p.What, what) && strings.Contains(p.Fix, fix) {
 			return true

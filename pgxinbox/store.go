@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/inboxdb"
 	"github.com/idemkit/idem/internal/pgerr"
 	"github.com/idemkit/idem/retention"
@@ -54,24 +55,24 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Layout is how an inbox table is laid out on disk ([idem.Layout]).
-type Layout = idem.Layout
+// Layout is how an inbox table is laid out on disk ([idemstore.Layout]).
+type Layout = idemstore.Layout
 
 const (
 	// Plain is one table with PRIMARY KEY (consumer, key); [Store.Prune]
 	// deletes old markers in bounded batches, by keep_until.
-	Plain = idem.LayoutPlain
+	Plain = idemstore.LayoutPlain
 	// Partitioned is a table partitioned by RANGE (partition_time), one
 	// partition per UTC day, with PRIMARY KEY (consumer, key,
 	// partition_time): PostgreSQL only enforces uniqueness inside a
 	// partition, so the partition column is part of the key, and it must be
-	// a function of the key alone (idem.Claim.PartitionTime: the time in a
+	// a function of the key alone (idemstore.Claim.PartitionTime: the time in a
 	// UUIDv7 message ID, or a period the business key names) for every copy
 	// of a message, whatever its timestamps, to land on its marker. A claim
 	// without a partition time is refused with a permanent error
 	// (dead-lettered). Expired days go with [Store.DropPartitions], which
 	// writes no WAL per row and leaves no dead tuples.
-	Partitioned = idem.LayoutPartitioned
+	Partitioned = idemstore.LayoutPartitioned
 )
 
 // ErrNoEventTime is the partitioned inbox's refusal of a claim without a
@@ -87,7 +88,7 @@ var ErrNoEventTime = idem.ErrNoPartitionTime
 // transient: the message is retried, then left to the broker, not lost.
 var ErrNoPartition = errors.New("no inbox partition covers the message's partition time (create partitions ahead: idem inbox partitions ensure)")
 
-// Store is the PostgreSQL inbox on pgx. It implements idem.Store[pgx.Tx]:
+// Store is the PostgreSQL inbox on pgx. It implements idemstore.Store[pgx.Tx]:
 // handlers receive the pgx.Tx that holds their claim.
 type Store struct {
 	db    DB
@@ -173,14 +174,9 @@ func (s *Store) Layout() Layout { return s.layout }
 // or [Store.Settings] has read it, the configured one before.
 func (s *Store) Window() time.Duration { return time.Duration(s.window.Load()) }
 
-// Horizon returns the horizon guard that matches this store's retention, for
-// idem.Config.Horizon: consumers then expire exactly the messages whose
-// markers the prune may have removed.
-func (s *Store) Horizon() idem.Horizon { return idem.Horizon{Window: s.Window()} }
-
 // Settings reads the layout and window stored with the table
 // ([idem.SettingsStore]).
-func (s *Store) Settings(ctx context.Context) (idem.Settings, error) {
+func (s *Store) Settings(ctx context.Context) (idemstore.Settings, error) {
 	set, err := s.inbox.Settings(ctx)
 	if err == nil {
 		s.window.Store(int64(set.Window))
@@ -190,7 +186,7 @@ func (s *Store) Settings(ctx context.Context) (idem.Settings, error) {
 
 // SettingsIn is Settings read in tx, a transaction the caller holds
 // ([idem.TxSettingsStore]).
-func (s *Store) SettingsIn(ctx context.Context, tx pgx.Tx) (idem.Settings, error) {
+func (s *Store) SettingsIn(ctx context.Context, tx pgx.Tx) (idemstore.Settings, error) {
 	set, err := s.inbox.SettingsIn(ctx, inboxdb.PgxTxConn(tx))
 	if err == nil {
 		s.window.Store(int64(set.Window))
@@ -300,7 +296,7 @@ func timestamptz(t time.Time) pgtype.Timestamptz {
 // idem.Processor.ProcessTx commits its transaction anyway.
 // On the partitioned layout a claim without a partition time is
 // refused with a permanent error wrapping idem.ErrNoPartitionTime.
-func (s *Store) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims []idem.Claim, lockTimeout time.Duration) ([]bool, error) {
+func (s *Store) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims []idemstore.Claim, lockTimeout time.Duration) ([]bool, error) {
 	if s.layout == Partitioned {
 		for _, c := range claims {
 			if c.PartitionTime.IsZero() {
@@ -341,7 +337,7 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims []
 }
 
 // claim sends the claim statement and reads which claims it inserted.
-func (s *Store) claim(ctx context.Context, tx pgx.Tx, consumer string, claims []idem.Claim, lockTimeout time.Duration) ([]bool, error) {
+func (s *Store) claim(ctx context.Context, tx pgx.Tx, consumer string, claims []idemstore.Claim, lockTimeout time.Duration) ([]bool, error) {
 	inserted := make([]bool, len(claims))
 	if len(claims) == 1 {
 		// A message on its own: one row, no arrays to encode or unnest.
@@ -437,13 +433,13 @@ func bodyHash(h []byte) []byte {
 }
 
 // Lookup returns the markers of keys, with their keep-until times.
-func (s *Store) Lookup(ctx context.Context, tx pgx.Tx, consumer string, keys []string) (map[string]idem.Marker, error) {
+func (s *Store) Lookup(ctx context.Context, tx pgx.Tx, consumer string, keys []string) (map[string]idemstore.Marker, error) {
 	rows, err := tx.Query(ctx, s.sql.Lookup.SQL, consumer, keys)
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[string]idem.Marker, len(keys))
-	var m idem.Marker
+	out := make(map[string]idemstore.Marker, len(keys))
+	var m idemstore.Marker
 	_, err = pgx.ForEachRow(rows, []any{&m.Key, &m.MessageID, &m.BodySHA256, &m.ProcessedAt, &m.KeepUntil}, func() error {
 		out[m.Key] = m
 		m.BodySHA256 = nil // the next scan must not reuse this buffer
@@ -456,7 +452,7 @@ func (s *Store) Lookup(ctx context.Context, tx pgx.Tx, consumer string, keys []s
 // they are later than the stored ones, in one statement that writes nothing
 // where nothing grows ([idem.Extender]). A key given twice keeps its latest
 // time.
-func (s *Store) Extend(ctx context.Context, tx pgx.Tx, consumer string, ext []idem.Extension) error {
+func (s *Store) Extend(ctx context.Context, tx pgx.Tx, consumer string, ext []idemstore.Extension) error {
 	keys, times := extensions(ext)
 	if len(keys) == 0 {
 		return nil
@@ -472,7 +468,7 @@ func (s *Store) Extend(ctx context.Context, tx pgx.Tx, consumer string, ext []id
 // extensions returns each key once, in key order (so that two extending
 // transactions lock rows in the same order), with its latest time; zero
 // times are skipped.
-func extensions(ext []idem.Extension) ([]string, []time.Time) {
+func extensions(ext []idemstore.Extension) ([]string, []time.Time) {
 	latest := make(map[string]time.Time, len(ext))
 	for _, e := range ext {
 		if e.KeepUntil.IsZero() {
@@ -495,31 +491,23 @@ func extensions(ext []idem.Extension) ([]string, []time.Time) {
 }
 
 // Classify decides by SQLSTATE (see package internal/pgerr).
-func (s *Store) Classify(err error) idem.ErrorClass { return pgerr.Classify(err) }
+func (s *Store) Classify(err error) idemstore.ErrorClass { return pgerr.Classify(err) }
 
 // Classify is the SQLSTATE-based error classification of [Store.Classify],
 // for code outside a store.
-func Classify(err error) idem.ErrorClass { return pgerr.Classify(err) }
+func Classify(err error) idemstore.ErrorClass { return pgerr.Classify(err) }
 
-var (
-	_ idem.Store[pgx.Tx]           = (*Store)(nil)
-	_ idem.Extender[pgx.Tx]        = (*Store)(nil)
-	_ idem.SettingsStore           = (*Store)(nil)
-	_ idem.TxSettingsStore[pgx.Tx] = (*Store)(nil)
-	_ idem.LayoutStore             = (*Store)(nil)
-	_ idem.HorizonRecorder         = (*Store)(nil)
-	_ idem.HorizonStore            = (*Store)(nil)
-)
+var _ idemstore.Store[pgx.Tx] = (*Store)(nil)
 
 // PrunedSummaries returns consumer's summaries of the keys prunes deleted,
 // newest first: the processor loads them with the settings and checks every
-// fresh key against them (idem.PrunedSummaryStore, idem.Config.RefuseLate).
-func (s *Store) PrunedSummaries(ctx context.Context, consumer string) ([]idem.PrunedSummary, error) {
+// fresh key against them (idem.Config.RefuseLate).
+func (s *Store) PrunedSummaries(ctx context.Context, consumer string) ([]idemstore.PrunedSummary, error) {
 	return s.inbox.PrunedSummaries(ctx, consumer)
 }
 
 // PrunedSummariesIn is PrunedSummaries read in tx, a transaction the
 // caller holds ([idem.TxSettingsStore]).
-func (s *Store) PrunedSummariesIn(ctx context.Context, tx pgx.Tx, consumer string) ([]idem.PrunedSummary, error) {
+func (s *Store) PrunedSummariesIn(ctx context.Context, tx pgx.Tx, consumer string) ([]idemstore.PrunedSummary, error) {
 	return s.inbox.PrunedSummariesIn(ctx, inboxdb.PgxTxConn(tx), consumer)
 }

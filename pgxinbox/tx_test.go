@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
 )
@@ -34,10 +34,10 @@ func TestBeginTravelsWithTheClaim(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			claims := make([]idem.Claim, n)
+			claims := make([]idemstore.Claim, n)
 			for i := range claims {
 				k := time.Now().Format(time.RFC3339Nano) + "-" + string(rune('a'+i))
-				claims[i] = idem.Claim{Key: k, MessageID: k}
+				claims[i] = idemstore.Claim{Key: k, MessageID: k}
 			}
 			if _, err := store.Claim(ctx, tx, "ledger", claims, time.Second); err != nil {
 				t.Fatal(err)
@@ -167,7 +167,7 @@ func TestStoreOnOneConnection(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ins, err := store.Claim(ctx, tx, "ledger", []idem.Claim{{Key: "k", MessageID: "m"}}, time.Second)
+		ins, err := store.Claim(ctx, tx, "ledger", []idemstore.Claim{{Key: "k", MessageID: "m"}}, time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
 )
@@ -157,7 +158,7 @@ func TestLockTimeoutUnderOneMillisecond(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	_, store := openLayout(t, pgxinbox.Plain, nil)
-	claim := []idem.Claim{{Key: "held", MessageID: "held", BodySHA256: []byte{0}}}
+	claim := []idemstore.Claim{{Key: "held", MessageID: "held", BodySHA256: []byte{0}}}
 	holder, err := store.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -196,7 +197,7 @@ func TestExtendWritesNothingWhenNotGrowing(t *testing.T) {
 	run := func(at time.Time) {
 		t.Helper()
 		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			return store.Extend(ctx, tx, "ledger", []idem.Extension{{Key: "k", KeepUntil: at}})
+			return store.Extend(ctx, tx, "ledger", []idemstore.Extension{{Key: "k", KeepUntil: at}})
 		}); err != nil {
 			t.Fatal(err)
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 )
 
 // TestCommitUnknownPostgres kills the transaction's backend from another
@@ -25,7 +26,7 @@ func TestCommitUnknownPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = s.Rollback(ctx, tx) }()
-	if _, err := s.Claim(ctx, tx, "billing", []idem.Claim{{Key: "k1", MessageID: "m1", BodySHA256: idem.BodyHash(nil)}}, time.Second); err != nil {
+	if _, err := s.Claim(ctx, tx, "billing", []idemstore.Claim{{Key: "k1", MessageID: "m1", BodySHA256: idem.BodyHash(nil)}}, time.Second); err != nil {
 		t.Fatal(err)
 	}
 	var pid int
@@ -77,7 +78,7 @@ func TestCommitRefusedIsKnown(t *testing.T) {
 	if err == nil || errors.Is(err, idem.ErrCommitUnknown) {
 		t.Fatalf("commit of a deferred unique violation: %v, want a known failure", err)
 	}
-	if c := s.Classify(err); c != idem.ClassPermanent {
+	if c := s.Classify(err); c != idemstore.ClassPermanent {
 		t.Fatalf("deferred unique violation classified %v, want permanent", c)
 	}
 }
@@ -97,7 +98,7 @@ func TestBeginSurvivesCancel(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ins, err := s.Claim(ctx, tx, "billing", []idem.Claim{{Key: "k", MessageID: "m", BodySHA256: idem.BodyHash(nil)}}, time.Second)
+			ins, err := s.Claim(ctx, tx, "billing", []idemstore.Claim{{Key: "k", MessageID: "m", BodySHA256: idem.BodyHash(nil)}}, time.Second)
 			if err != nil || !ins[0] {
 				t.Fatalf("claim: %v %v", ins, err)
 			}

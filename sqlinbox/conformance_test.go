@@ -5,7 +5,7 @@ import (
 	"database/sql"
 	"testing"
 
-	"github.com/idemkit/idem/inboxtest"
+	"github.com/idemkit/idem/idemstore/storetest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/pooltest"
 	"github.com/idemkit/idem/sqlinbox"
@@ -17,11 +17,11 @@ func TestConformance(t *testing.T) {
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
-			inboxtest.Run(t, inboxtest.Harness[*sql.Tx]{
+			storetest.Run(t, storetest.Harness[*sql.Tx]{
 				// SQLite serializes writers on the database lock (busy_timeout)
 				// instead of waiting on a row lock.
 				LockTimeout:     b.dialect == sqlinbox.Postgres,
-				Open:            func(t *testing.T, conns int) inboxtest.Env[*sql.Tx] { return env(t, b, conns) },
+				Open:            func(t *testing.T, conns int) storetest.Env[*sql.Tx] { return env(t, b, conns) },
 				OpenBehindFault: behindFault(b),
 			})
 		})
@@ -30,11 +30,11 @@ func TestConformance(t *testing.T) {
 
 // behindFault opens PostgreSQL through a proxy the suite can stop; SQLite
 // has no network to fail.
-func behindFault(b backend) func(*testing.T, int) (inboxtest.Env[*sql.Tx], inboxtest.Fault) {
+func behindFault(b backend) func(*testing.T, int) (storetest.Env[*sql.Tx], storetest.Fault) {
 	if b.dialect != sqlinbox.Postgres {
 		return nil
 	}
-	return func(t *testing.T, conns int) (inboxtest.Env[*sql.Tx], inboxtest.Fault) {
+	return func(t *testing.T, conns int) (storetest.Env[*sql.Tx], storetest.Fault) {
 		url, proxy := pgtest.SchemaBehindFault(t)
 		b := b // the subtests run in parallel
 		b.open = func(t testing.TB) *sql.DB {
@@ -51,13 +51,13 @@ func behindFault(b backend) func(*testing.T, int) (inboxtest.Env[*sql.Tx], inbox
 
 // env is the suite's environment on a fresh database of b whose pool has
 // at most conns connections (0: database/sql's default, unlimited).
-func env(t *testing.T, b backend, conns int) inboxtest.Env[*sql.Tx] {
+func env(t *testing.T, b backend, conns int) storetest.Env[*sql.Tx] {
 	e, _ := envDB(t, b, conns)
 	return e
 }
 
 // envDB is env with its database.
-func envDB(t *testing.T, b backend, conns int) (inboxtest.Env[*sql.Tx], *sql.DB) {
+func envDB(t *testing.T, b backend, conns int) (storetest.Env[*sql.Tx], *sql.DB) {
 	ctx := context.Background()
 	db := b.open(t)
 	pooltest.SQL(t, db, conns)
@@ -71,7 +71,7 @@ func envDB(t *testing.T, b backend, conns int) (inboxtest.Env[*sql.Tx], *sql.DB)
 		}
 		return "$" + n
 	}
-	return inboxtest.Env[*sql.Tx]{
+	return storetest.Env[*sql.Tx]{
 		Store: store,
 		Apply: func(ctx context.Context, tx *sql.Tx, consumer, key, id string) error {
 			_, err := tx.ExecContext(ctx, `INSERT INTO effects VALUES (`+p("1")+`, `+p("2")+`, `+p("3")+`)`, consumer, key, id)

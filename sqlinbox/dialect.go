@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/inboxdb"
 	"github.com/idemkit/idem/internal/pgerr"
 )
@@ -35,10 +35,10 @@ type Dialect interface {
 	// commitUnknown reports whether a failed COMMIT may nevertheless have
 	// committed.
 	commitUnknown(err error) bool
-	// classify implements [idem.Store.Classify].
-	classify(err error) idem.ErrorClass
+	// classify implements [idemstore.Store.Classify].
+	classify(err error) idemstore.ErrorClass
 	// durability implements [Store.Durability].
-	durability(ctx context.Context, db *sql.DB) (idem.Durability, error)
+	durability(ctx context.Context, db *sql.DB) (idemstore.Durability, error)
 }
 
 // Postgres is the PostgreSQL dialect, for a *sql.DB opened with the pgx
@@ -57,7 +57,7 @@ func (postgres) String() string { return "postgres" }
 func (postgres) maxParams() int { return 65535 }
 func (postgres) schemas() bool  { return true }
 func (postgres) statements(t inboxdb.Table) *inboxdb.Dialect {
-	return inboxdb.Postgres(t, idem.LayoutPlain)
+	return inboxdb.Postgres(t, idemstore.LayoutPlain)
 }
 func (postgres) driver(db *sql.DB) inboxdb.Driver { return inboxdb.SQL(db, false) }
 
@@ -71,25 +71,25 @@ func (postgres) setLockTimeout(ctx context.Context, tx *sql.Tx, d time.Duration)
 
 func (postgres) commitUnknown(err error) bool { return pgerr.CommitUnknown(err) }
 
-func (postgres) classify(err error) idem.ErrorClass { return pgerr.Classify(err) }
+func (postgres) classify(err error) idemstore.ErrorClass { return pgerr.Classify(err) }
 
-func (postgres) durability(ctx context.Context, db *sql.DB) (idem.Durability, error) {
+func (postgres) durability(ctx context.Context, db *sql.DB) (idemstore.Durability, error) {
 	var syncCommit, standbyNames, fsync string
 	var recovery bool
 	var standbys, syncStandbys int
 	if err := db.QueryRowContext(ctx, inboxdb.PostgresDurabilitySQL).Scan(&syncCommit, &standbyNames, &fsync, &recovery, &standbys, &syncStandbys); err != nil {
-		return idem.Durability{}, err
+		return idemstore.Durability{}, err
 	}
 	return inboxdb.PostgresDurability(syncCommit, standbyNames, fsync, recovery, standbys, syncStandbys), nil
 }
 
 // durability reads the pragmas of one pooled connection: sqliteinbox.Open
 // sets them on every connection alike.
-func (sqlite) durability(ctx context.Context, db *sql.DB) (idem.Durability, error) {
+func (sqlite) durability(ctx context.Context, db *sql.DB) (idemstore.Durability, error) {
 	var synchronous int
 	var journal string
 	if err := db.QueryRowContext(ctx, "SELECT synchronous, journal_mode FROM pragma_synchronous, pragma_journal_mode").Scan(&synchronous, &journal); err != nil {
-		return idem.Durability{}, err
+		return idemstore.Durability{}, err
 	}
 	return inboxdb.SQLiteDurability(synchronous, journal), nil
 }
@@ -131,19 +131,19 @@ func (sqlite) commitUnknown(error) bool {
 	return false
 }
 
-func (sqlite) classify(err error) idem.ErrorClass {
+func (sqlite) classify(err error) idemstore.ErrorClass {
 	var c sqliteCoder
 	if !errors.As(err, &c) {
-		return idem.ClassTransient
+		return idemstore.ClassTransient
 	}
 	switch c.Code() & 0xff {
 	case sqliteConstraint, sqliteMismatch, sqliteTooBig:
-		return idem.ClassPermanent
+		return idemstore.ClassPermanent
 	case sqliteBusy, sqliteLocked:
 		// Another writer held the database past busy_timeout: contention,
 		// not the message's doing.
-		return idem.ClassBusy
+		return idemstore.ClassBusy
 	}
 	// Everything else: let the retry policy decide.
-	return idem.ClassTransient
+	return idemstore.ClassTransient
 }

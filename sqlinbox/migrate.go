@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 )
 
 // Migrate creates or upgrades the inbox table to the latest schema version
@@ -31,7 +31,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 // MigrateReport is [Store.Migrate], reporting whether it created the
 // table, upgraded it (the schema versions before and after) or found it up
 // to date, with its stored layout and window.
-func (s *Store) MigrateReport(ctx context.Context) (idem.MigrateReport, error) {
+func (s *Store) MigrateReport(ctx context.Context) (idemstore.MigrateReport, error) {
 	set, rep, err := s.inbox.MigrateReport(ctx)
 	if err != nil {
 		return rep, fmt.Errorf("sqlinbox: %w", err)

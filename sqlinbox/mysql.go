@@ -16,7 +16,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/inboxdb"
 )
 
@@ -85,7 +85,7 @@ func (mysqlDialect) setLockTimeout(ctx context.Context, tx *sql.Tx, d time.Durat
 }
 
 // claim claims in chunks of the parameter limit.
-func (m mysqlDialect) claim(ctx context.Context, tx *sql.Tx, d *inboxdb.Dialect, consumer string, claims []idem.Claim, lockTimeout time.Duration, inserted []bool) error {
+func (m mysqlDialect) claim(ctx context.Context, tx *sql.Tx, d *inboxdb.Dialect, consumer string, claims []idemstore.Claim, lockTimeout time.Duration, inserted []bool) error {
 	if lockTimeout > 0 && !m.mariadb {
 		if err := m.setLockTimeout(ctx, tx, lockTimeout); err != nil {
 			return fmt.Errorf("setting lock timeout: %w", err)
@@ -108,7 +108,7 @@ func (m mysqlDialect) claim(ctx context.Context, tx *sql.Tx, d *inboxdb.Dialect,
 // overlapping batches lock their rows in one order; a deadlock InnoDB still
 // detects (gap locks of inserts into one range) is classified busy and
 // retried, never taken for a duplicate.
-func (m mysqlDialect) claimChunk(ctx context.Context, tx *sql.Tx, d *inboxdb.Dialect, consumer string, claims []idem.Claim, lockTimeout time.Duration, inserted []bool) error {
+func (m mysqlDialect) claimChunk(ctx context.Context, tx *sql.Tx, d *inboxdb.Dialect, consumer string, claims []idemstore.Claim, lockTimeout time.Duration, inserted []bool) error {
 	token := make([]byte, 16)
 	if _, err := rand.Read(token); err != nil {
 		return fmt.Errorf("making a claim token: %w", err)
@@ -291,42 +291,42 @@ func (mysqlDialect) commitUnknown(err error) bool {
 // unique key; a value out of range, 1264) and the server's limits (a key
 // or row too long, 1071, 1118, 139; a statement over max_allowed_packet,
 // 1153) fail the same way every time. Everything else is transient.
-func (mysqlDialect) classify(err error) idem.ErrorClass {
+func (mysqlDialect) classify(err error) idemstore.ErrorClass {
 	if n, ok := mysqlNumber(err); ok {
 		switch n {
 		case mysqlDeadlock, mysqlLockWaitTimeout:
-			return idem.ClassBusy
+			return idemstore.ClassBusy
 		case mysqlGoneAway, mysqlLostConnection, mysqlTooManyConns, mysqlServerShutdown,
 			mysqlOptionPrevents, mysqlReadOnlyMode, mysqlReadOnlyTx:
-			return idem.ClassUnavailable
+			return idemstore.ClassUnavailable
 		case mysqlNoSuchTable, mysqlBadDB, mysqlAccessDenied, mysqlDBAccessDenied, mysqlTableAccessDenied:
-			return idem.ClassConfig
+			return idemstore.ClassConfig
 		case mysqlDupEntry, mysqlDataTooLong, mysqlBadNull, mysqlTruncated, mysqlTruncatedWrong,
 			mysqlNoReferenced, mysqlRowIsReferenced, mysqlCheckViolated, mysqlCheckViolatedMy,
 			mysqlOutOfRange, mysqlDivisionByZero:
-			return idem.ClassPermanent
+			return idemstore.ClassPermanent
 		case mysqlKeyTooLong, mysqlRowTooLarge, mysqlRowTooLargeInnoDB, mysqlPacketTooLarge:
 			// Limits of the server, like PostgreSQL's class 54: the same
 			// value fails the same way on every try.
-			return idem.ClassPermanent
+			return idemstore.ClassPermanent
 		}
-		return idem.ClassTransient
+		return idemstore.ClassTransient
 	}
 	if mysqlConnectionLost(err) {
-		return idem.ClassUnavailable
+		return idemstore.ClassUnavailable
 	}
-	return idem.ClassTransient
+	return idemstore.ClassTransient
 }
 
 // durability reads what inboxdb.MySQLDurability takes: the replicas from
 // performance_schema.processlist where it is on (MySQL 8.0.22 and later),
 // else from information_schema.PROCESSLIST, and as unknown without the
 // PROCESS privilege.
-func (m mysqlDialect) durability(ctx context.Context, db *sql.DB) (idem.Durability, error) {
+func (m mysqlDialect) durability(ctx context.Context, db *sql.DB) (idemstore.Durability, error) {
 	var flushLog, syncBinlog string
 	var logBin, perfSchema, process bool
 	if err := db.QueryRowContext(ctx, inboxdb.MySQLDurabilitySQL).Scan(&flushLog, &syncBinlog, &logBin, &perfSchema, &process); err != nil {
-		return idem.Durability{}, err
+		return idemstore.Durability{}, err
 	}
 	replicas := inboxdb.MySQLUnknownReplicas
 	if process {
@@ -337,14 +337,14 @@ func (m mysqlDialect) durability(ctx context.Context, db *sql.DB) (idem.Durabili
 		if err != nil {
 			// Before 8.0.22 there is no performance_schema.processlist.
 			if err := db.QueryRowContext(ctx, inboxdb.MySQLReplicasFallbackSQL).Scan(&replicas); err != nil {
-				return idem.Durability{}, err
+				return idemstore.Durability{}, err
 			}
 		}
 	}
 	semiSync := map[string]string{}
 	for _, q := range []string{inboxdb.MySQLSemiSyncSQL, inboxdb.MySQLSemiSyncStatusSQL} {
 		if err := showInto(ctx, db, q, semiSync); err != nil {
-			return idem.Durability{}, err
+			return idemstore.Durability{}, err
 		}
 	}
 	return inboxdb.MySQLDurability(m.mariadb, flushLog, syncBinlog, logBin, replicas, semiSync), nil

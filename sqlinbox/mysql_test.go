@@ -13,7 +13,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/inboxdb"
 	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/retention"
@@ -43,24 +43,24 @@ func TestMySQLClassify(t *testing.T) {
 	wrap := func(n uint16) error { return fmt.Errorf("claiming: %w", &MySQLError{Number: n}) }
 	for _, c := range []struct {
 		err     error
-		class   idem.ErrorClass
+		class   idemstore.ErrorClass
 		unknown bool // as a COMMIT's error
 	}{
-		{wrap(1213), idem.ClassBusy, false},
-		{wrap(1205), idem.ClassBusy, false},
-		{wrap(1062), idem.ClassPermanent, false},
-		{wrap(1146), idem.ClassConfig, false},
-		{wrap(1045), idem.ClassConfig, false},
-		{wrap(2006), idem.ClassUnavailable, true},
-		{wrap(2013), idem.ClassUnavailable, true},
-		{wrap(1040), idem.ClassUnavailable, false},
-		{wrap(1290), idem.ClassUnavailable, false}, // read_only, super_read_only
-		{wrap(1836), idem.ClassUnavailable, false},
-		{wrap(1792), idem.ClassUnavailable, false},
-		{wrap(1317), idem.ClassTransient, false},
-		{errors.Join(errors.New("x"), driver.ErrBadConn), idem.ClassUnavailable, true},
-		{fmt.Errorf("committing: %w", errors.New("invalid connection")), idem.ClassUnavailable, true},
-		{errors.New("a handler's own error"), idem.ClassTransient, false},
+		{wrap(1213), idemstore.ClassBusy, false},
+		{wrap(1205), idemstore.ClassBusy, false},
+		{wrap(1062), idemstore.ClassPermanent, false},
+		{wrap(1146), idemstore.ClassConfig, false},
+		{wrap(1045), idemstore.ClassConfig, false},
+		{wrap(2006), idemstore.ClassUnavailable, true},
+		{wrap(2013), idemstore.ClassUnavailable, true},
+		{wrap(1040), idemstore.ClassUnavailable, false},
+		{wrap(1290), idemstore.ClassUnavailable, false}, // read_only, super_read_only
+		{wrap(1836), idemstore.ClassUnavailable, false},
+		{wrap(1792), idemstore.ClassUnavailable, false},
+		{wrap(1317), idemstore.ClassTransient, false},
+		{errors.Join(errors.New("x"), driver.ErrBadConn), idemstore.ClassUnavailable, true},
+		{fmt.Errorf("committing: %w", errors.New("invalid connection")), idemstore.ClassUnavailable, true},
+		{errors.New("a handler's own error"), idemstore.ClassTransient, false},
 	} {
 		if got := MySQL.classify(c.err); got != c.class {
 			t.Errorf("classify(%v) = %v, want %v", c.err, got, c.class)
@@ -173,9 +173,9 @@ func TestMySQLPruneLocksNoGap(t *testing.T) {
 					return err
 				}
 				defer func() { _ = tx.Rollback() }()
-				cs := make([]idem.Claim, len(keys))
+				cs := make([]idemstore.Claim, len(keys))
 				for i, k := range keys {
-					cs[i] = idem.Claim{Key: k, MessageID: "m-" + k}
+					cs[i] = idemstore.Claim{Key: k, MessageID: "m-" + k}
 				}
 				if _, err := s.Claim(ctx, tx, "c", cs, lock); err != nil {
 					return err
@@ -240,10 +240,10 @@ func TestMySQLPruneChunks(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := 2*mysqlPruneChunk + 500
-	cs := make([]idem.Claim, n)
+	cs := make([]idemstore.Claim, n)
 	for i := range cs {
 		k := fmt.Sprintf("k-%05d", i)
-		cs[i] = idem.Claim{Key: k, MessageID: "m-" + k}
+		cs[i] = idemstore.Claim{Key: k, MessageID: "m-" + k}
 	}
 	tx, err := s.Begin(ctx)
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/mysqltest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/retention"
@@ -130,10 +131,10 @@ func TestPruneKilledMidRun(t *testing.T) {
 			t.Cleanup(func() { _ = db.Close() })
 			s := migrated(t, db, b.dialect)
 			keys := make([]string, markers)
-			claims := make([]idem.Claim, markers)
+			claims := make([]idemstore.Claim, markers)
 			for i := range keys {
 				keys[i] = fmt.Sprintf("k-%04d", i)
-				claims[i] = idem.Claim{Key: keys[i], MessageID: keys[i]}
+				claims[i] = idemstore.Claim{Key: keys[i], MessageID: keys[i]}
 			}
 			tx, err := s.Begin(ctx)
 			if err != nil {
@@ -335,7 +336,7 @@ func missingKeys(ctx context.Context, t *testing.T, db *sql.DB, keys []string) [
 }
 
 // unsummarised counts the keys no summary holds.
-func unsummarised(sums []idem.PrunedSummary, keys []string) int {
+func unsummarised(sums []idemstore.PrunedSummary, keys []string) int {
 	n := 0
 	for _, k := range keys {
 		found := false
@@ -372,10 +373,10 @@ func TestPoolOfOneMaintenance(t *testing.T) {
 				t.Fatal(err)
 			}
 			bounded(t, "Migrate", func(ctx context.Context) error { return s.Migrate(ctx) })
-			claims := make([]idem.Claim, markers)
+			claims := make([]idemstore.Claim, markers)
 			for i := range claims {
 				k := fmt.Sprintf("k-%04d", i)
-				claims[i] = idem.Claim{Key: k, MessageID: k}
+				claims[i] = idemstore.Claim{Key: k, MessageID: k}
 			}
 			bounded(t, "claiming", func(ctx context.Context) error {
 				tx, err := s.Begin(ctx)
@@ -399,7 +400,7 @@ func TestPoolOfOneMaintenance(t *testing.T) {
 			if res.Markers != markers || res.Summaries != 1 {
 				t.Fatalf("prune on a pool of one: %+v, want %d markers and 1 summary", res, markers)
 			}
-			var sums []idem.PrunedSummary
+			var sums []idemstore.PrunedSummary
 			bounded(t, "PrunedSummaries", func(ctx context.Context) (err error) {
 				sums, err = s.PrunedSummaries(ctx, "ledger")
 				return err

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/inboxtest"
+	"github.com/idemkit/idem/idemstore/storetest"
 	"github.com/idemkit/idem/sqlinbox"
 )
 
@@ -18,13 +18,13 @@ func TestRetentionConformance(t *testing.T) {
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
-			inboxtest.RunRetention(t, inboxtest.RetentionHarness[*sql.Tx]{Open: func(t *testing.T, conns int) inboxtest.RetentionEnv[*sql.Tx] {
+			storetest.RunRetention(t, storetest.RetentionHarness[*sql.Tx]{Open: func(t *testing.T, conns int) storetest.RetentionEnv[*sql.Tx] {
 				e, db := envDB(t, b, conns)
 				store := e.Store.(*sqlinbox.Store)
-				return inboxtest.RetentionEnv[*sql.Tx]{
+				return storetest.RetentionEnv[*sql.Tx]{
 					Env:   e,
 					Store: store,
-					Reopen: func(t *testing.T, window time.Duration) inboxtest.RetentionStore[*sql.Tx] {
+					Reopen: func(t *testing.T, window time.Duration) storetest.RetentionStore[*sql.Tx] {
 						s, err := sqlinbox.New(db, b.dialect, &sqlinbox.Config{Window: window})
 						if err != nil {
 							t.Fatal(err)

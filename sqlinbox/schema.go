@@ -6,10 +6,9 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/inboxdb"
 )
-
-var _ idem.SchemaChecker = (*Store)(nil)
 
 // DDL returns the SQL [Store.Migrate] runs for table on dialect, for a
 // migration tool (golang-migrate, goose, Atlas, Flyway) to run instead: the
@@ -66,7 +65,7 @@ func script(d Dialect, table string, window time.Duration) (inboxdb.Script, erro
 // index, its stored layout and a sane window, at this build's schema
 // version (an older one needs Migrate; a newer one means this binary is
 // older than the one that migrated it). Each problem comes with its fix.
-func (s *Store) Check(ctx context.Context) ([]idem.SchemaProblem, error) {
+func (s *Store) Check(ctx context.Context) ([]idemstore.SchemaProblem, error) {
 	probs, err := s.inbox.Check(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("sqlinbox: %w", err)

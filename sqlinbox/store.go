@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/inboxdb"
 	"github.com/idemkit/idem/retention"
 )
@@ -42,7 +43,7 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Store is an inbox on database/sql. It implements [idem.Store] with
+// Store is an inbox on database/sql. It implements [idemstore.Store] with
 // *sql.Tx as the transaction type, so handlers run database/sql (or sqlc)
 // code in the claim's transaction. It is safe for concurrent use.
 type Store struct {
@@ -56,15 +57,7 @@ type Store struct {
 	window atomic.Int64
 }
 
-var (
-	_ idem.Store[*sql.Tx]           = (*Store)(nil)
-	_ idem.Extender[*sql.Tx]        = (*Store)(nil)
-	_ idem.SettingsStore            = (*Store)(nil)
-	_ idem.TxSettingsStore[*sql.Tx] = (*Store)(nil)
-	_ idem.LayoutStore              = (*Store)(nil)
-	_ idem.HorizonRecorder          = (*Store)(nil)
-	_ idem.HorizonStore             = (*Store)(nil)
-)
+var _ idemstore.Store[*sql.Tx] = (*Store)(nil)
 
 // New returns a store over db, which must be opened with the driver that
 // matches dialect. It checks the table name (an invalid one is an error
@@ -105,16 +98,12 @@ func New(db *sql.DB, dialect Dialect, cfg *Config) (*Store, error) {
 	return s, nil
 }
 
-// Horizon is the horizon guard that matches the store's retention window;
-// idem.NewProcessor adopts it unless the consumer sets its own.
-func (s *Store) Horizon() idem.Horizon { return idem.Horizon{Window: s.Window()} }
-
 // Window returns the retention window: the stored one once [Store.Migrate]
 // or [Store.Settings] has read it, the configured one before.
 func (s *Store) Window() time.Duration { return time.Duration(s.window.Load()) }
 
 // Layout is the table's layout: always plain ([idem.LayoutStore]).
-func (s *Store) Layout() idem.Layout { return idem.LayoutPlain }
+func (s *Store) Layout() idemstore.Layout { return idemstore.LayoutPlain }
 
 // Dialect returns the store's dialect.
 func (s *Store) Dialect() Dialect { return s.dialect }
@@ -124,7 +113,7 @@ func (s *Store) Table() string { return s.table.String() }
 
 // Settings reads the layout and window stored with the table
 // ([idem.SettingsStore]).
-func (s *Store) Settings(ctx context.Context) (idem.Settings, error) {
+func (s *Store) Settings(ctx context.Context) (idemstore.Settings, error) {
 	set, err := s.inbox.Settings(ctx)
 	if err == nil {
 		s.window.Store(int64(set.Window))
@@ -134,7 +123,7 @@ func (s *Store) Settings(ctx context.Context) (idem.Settings, error) {
 
 // SettingsIn is Settings read in tx, a transaction the caller holds
 // ([idem.TxSettingsStore]).
-func (s *Store) SettingsIn(ctx context.Context, tx *sql.Tx) (idem.Settings, error) {
+func (s *Store) SettingsIn(ctx context.Context, tx *sql.Tx) (idemstore.Settings, error) {
 	set, err := s.inbox.SettingsIn(ctx, inboxdb.SQLTxConn(tx))
 	if err == nil {
 		s.window.Store(int64(set.Window))
@@ -231,7 +220,7 @@ func timestamptz(t time.Time) pgtype.Timestamptz {
 // Claim inserts the markers in one statement per chunk of claims (one chunk
 // unless the batch exceeds the dialect's parameter limit), in the order given,
 // and reports which ones this transaction inserted.
-func (s *Store) Claim(ctx context.Context, tx *sql.Tx, consumer string, claims []idem.Claim, lockTimeout time.Duration) ([]bool, error) {
+func (s *Store) Claim(ctx context.Context, tx *sql.Tx, consumer string, claims []idemstore.Claim, lockTimeout time.Duration) ([]bool, error) {
 	inserted := make([]bool, len(claims))
 	if len(claims) == 0 {
 		return inserted, nil
@@ -257,7 +246,7 @@ func (s *Store) Claim(ctx context.Context, tx *sql.Tx, consumer string, claims [
 	return inserted, nil
 }
 
-func (s *Store) claimChunk(ctx context.Context, tx *sql.Tx, consumer string, claims []idem.Claim, inserted []bool) error {
+func (s *Store) claimChunk(ctx context.Context, tx *sql.Tx, consumer string, claims []idemstore.Claim, inserted []bool) error {
 	var args []any
 	if s.sql.Claim.SQL != "" {
 		// PostgreSQL: one statement over arrays.
@@ -308,7 +297,7 @@ func (s *Store) claimChunk(ctx context.Context, tx *sql.Tx, consumer string, cla
 
 // body is a claim's body hash; the column is NOT NULL, so an absent hash is
 // empty.
-func body(c idem.Claim) []byte {
+func body(c idemstore.Claim) []byte {
 	if c.BodySHA256 == nil {
 		return []byte{}
 	}
@@ -317,8 +306,8 @@ func body(c idem.Claim) []byte {
 
 // Lookup returns the markers that exist among keys, with their keep-until
 // times.
-func (s *Store) Lookup(ctx context.Context, tx *sql.Tx, consumer string, keys []string) (map[string]idem.Marker, error) {
-	out := make(map[string]idem.Marker, len(keys))
+func (s *Store) Lookup(ctx context.Context, tx *sql.Tx, consumer string, keys []string) (map[string]idemstore.Marker, error) {
+	out := make(map[string]idemstore.Marker, len(keys))
 	chunk := len(keys)
 	if s.sql.Lookup.SQL == "" {
 		chunk = s.dialect.maxParams() - 1
@@ -332,7 +321,7 @@ func (s *Store) Lookup(ctx context.Context, tx *sql.Tx, consumer string, keys []
 	return out, nil
 }
 
-func (s *Store) lookupChunk(ctx context.Context, tx *sql.Tx, consumer string, keys []string, out map[string]idem.Marker) error {
+func (s *Store) lookupChunk(ctx context.Context, tx *sql.Tx, consumer string, keys []string, out map[string]idemstore.Marker) error {
 	args := []any{consumer, keys}
 	if s.sql.Lookup.SQL == "" {
 		args = make([]any, 0, 1+len(keys))
@@ -347,7 +336,7 @@ func (s *Store) lookupChunk(ctx context.Context, tx *sql.Tx, consumer string, ke
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var m idem.Marker
+		var m idemstore.Marker
 		var at, until any
 		if err := rows.Scan(&m.Key, &m.MessageID, &m.BodySHA256, &at, &until); err != nil {
 			return err
@@ -367,7 +356,7 @@ func (s *Store) lookupChunk(ctx context.Context, tx *sql.Tx, consumer string, ke
 // they are later than the stored ones, in one statement (per chunk of the
 // dialect's parameter limit) that writes nothing where nothing grows
 // ([idem.Extender]). A key given twice keeps its latest time.
-func (s *Store) Extend(ctx context.Context, tx *sql.Tx, consumer string, ext []idem.Extension) error {
+func (s *Store) Extend(ctx context.Context, tx *sql.Tx, consumer string, ext []idemstore.Extension) error {
 	keys, times := extensions(ext)
 	if s.sql.Extend.SQL != "" {
 		if len(keys) == 0 {
@@ -404,7 +393,7 @@ func (s *Store) Extend(ctx context.Context, tx *sql.Tx, consumer string, ext []i
 // extensions returns each key once, in key order (so that two extending
 // transactions lock rows in the same order), with its latest time; zero
 // times are skipped.
-func extensions(ext []idem.Extension) ([]string, []time.Time) {
+func extensions(ext []idemstore.Extension) ([]string, []time.Time) {
 	latest := make(map[string]time.Time, len(ext))
 	for _, e := range ext {
 		if e.KeepUntil.IsZero() {
@@ -435,10 +424,10 @@ func extensions(ext []idem.Extension) ([]string, []time.Time) {
 // replicas connected (seen with the PROCESS privilege) and
 // semi-synchronous replication with its fallback timeout. SQLite: the
 // synchronous pragma.
-func (s *Store) Durability(ctx context.Context) (idem.Durability, error) {
+func (s *Store) Durability(ctx context.Context) (idemstore.Durability, error) {
 	d, err := s.dialect.durability(ctx, s.db)
 	if err != nil {
-		return idem.Durability{}, fmt.Errorf("sqlinbox: reading durability settings: %w", err)
+		return idemstore.Durability{}, fmt.Errorf("sqlinbox: reading durability settings: %w", err)
 	}
 	return d, nil
 }
@@ -448,21 +437,25 @@ func (s *Store) Durability(ctx context.Context) (idem.Durability, error) {
 // SQLITE_CONSTRAINT, SQLITE_MISMATCH and SQLITE_TOOBIG are permanent.
 // Everything else, including errors that are not the database's, is
 // transient.
-func (s *Store) Classify(err error) idem.ErrorClass { return s.dialect.classify(err) }
+func (s *Store) Classify(err error) idemstore.ErrorClass { return s.dialect.classify(err) }
 
 // PrunedSummaries returns consumer's summaries of the keys prunes deleted,
 // newest first: the processor loads them with the settings and checks every
 // fresh key against them (idem.PrunedSummaryStore, idem.Config.RefuseLate).
-func (s *Store) PrunedSummaries(ctx context.Context, consumer string) ([]idem.PrunedSummary, error) {
+func (s *Store) PrunedSummaries(ctx context.Context, consumer string) ([]idemstore.PrunedSummary, error) {
 	return s.inbox.PrunedSummaries(ctx, consumer)
 }
 
 // PrunedSummariesIn is PrunedSummaries read in tx, a transaction the
 // caller holds ([idem.TxSettingsStore]).
-func (s *Store) PrunedSummariesIn(ctx context.Context, tx *sql.Tx, consumer string) ([]idem.PrunedSummary, error) {
+func (s *Store) PrunedSummariesIn(ctx context.Context, tx *sql.Tx, consumer string) ([]idemstore.PrunedSummary, error) {
 	return s.inbox.PrunedSummariesIn(ctx, inboxdb.SQLTxConn(tx), consumer)
 }
 
 // Ping asks the database whether it answers, on a pooled connection
-// ([idem.Pinger]).
+// ([idemstore.Store.Ping]).
 func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
+
+// NeedsCommit is false: a claim leaves nothing in a transaction that only
+// its COMMIT completes ([idemstore.Store.NeedsCommit]).
+func (*Store) NeedsCommit(*sql.Tx) bool { return false }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/sqlinbox"
 	"github.com/idemkit/idem/sqliteinbox"
 )
@@ -317,15 +318,15 @@ func TestClassifyPostgres(t *testing.T) {
 	cases := []struct {
 		name string
 		sql  string
-		want idem.ErrorClass
+		want idemstore.ErrorClass
 	}{
-		{"unique violation 23505", `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256) VALUES ('billing', 'held', 'm', '')`, idem.ClassPermanent},
-		{"not null 23502", `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256) VALUES ('billing', 'x', NULL, '')`, idem.ClassPermanent},
-		{"division by zero 22012", `SELECT 1/0`, idem.ClassPermanent},
-		{"bad timestamp 22007", `SELECT 'yesterday-ish'::timestamptz`, idem.ClassPermanent},
-		{"undefined table 42P01", `SELECT * FROM no_such_table`, idem.ClassConfig},
-		{"serialization 40001", `DO $$BEGIN RAISE EXCEPTION USING ERRCODE = '40001'; END$$`, idem.ClassBusy},
-		{"deadlock 40P01", `DO $$BEGIN RAISE EXCEPTION USING ERRCODE = '40P01'; END$$`, idem.ClassBusy},
+		{"unique violation 23505", `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256) VALUES ('billing', 'held', 'm', '')`, idemstore.ClassPermanent},
+		{"not null 23502", `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256) VALUES ('billing', 'x', NULL, '')`, idemstore.ClassPermanent},
+		{"division by zero 22012", `SELECT 1/0`, idemstore.ClassPermanent},
+		{"bad timestamp 22007", `SELECT 'yesterday-ish'::timestamptz`, idemstore.ClassPermanent},
+		{"undefined table 42P01", `SELECT * FROM no_such_table`, idemstore.ClassConfig},
+		{"serialization 40001", `DO $$BEGIN RAISE EXCEPTION USING ERRCODE = '40001'; END$$`, idemstore.ClassBusy},
+		{"deadlock 40P01", `DO $$BEGIN RAISE EXCEPTION USING ERRCODE = '40P01'; END$$`, idemstore.ClassBusy},
 	}
 	for _, c := range cases {
 		_, err := db.ExecContext(ctx, c.sql)
@@ -358,10 +359,10 @@ func TestClassifyPostgres(t *testing.T) {
 	if time.Since(start) > 5*time.Second {
 		t.Fatalf("lock timeout not applied: waited %v", time.Since(start))
 	}
-	if got := s.Classify(err); got != idem.ClassBusy {
+	if got := s.Classify(err); got != idemstore.ClassBusy {
 		t.Fatalf("lock timeout %v classified %v, want busy", err, got)
 	}
-	if got := s.Classify(errors.New("handler failed")); got != idem.ClassTransient {
+	if got := s.Classify(errors.New("handler failed")); got != idemstore.ClassTransient {
 		t.Fatalf("a non-database error classified %v, want transient", got)
 	}
 }
@@ -378,7 +379,7 @@ func TestClassifySQLite(t *testing.T) {
 	s := migrated(t, db, sqlinbox.SQLite, nil)
 	claimOne(t, s, "billing", "held")
 	_, err = db.ExecContext(ctx, `INSERT INTO idem_inbox (consumer, key, message_id, body_sha256) VALUES ('billing', 'held', 'm', x'')`)
-	if err == nil || s.Classify(err) != idem.ClassPermanent {
+	if err == nil || s.Classify(err) != idemstore.ClassPermanent {
 		t.Fatalf("primary key violation %v: want a permanent error", err)
 	}
 	// SQLITE_BUSY: a second handle that will not wait, against a writer
@@ -402,7 +403,7 @@ func TestClassifySQLite(t *testing.T) {
 	if !errors.As(err, &coded) || coded.Code()&0xff != 5 {
 		t.Fatalf("want SQLITE_BUSY, got %v", err)
 	}
-	if got := s.Classify(err); got != idem.ClassBusy {
+	if got := s.Classify(err); got != idemstore.ClassBusy {
 		t.Fatalf("SQLITE_BUSY classified %v, want busy", got)
 	}
 }
@@ -430,16 +431,16 @@ func TestSQLiteOpen(t *testing.T) {
 }
 
 // claims builds one claim per key, with the message ID "msg-<key>".
-func claims(keys ...string) []idem.Claim {
-	out := make([]idem.Claim, len(keys))
+func claims(keys ...string) []idemstore.Claim {
+	out := make([]idemstore.Claim, len(keys))
 	for i, k := range keys {
-		out[i] = idem.Claim{Key: k, MessageID: "msg-" + k, BodySHA256: idem.BodyHash([]byte(k))}
+		out[i] = idemstore.Claim{Key: k, MessageID: "msg-" + k, BodySHA256: idem.BodyHash([]byte(k))}
 	}
 	return out
 }
 
 // claimCommit claims in a transaction of its own and commits it.
-func claimCommit(t *testing.T, s *sqlinbox.Store, consumer string, cs []idem.Claim) []bool {
+func claimCommit(t *testing.T, s *sqlinbox.Store, consumer string, cs []idemstore.Claim) []bool {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := s.Begin(ctx)

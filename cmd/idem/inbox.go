@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/inboxdb"
 	"github.com/idemkit/idem/mysqlinbox"
 	"github.com/idemkit/idem/pgxinbox"
@@ -254,8 +255,8 @@ func (f *inboxFlags) pgStore(ctx context.Context) (*pgxinbox.Store, func(), erro
 
 // settingsReader is what requireInbox needs of either store.
 type settingsReader interface {
-	Settings(ctx context.Context) (idem.Settings, error)
-	Check(ctx context.Context) ([]idem.SchemaProblem, error)
+	Settings(ctx context.Context) (idemstore.Settings, error)
+	Check(ctx context.Context) ([]idemstore.SchemaProblem, error)
 }
 
 // requireInbox refuses a table that is not an idem inbox (no settings
@@ -537,8 +538,8 @@ func inboxStats(ctx context.Context, args []string, stdout, stderr io.Writer) er
 // windowStore is what the window commands need of either store.
 type windowStore interface {
 	Table() string
-	Layout() idem.Layout
-	Settings(ctx context.Context) (idem.Settings, error)
+	Layout() idemstore.Layout
+	Settings(ctx context.Context) (idemstore.Settings, error)
 	SetWindow(ctx context.Context, w time.Duration, force bool) (time.Duration, error)
 	WindowStatus(ctx context.Context) (stored, guard time.Duration, err error)
 	Horizons(ctx context.Context) ([]retention.RecordedHorizon, error)
@@ -692,7 +693,7 @@ func inboxMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	default:
 		return f.fs.usagef("--layout %q: want plain or partitioned", *layout)
 	}
-	var rep idem.MigrateReport
+	var rep idemstore.MigrateReport
 	if f.mysql != "" {
 		if l != pgxinbox.Plain {
 			return f.fs.usagef("--layout partitioned is for PostgreSQL; MySQL and MariaDB inboxes have the plain layout")

@@ -5,14 +5,16 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 )
 
-// readDurability asks a store that can tell ([idem.DurabilityChecker])
+// readDurability asks a store that can tell ([idemstore.Store.Durability])
 // whether its database could lose commits it acknowledged: nil, nil for a
 // store that cannot tell.
-func readDurability(ctx context.Context, store any) (*idem.Durability, error) {
-	dc, ok := store.(idem.DurabilityChecker)
+func readDurability(ctx context.Context, store any) (*idemstore.Durability, error) {
+	dc, ok := store.(interface {
+		Durability(context.Context) (idemstore.Durability, error)
+	})
 	if !ok {
 		return nil, nil
 	}
@@ -28,7 +30,7 @@ func readDurability(ctx context.Context, store any) (*idem.Durability, error) {
 // do not change its exit status: a consumer starts on such a database too
 // (asynchronous replication can be a deliberate choice), and logs the same
 // warnings.
-func printDurability(w io.Writer, d *idem.Durability, err error) {
+func printDurability(w io.Writer, d *idemstore.Durability, err error) {
 	switch {
 	case err != nil:
 		fmt.Fprintf(w, "durability: could not read the commit and replication settings: %v\n", err)
@@ -43,7 +45,7 @@ func printDurability(w io.Writer, d *idem.Durability, err error) {
 }
 
 // durabilityJSON is the durability part of idem inbox check --json.
-func durabilityJSON(d *idem.Durability, err error) map[string]any {
+func durabilityJSON(d *idemstore.Durability, err error) map[string]any {
 	switch {
 	case err != nil:
 		return map[string]any{"error": err.Error()}

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/inboxdb"
 	"github.com/idemkit/idem/mysqlinbox"
 	"github.com/idemkit/idem/pgxinbox"
@@ -74,12 +74,12 @@ func inboxDDL(_ context.Context, args []string, stdout, _ io.Writer) error {
 	if *seq < 0 {
 		return fs.usagef("--seq must be positive")
 	}
-	var l idem.Layout
+	var l idemstore.Layout
 	switch *layout {
 	case "plain":
-		l = idem.LayoutPlain
+		l = idemstore.LayoutPlain
 	case "partitioned":
-		l = idem.LayoutPartitioned
+		l = idemstore.LayoutPartitioned
 	default:
 		return fs.usagef("--layout %q: want plain or partitioned", *layout)
 	}
@@ -89,12 +89,12 @@ func inboxDDL(_ context.Context, args []string, stdout, _ io.Writer) error {
 	case "postgres":
 		_, err = pgxinbox.DDL(*table, l, *window)
 	case "sqlite":
-		if l != idem.LayoutPlain {
+		if l != idemstore.LayoutPlain {
 			return fs.usagef("SQLite inboxes have the plain layout")
 		}
 		_, err = sqlinbox.DDL(sqlinbox.SQLite, *table, *window)
 	case "mysql", "mariadb":
-		if l != idem.LayoutPlain {
+		if l != idemstore.LayoutPlain {
 			return fs.usagef("MySQL and MariaDB inboxes have the plain layout")
 		}
 		*dialect = "mysql"
@@ -151,7 +151,7 @@ func inboxDDL(_ context.Context, args []string, stdout, _ io.Writer) error {
 }
 
 // ddlScript renders the script of the validated table.
-func ddlScript(dialect, table string, l idem.Layout, window time.Duration, from int) (inboxdb.Script, error) {
+func ddlScript(dialect, table string, l idemstore.Layout, window time.Duration, from int) (inboxdb.Script, error) {
 	var t inboxdb.Table
 	if s, n, ok := strings.Cut(table, "."); ok {
 		t = inboxdb.Table{Schema: s, Name: n}
@@ -292,7 +292,9 @@ func inboxCheck(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	default:
 		return f.fs.usagef("--layout %q: want plain or partitioned", *layout)
 	}
-	var checker idem.SchemaChecker
+	var checker interface {
+		Check(context.Context) ([]idemstore.SchemaProblem, error)
+	}
 	if f.mysql != "" {
 		if *layout == "partitioned" {
 			return f.fs.usagef("MySQL and MariaDB inboxes have the plain layout")

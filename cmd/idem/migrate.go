@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemmigrate"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/pgxinbox"
 	"github.com/idemkit/idem/retention"
 	"github.com/idemkit/idem/sqliteinbox"
@@ -66,7 +66,7 @@ func (c *componentFlags) config() (*idemmigrate.Config, error) {
 	switch c.layout {
 	case "plain":
 	case "partitioned":
-		cfg.InboxLayout = idem.LayoutPartitioned
+		cfg.InboxLayout = idemstore.LayoutPartitioned
 	default:
 		return nil, c.fs.usagef("--layout %q: want plain or partitioned", c.layout)
 	}
@@ -160,13 +160,13 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			if has, err := f.existingLayout(ctx, pool); err != nil {
 				return err
 			} else if has != nil && *has == pgxinbox.Partitioned {
-				cfg.InboxLayout = idem.LayoutPartitioned
+				cfg.InboxLayout = idemstore.LayoutPartitioned
 				if m, err = idemmigrate.NewPgx(pool, cfg); err != nil {
 					return err
 				}
 			}
 		}
-		if !*versions && cfg.InboxLayout == idem.LayoutPartitioned && slices.Contains(m.Components(), idemmigrate.Inbox) {
+		if !*versions && cfg.InboxLayout == idemstore.LayoutPartitioned && slices.Contains(m.Components(), idemmigrate.Inbox) {
 			// The partitions are the store's: its migrate (a no-op on the
 			// schema by then) creates those the window needs.
 			rs, err := m.Migrate(ctx)

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/pgerr"
 )
 
@@ -32,7 +33,7 @@ func TestPostgresColdStandby(t *testing.T) {
 	pg.run("cold-standby")
 	_, err := pgx.Connect(ctx, pgURL(pgReplicaAddr, schema, ""))
 	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "57P03" || pgerr.Classify(err) != idem.ClassUnavailable {
+	if !errors.As(err, &pgErr) || pgErr.Code != "57P03" || pgerr.Classify(err) != idemstore.ClassUnavailable {
 		t.Fatalf("connecting to a standby without hot standby: %v (class %v); want 57P03, unavailable", err, pgerr.Classify(err))
 	}
 	pg.run("kill-primary")

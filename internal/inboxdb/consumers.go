@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 )
 
 // ConsumerStats is the per-consumer view of an inbox: for each consumer
@@ -88,7 +88,7 @@ func consumerStatements(d *Dialect) consumerSQL {
 		p, fence = "?", ""
 	}
 	col := "keep_until"
-	if d.Layout == idem.LayoutPartitioned {
+	if d.Layout == idemstore.LayoutPartitioned {
 		col = "partition_time"
 	}
 	return consumerSQL{

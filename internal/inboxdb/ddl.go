@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/migrator"
 )
 
@@ -17,7 +17,7 @@ import (
 type Script struct {
 	// Table and Layout are the inbox's; Dialect names the database.
 	Table   Table
-	Layout  idem.Layout
+	Layout  idemstore.Layout
 	Dialect string
 	// Window is the window recorded for a new table.
 	Window time.Duration
@@ -116,7 +116,7 @@ ON CONFLICT (table_name) DO NOTHING`},
 func (d *Dialect) guardedMigrations(ms []migrator.Migration, from int, key string) string {
 	book, settings := d.Table.Sibling(migrationsTable), d.Table.Sibling(settingsTable)
 	name := strings.ReplaceAll(d.Table.String(), "'", "''")
-	relkind := map[idem.Layout]string{idem.LayoutPlain: "r", idem.LayoutPartitioned: "p"}[d.Layout]
+	relkind := map[idemstore.Layout]string{idemstore.LayoutPlain: "r", idemstore.LayoutPartitioned: "p"}[d.Layout]
 	var b strings.Builder
 	fmt.Fprintf(&b, `DO $idem$
 DECLARE
@@ -226,7 +226,7 @@ func (s Script) Header() string {
 	} else {
 		b.WriteString("-- SQLite has no conditional DDL: apply this once (migration tools do).\n")
 	}
-	if s.Layout == idem.LayoutPartitioned {
+	if s.Layout == idemstore.LayoutPartitioned {
 		fmt.Fprintf(&b, "-- Partitions are created by: idem inbox partitions ensure --table %s (after this, then daily).\n", s.Table)
 	}
 	return b.String()

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 )
 
 // The durability checks of each database ([idem.DurabilityChecker]): the
@@ -42,8 +42,8 @@ const physicalStandby = `r.state IS DISTINCT FROM 'backup'
 // the standby's operating system crashes at the same time as the primary.
 // A standby disconnected while the settings are read is not counted, nor
 // a base backup's or a logical replication slot's walsender.
-func PostgresDurability(syncCommit, standbyNames, fsync string, recovery bool, standbys, syncStandbys int) idem.Durability {
-	d := idem.Durability{Settings: map[string]string{
+func PostgresDurability(syncCommit, standbyNames, fsync string, recovery bool, standbys, syncStandbys int) idemstore.Durability {
+	d := idemstore.Durability{Settings: map[string]string{
 		"synchronous_commit":        syncCommit,
 		"synchronous_standby_names": strconv.Quote(standbyNames),
 		"fsync":                     fsync,
@@ -143,8 +143,8 @@ const MySQLUnknownReplicas = -1
 //     connected (wait_no_slave, wait_no_replica OFF), or whose timeout is
 //     under a minute: when no replica acknowledges, the primary goes on
 //     asynchronously, silently, and the same hazard returns.
-func MySQLDurability(mariadb bool, flushLog, syncBinlog string, logBin bool, replicas int, semiSync map[string]string) idem.Durability {
-	d := idem.Durability{Settings: map[string]string{
+func MySQLDurability(mariadb bool, flushLog, syncBinlog string, logBin bool, replicas int, semiSync map[string]string) idemstore.Durability {
+	d := idemstore.Durability{Settings: map[string]string{
 		"innodb_flush_log_at_trx_commit": flushLog,
 		"sync_binlog":                    syncBinlog,
 		"log_bin":                        strconv.FormatBool(logBin),
@@ -204,8 +204,8 @@ func MySQLDurability(mariadb bool, flushLog, syncBinlog string, logBin bool, rep
 // system, so a crash of the machine can lose or corrupt acknowledged
 // commits. NORMAL in WAL mode (sqliteinbox.Open's) is durable across a
 // crash of the application and may lose the last commits in a power loss.
-func SQLiteDurability(synchronous int, journalMode string) idem.Durability {
-	d := idem.Durability{Settings: map[string]string{
+func SQLiteDurability(synchronous int, journalMode string) idemstore.Durability {
+	d := idemstore.Durability{Settings: map[string]string{
 		"synchronous":  strconv.Itoa(synchronous),
 		"journal_mode": journalMode,
 	}}
@@ -216,4 +216,6 @@ func SQLiteDurability(synchronous int, journalMode string) idem.Durability {
 	return d
 }
 
-func risk(what, fix string) idem.DurabilityRisk { return idem.DurabilityRisk{What: what, Fix: fix} }
+func risk(what, fix string) idemstore.DurabilityRisk {
+	return idemstore.DurabilityRisk{What: what, Fix: fix}
+}

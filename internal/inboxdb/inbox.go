@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/retention"
 )
 
@@ -43,7 +44,7 @@ func (b *Inbox) Label() string { return b.D.Table.String() }
 
 // stored is what the settings table holds for an inbox.
 type stored struct {
-	idem.Settings
+	idemstore.Settings
 	// Guard is the longest horizon a consumer may guard with now: the
 	// window, except while a lengthening ramps up (see SetWindow).
 	Guard time.Duration
@@ -71,10 +72,10 @@ func (b *Inbox) readSettings(ctx context.Context, c Conn) (s stored, found bool,
 		return s, false, fmt.Errorf("reading the inbox settings: %w", err)
 	}
 	switch layout {
-	case idem.LayoutPlain.String():
-		s.Layout = idem.LayoutPlain
-	case idem.LayoutPartitioned.String():
-		s.Layout = idem.LayoutPartitioned
+	case idemstore.LayoutPlain.String():
+		s.Layout = idemstore.LayoutPlain
+	case idemstore.LayoutPartitioned.String():
+		s.Layout = idemstore.LayoutPartitioned
 	default:
 		return s, true, fmt.Errorf("%w: table %s is recorded with an unknown layout %q", idem.ErrConfig, b.D.Table, layout)
 	}
@@ -105,22 +106,22 @@ func (b *Inbox) readSettings(ctx context.Context, c Conn) (s stored, found bool,
 // which is the stored window except while a lengthening ramps up (see
 // SetWindow). A table without settings is a configuration error: its
 // store's Migrate has not run since they exist.
-func (b *Inbox) Settings(ctx context.Context) (idem.Settings, error) {
+func (b *Inbox) Settings(ctx context.Context) (idemstore.Settings, error) {
 	return b.settings(ctx, b.read)
 }
 
 // SettingsIn is Settings read on c, a transaction the caller holds, so
 // that a caller on a pool of one needs no second connection.
-func (b *Inbox) SettingsIn(ctx context.Context, c Conn) (idem.Settings, error) {
+func (b *Inbox) SettingsIn(ctx context.Context, c Conn) (idemstore.Settings, error) {
 	return b.settings(ctx, on(c))
 }
 
-func (b *Inbox) settings(ctx context.Context, read reader) (idem.Settings, error) {
+func (b *Inbox) settings(ctx context.Context, read reader) (idemstore.Settings, error) {
 	s, err := b.storedVia(ctx, read)
 	if err != nil {
-		return idem.Settings{}, err
+		return idemstore.Settings{}, err
 	}
-	return idem.Settings{Layout: s.Layout, Window: s.Guard, Stored: s.Window}, nil
+	return idemstore.Settings{Layout: s.Layout, Window: s.Guard, Stored: s.Window}, nil
 }
 
 // Stored reads the stored window and the guard window in force (shorter
@@ -322,7 +323,7 @@ func (b *Inbox) Stats(ctx context.Context) (retention.Stats, error) {
 			return err
 		}
 		cutoff := st.Now.Add(-st.Window)
-		if b.D.Layout == idem.LayoutPartitioned {
+		if b.D.Layout == idemstore.LayoutPartitioned {
 			cutoff = cutoff.UTC().Truncate(day)
 		}
 		var oldest any

@@ -18,7 +18,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/migrator"
 )
 
@@ -157,7 +157,7 @@ type Dialect struct {
 	Name string
 	// Table is the inbox; Layout its layout.
 	Table  Table
-	Layout idem.Layout
+	Layout idemstore.Layout
 
 	// TimeArg binds a time; ScanTime reads one scanned into an any (nil for
 	// NULL).

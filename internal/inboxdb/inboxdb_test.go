@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 )
 
 // TestIndexName: every derived index name fits PostgreSQL's 63 bytes (a
@@ -32,8 +32,8 @@ func TestIndexName(t *testing.T) {
 // number 1, 2, … without gaps, and split into statements.
 func TestMigrationsRender(t *testing.T) {
 	for _, d := range []*Dialect{
-		Postgres(Table{Schema: "billing", Name: "inbox"}, idem.LayoutPlain),
-		Postgres(Table{Name: "inbox"}, idem.LayoutPartitioned),
+		Postgres(Table{Schema: "billing", Name: "inbox"}, idemstore.LayoutPlain),
+		Postgres(Table{Name: "inbox"}, idemstore.LayoutPartitioned),
 		SQLite(Table{Name: "inbox"}),
 	} {
 		ms, err := d.migrationList()

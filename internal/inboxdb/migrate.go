@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/migrator"
 )
 
@@ -69,14 +70,14 @@ func (d *Dialect) migrationList() ([]migrator.Migration, error) {
 // the stored one, so that no process guards or prunes by a window of its
 // own. It returns the stored settings, with the window processors may guard
 // with now (see [Inbox.Settings]).
-func (b *Inbox) Migrate(ctx context.Context) (idem.Settings, error) {
+func (b *Inbox) Migrate(ctx context.Context) (idemstore.Settings, error) {
 	s, _, err := b.MigrateReport(ctx)
 	return s, err
 }
 
 // MigrateReport is [Inbox.Migrate] that also says what it did: whether it
 // created the table, and the schema versions before and after.
-func (b *Inbox) MigrateReport(ctx context.Context) (idem.Settings, idem.MigrateReport, error) {
+func (b *Inbox) MigrateReport(ctx context.Context) (idemstore.Settings, idemstore.MigrateReport, error) {
 	s, r, err := b.migrate(ctx)
 	if err != nil {
 		return s, r, fmt.Errorf("migrating inbox table %s: %w", b.D.Table, err)
@@ -84,7 +85,7 @@ func (b *Inbox) MigrateReport(ctx context.Context) (idem.Settings, idem.MigrateR
 	return s, r, nil
 }
 
-func (b *Inbox) migrate(ctx context.Context) (set idem.Settings, rep idem.MigrateReport, err error) {
+func (b *Inbox) migrate(ctx context.Context) (set idemstore.Settings, rep idemstore.MigrateReport, err error) {
 	rep.Table = b.D.Table.String()
 	comp, err := b.Component(&set, &rep)
 	if err != nil {
@@ -109,7 +110,7 @@ func (b *Inbox) migrate(ctx context.Context) (set idem.Settings, rep idem.Migrat
 // it is not this store's inbox, and the settings recorded after the
 // migrations. The versions were always in the version table. Once it has
 // run, *set and *rep hold what [Inbox.MigrateReport] returns.
-func (b *Inbox) Component(set *idem.Settings, rep *idem.MigrateReport) (*migrator.Component, error) {
+func (b *Inbox) Component(set *idemstore.Settings, rep *idemstore.MigrateReport) (*migrator.Component, error) {
 	d := b.D
 	ms, err := d.migrationList()
 	if err != nil {
@@ -160,7 +161,7 @@ func (b *Inbox) Component(set *idem.Settings, rep *idem.MigrateReport) (*migrato
 
 // recordSettings writes the settings of a table that has none, and checks
 // those of one that has.
-func (b *Inbox) recordSettings(ctx context.Context, c Conn) (set idem.Settings, rep idem.MigrateReport, err error) {
+func (b *Inbox) recordSettings(ctx context.Context, c Conn) (set idemstore.Settings, rep idemstore.MigrateReport, err error) {
 	d := b.D
 	key := d.Table.Quoted()
 	st, found, err := b.readSettings(ctx, c)
@@ -169,7 +170,7 @@ func (b *Inbox) recordSettings(ctx context.Context, c Conn) (set idem.Settings, 
 	}
 	switch {
 	case !found:
-		set = idem.Settings{Layout: d.Layout, Window: b.Window}
+		set = idemstore.Settings{Layout: d.Layout, Window: b.Window}
 		if set.Window == 0 {
 			set.Window = DefaultWindow
 		}
@@ -184,7 +185,7 @@ func (b *Inbox) recordSettings(ctx context.Context, c Conn) (set idem.Settings, 
 			"leave the window unset to use the stored one, or change it for every consumer with: idem inbox window set %v --table %s",
 			idem.ErrConfig, b.Window, d.Table, st.Window, b.Window, d.Table)
 	default:
-		set = idem.Settings{Layout: st.Layout, Window: st.Guard}
+		set = idemstore.Settings{Layout: st.Layout, Window: st.Guard}
 		rep.Layout, rep.Window = st.Layout, st.Window
 	}
 	return set, rep, nil
@@ -209,12 +210,12 @@ func (cat catalog) missingFirstColumns() []string {
 
 // layoutOf is the layout of a PostgreSQL relkind; ok is false for a
 // relation that is not a table (a view, a materialized or foreign table).
-func layoutOf(relkind string) (l idem.Layout, ok bool) {
+func layoutOf(relkind string) (l idemstore.Layout, ok bool) {
 	switch relkind {
 	case "r":
-		return idem.LayoutPlain, true
+		return idemstore.LayoutPlain, true
 	case "p":
-		return idem.LayoutPartitioned, true
+		return idemstore.LayoutPartitioned, true
 	}
 	return l, false
 }
@@ -278,7 +279,7 @@ func (e *NotInboxError) Is(target error) bool { return target == idem.ErrConfig 
 // kept. It matches [idem.ErrConfig] with errors.Is.
 type LayoutError struct {
 	Table     string
-	Has, Want idem.Layout
+	Has, Want idemstore.Layout
 }
 
 func (e *LayoutError) Error() string {

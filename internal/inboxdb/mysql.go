@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 )
 
 // MySQLTimeFormat is how times are bound on MySQL: UTC DATETIME(6) text, so
@@ -50,7 +50,7 @@ func MySQL(t Table) *Dialect {
 	d := &Dialect{
 		Name:       "mysql",
 		Table:      t,
-		Layout:     idem.LayoutPlain,
+		Layout:     idemstore.LayoutPlain,
 		TimeArg:    func(t time.Time) any { return t.UTC().Format(MySQLTimeFormat) },
 		ScanTime:   scanMySQLTime,
 		migrations: "migrations/mysql",

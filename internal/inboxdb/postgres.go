@@ -4,12 +4,12 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 )
 
 // Postgres is the PostgreSQL SQL of table in layout: every statement idem
 // sends to PostgreSQL about an inbox, from both stores, is here.
-func Postgres(t Table, layout idem.Layout) *Dialect {
+func Postgres(t Table, layout idemstore.Layout) *Dialect {
 	q := t.Quoted()
 	settings, horizons, book := t.Sibling(settingsTable), t.Sibling(horizonsTable), t.Sibling(migrationsTable)
 	pruned := t.Sibling(prunedTable)
@@ -35,7 +35,7 @@ func Postgres(t Table, layout idem.Layout) *Dialect {
 	// empty).
 	conflict := "(consumer, key)"
 	partCol, partVal, partArr, partAs := "", "", "", ""
-	if layout == idem.LayoutPartitioned {
+	if layout == idemstore.LayoutPartitioned {
 		d.migrations = "migrations/postgres-partitioned"
 		// The partitioned table's unique key contains the partition column
 		// (PostgreSQL enforces uniqueness per partition); the conflict
@@ -57,7 +57,7 @@ RETURNING i.key`
 	// One claim, as a statement that needs no arrays: a message processed
 	// on its own sends this.
 	partOne := ""
-	if layout == idem.LayoutPartitioned {
+	if layout == idemstore.LayoutPartitioned {
 		partOne = ", $6::timestamptz"
 	}
 	claimOne := func(with, from string) string {
@@ -74,7 +74,7 @@ ON CONFLICT ` + conflict + ` DO NOTHING`
 	// inserted, and with it before any wait on a concurrent claim of the
 	// same key (the server reads lock_timeout when it starts to wait).
 	lockArg := 6
-	if layout == idem.LayoutPartitioned {
+	if layout == idemstore.LayoutPartitioned {
 		lockArg = 7
 	}
 	withLock := `WITH lt AS (SELECT set_config('lock_timeout', $` + fmt.Sprint(lockArg) + `::text, true))
@@ -113,7 +113,7 @@ RETURNING consumer, key`
        min(keep_until),
        count(*) FILTER (WHERE keep_until < $1)
 FROM ` + q
-	if layout == idem.LayoutPartitioned {
+	if layout == idemstore.LayoutPartitioned {
 		// Partitions go whole, by partition time: the cutoff given is the
 		// start of the first day kept.
 		d.Stats = `SELECT count(*),

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 )
 
 // catalog is what the database says about an inbox table: enough to tell
@@ -205,7 +205,7 @@ func (d *Dialect) wantColumns() [][2]string {
 		ts := "timestamp with time zone"
 		cols := [][2]string{{"consumer", "text"}, {"key", "text"}, {"message_id", "text"}, {"body_sha256", "bytea"},
 			{"event_time", ts}, {"processed_at", ts}, {"keep_until", ts}}
-		if d.Layout == idem.LayoutPartitioned {
+		if d.Layout == idemstore.LayoutPartitioned {
 			cols = append(cols, [2]string{"partition_time", ts})
 		}
 		return cols
@@ -217,7 +217,7 @@ func (d *Dialect) wantColumns() [][2]string {
 // uniqueKey is the columns of the unique key every claim's ON CONFLICT
 // names.
 func (d *Dialect) uniqueKey() []string {
-	if d.Layout == idem.LayoutPartitioned {
+	if d.Layout == idemstore.LayoutPartitioned {
 		return []string{"consumer", "key", "partition_time"}
 	}
 	return []string{"consumer", "key"}
@@ -234,7 +234,7 @@ func (d *Dialect) commands(cat catalog) (target, migrate string) {
 		target = "--sqlite " + file + " " + target
 	}
 	migrate = "idem inbox migrate " + target
-	if d.Layout == idem.LayoutPartitioned {
+	if d.Layout == idemstore.LayoutPartitioned {
 		migrate += " --layout partitioned"
 	}
 	return target, migrate
@@ -244,8 +244,8 @@ func (d *Dialect) commands(cat catalog) (target, migrate string) {
 // catalog, the schema version and the settings, in two statements on
 // PostgreSQL, and returns each problem with its fix. An error means it
 // could not look.
-func (b *Inbox) Check(ctx context.Context) ([]idem.SchemaProblem, error) {
-	var probs []idem.SchemaProblem
+func (b *Inbox) Check(ctx context.Context) ([]idemstore.SchemaProblem, error) {
+	var probs []idemstore.SchemaProblem
 	err := b.read(ctx, func(c Conn) error {
 		cat, err := b.D.readCatalog(ctx, c)
 		if err != nil {
@@ -260,13 +260,13 @@ func (b *Inbox) Check(ctx context.Context) ([]idem.SchemaProblem, error) {
 	return probs, nil
 }
 
-func (b *Inbox) checkCatalog(ctx context.Context, c Conn, cat catalog) ([]idem.SchemaProblem, error) {
+func (b *Inbox) checkCatalog(ctx context.Context, c Conn, cat catalog) ([]idemstore.SchemaProblem, error) {
 	d := b.D
 	t := d.Table
 	target, migrate := d.commands(cat)
-	var probs []idem.SchemaProblem
+	var probs []idemstore.SchemaProblem
 	add := func(fix, what string, args ...any) {
-		probs = append(probs, idem.SchemaProblem{What: fmt.Sprintf(what, args...), Fix: fix})
+		probs = append(probs, idemstore.SchemaProblem{What: fmt.Sprintf(what, args...), Fix: fix})
 	}
 	latest, err := d.LatestVersion()
 	if err != nil {
@@ -304,10 +304,10 @@ func (b *Inbox) checkCatalog(ctx context.Context, c Conn, cat catalog) ([]idem.S
 		add(migrate, "table %s does not exist", t)
 		return probs, nil
 	}
-	switch want := map[idem.Layout]string{idem.LayoutPlain: "r", idem.LayoutPartitioned: "p"}[d.Layout]; {
+	switch want := map[idemstore.Layout]string{idemstore.LayoutPlain: "r", idemstore.LayoutPartitioned: "p"}[d.Layout]; {
 	case cat.relkind == want:
 	case cat.relkind == "r" || cat.relkind == "p":
-		other := map[string]idem.Layout{"r": idem.LayoutPlain, "p": idem.LayoutPartitioned}[cat.relkind]
+		other := map[string]idemstore.Layout{"r": idemstore.LayoutPlain, "p": idemstore.LayoutPartitioned}[cat.relkind]
 		add("configure the store for the "+other.String()+" layout, or name another table for the "+d.Layout.String()+" one",
 			"table %s has the %s layout, but the store is configured for the %s layout", t, other, d.Layout)
 	default:
@@ -363,7 +363,7 @@ func (b *Inbox) checkCatalog(ctx context.Context, c Conn, cat catalog) ([]idem.S
 			"table %s has no unique key on (%s): nothing stops two deliveries of one message from both applying, and every claim fails",
 			t, strings.Join(key, ", "))
 	}
-	if d.Layout == idem.LayoutPlain && cat.columns["keep_until"] != "" &&
+	if d.Layout == idemstore.LayoutPlain && cat.columns["keep_until"] != "" &&
 		!slices.ContainsFunc(cat.indexes, func(ix index) bool {
 			return ix.valid && len(ix.columns) > 0 && ix.columns[0] == "keep_until"
 		}) {
@@ -379,7 +379,7 @@ func (b *Inbox) checkCatalog(ctx context.Context, c Conn, cat catalog) ([]idem.S
 		// Advisory: claims do not need it; a consumer starts and logs it.
 		probs[len(probs)-1].Advisory = true
 	}
-	if cat.relkind == "p" && d.Layout == idem.LayoutPartitioned {
+	if cat.relkind == "p" && d.Layout == idemstore.LayoutPartitioned {
 		if cat.partKey != "partition_time" && upToDate {
 			add("name another table and run: "+migrate, "table %s is partitioned by (%s), not by partition_time", t, cat.partKey)
 		}

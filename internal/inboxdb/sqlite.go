@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 )
 
 // SQLiteTimeFormat is how SQLite stores times: fixed-width UTC with
@@ -27,7 +27,7 @@ func SQLite(t Table) *Dialect {
 	d := &Dialect{
 		Name:       "sqlite",
 		Table:      t,
-		Layout:     idem.LayoutPlain,
+		Layout:     idemstore.LayoutPlain,
 		TimeArg:    func(t time.Time) any { return t.UTC().Format(SQLiteTimeFormat) },
 		ScanTime:   scanSQLiteTime,
 		migrations: "migrations/sqlite",

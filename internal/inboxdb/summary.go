@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/bloom"
 	"github.com/idemkit/idem/retention"
 )
@@ -184,8 +184,8 @@ type summaryID struct {
 // PrunedSummaries returns consumer's summaries of pruned keys, newest
 // first, implementing idem.PrunedSummaryStore. It lists the summaries
 // stored and decodes only those it has not loaded before.
-func (b *Inbox) PrunedSummaries(ctx context.Context, consumer string) ([]idem.PrunedSummary, error) {
-	var out []idem.PrunedSummary
+func (b *Inbox) PrunedSummaries(ctx context.Context, consumer string) ([]idemstore.PrunedSummary, error) {
+	var out []idemstore.PrunedSummary
 	err := b.read(ctx, func(c Conn) (err error) {
 		out, err = b.PrunedSummariesIn(ctx, c, consumer)
 		return err
@@ -197,7 +197,7 @@ func (b *Inbox) PrunedSummaries(ctx context.Context, consumer string) ([]idem.Pr
 // the caller holds (a claim's own, or a ProcessTx caller's), so that no
 // second connection is needed: one listing of a few rows when nothing changed since the
 // last read, and the new or grown summaries when something did.
-func (b *Inbox) PrunedSummariesIn(ctx context.Context, c Conn, consumer string) ([]idem.PrunedSummary, error) {
+func (b *Inbox) PrunedSummariesIn(ctx context.Context, c Conn, consumer string) ([]idemstore.PrunedSummary, error) {
 	var ids []summaryID
 	err := c.Query(ctx, b.D.SummaryTimes, func(r Row) error {
 		var at any
@@ -222,7 +222,7 @@ func (b *Inbox) PrunedSummariesIn(ctx context.Context, c Conn, consumer string) 
 	have := b.summaries.sums[consumer]
 	b.summaries.mu.Unlock()
 	next := make(map[summaryID]*bloom.Filter, len(ids))
-	out := make([]idem.PrunedSummary, 0, len(ids))
+	out := make([]idemstore.PrunedSummary, 0, len(ids))
 	for _, id := range ids {
 		f := have[id]
 		if f == nil {
@@ -243,7 +243,7 @@ func (b *Inbox) PrunedSummariesIn(ctx context.Context, c Conn, consumer string) 
 			}
 		}
 		next[id] = f
-		out = append(out, idem.PrunedSummary{Day: id.at.UTC().Truncate(day), Has: f.Has})
+		out = append(out, idemstore.PrunedSummary{Day: id.at.UTC().Truncate(day), Has: f.Has})
 	}
 	b.summaries.mu.Lock()
 	if b.summaries.sums == nil {

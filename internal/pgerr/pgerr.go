@@ -17,7 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 )
 
 // Classify: data exceptions (class 22), integrity violations (class 23,
@@ -40,34 +40,34 @@ import (
 // Serialization failures (40001), deadlocks (40P01) and lock timeouts
 // (55P03) are contention with another transaction: busy. Everything else —
 // a handler's own error included — may succeed on another try.
-func Classify(err error) idem.ErrorClass {
+func Classify(err error) idemstore.ErrorClass {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch {
 		case len(pgErr.Code) != 5:
-			return idem.ClassTransient
+			return idemstore.ClassTransient
 		case pgErr.Code[:2] == "22", pgErr.Code[:2] == "23", pgErr.Code[:2] == "54":
-			return idem.ClassPermanent
+			return idemstore.ClassPermanent
 		case pgErr.Code == "42P01", pgErr.Code == "42501", pgErr.Code == "3D000", pgErr.Code[:2] == "28":
-			return idem.ClassConfig
+			return idemstore.ClassConfig
 		case pgErr.Code == "40001", pgErr.Code == "40P01", pgErr.Code == "55P03":
 			// Contention with another transaction, not the message's
 			// doing.
-			return idem.ClassBusy
+			return idemstore.ClassBusy
 		case pgErr.Code == "25P03", pgErr.Code == "57014":
 			// The server ended a transaction that idled or ran too long:
 			// the handler's slowness, not an outage, though the session
 			// may end with it.
-			return idem.ClassTransient
+			return idemstore.ClassTransient
 		case sessionEnding(pgErr), pgErr.Code == "53300", ReadOnly(pgErr):
-			return idem.ClassUnavailable
+			return idemstore.ClassUnavailable
 		}
-		return idem.ClassTransient
+		return idemstore.ClassTransient
 	}
 	if connectionLost(err) {
-		return idem.ClassUnavailable
+		return idemstore.ClassUnavailable
 	}
-	return idem.ClassTransient
+	return idemstore.ClassTransient
 }
 
 // connectionLost reports whether err is the driver or the network saying

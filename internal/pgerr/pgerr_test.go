@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/pgtest"
 )
 
@@ -25,32 +25,32 @@ func TestClassifyAndCommitUnknown(t *testing.T) {
 	cases := []struct {
 		name    string
 		err     error
-		class   idem.ErrorClass
+		class   idemstore.ErrorClass
 		unknown bool // as a COMMIT's error
 	}{
-		{"unique violation", pg("ERROR", "23505"), idem.ClassPermanent, false},
-		{"division by zero", pg("ERROR", "22012"), idem.ClassPermanent, false},
-		{"index row too large", pg("ERROR", "54000"), idem.ClassPermanent, false},
-		{"too many columns", pg("ERROR", "54011"), idem.ClassPermanent, false},
-		{"serialization failure", pg("ERROR", "40001"), idem.ClassBusy, false},
-		{"deadlock", pg("ERROR", "40P01"), idem.ClassBusy, false},
-		{"lock timeout", pg("ERROR", "55P03"), idem.ClassBusy, false},
-		{"undefined table", pg("ERROR", "42P01"), idem.ClassConfig, false},
-		{"insufficient privilege", pg("ERROR", "42501"), idem.ClassConfig, false},
-		{"unknown database", pg("FATAL", "3D000"), idem.ClassConfig, true},
-		{"password authentication failed", pg("FATAL", "28P01"), idem.ClassConfig, true},
-		{"undefined column", pg("ERROR", "42703"), idem.ClassTransient, false},
-		{"idle in transaction timeout", pg("FATAL", "25P03"), idem.ClassTransient, true},
-		{"statement timeout", pg("ERROR", "57014"), idem.ClassTransient, false},
-		{"read-only server", pg("ERROR", "25006"), idem.ClassUnavailable, false},
-		{"admin shutdown", pg("FATAL", "57P01"), idem.ClassUnavailable, true},
-		{"connection failure", pg("FATAL", "08006"), idem.ClassUnavailable, true},
-		{"too many connections", pg("FATAL", "53300"), idem.ClassUnavailable, true},
-		{"commit answered rollback", pgx.ErrTxCommitRollback, idem.ClassTransient, false},
-		{"transaction already done", sql.ErrTxDone, idem.ClassTransient, false},
-		{"connection closed", fmt.Errorf("committing: %w", pgconn.ErrConnClosed), idem.ClassUnavailable, true},
-		{"EOF", fmt.Errorf("reading: %w", io.ErrUnexpectedEOF), idem.ClassUnavailable, true},
-		{"a handler's own error", errors.New("payment gateway said 503"), idem.ClassTransient, true},
+		{"unique violation", pg("ERROR", "23505"), idemstore.ClassPermanent, false},
+		{"division by zero", pg("ERROR", "22012"), idemstore.ClassPermanent, false},
+		{"index row too large", pg("ERROR", "54000"), idemstore.ClassPermanent, false},
+		{"too many columns", pg("ERROR", "54011"), idemstore.ClassPermanent, false},
+		{"serialization failure", pg("ERROR", "40001"), idemstore.ClassBusy, false},
+		{"deadlock", pg("ERROR", "40P01"), idemstore.ClassBusy, false},
+		{"lock timeout", pg("ERROR", "55P03"), idemstore.ClassBusy, false},
+		{"undefined table", pg("ERROR", "42P01"), idemstore.ClassConfig, false},
+		{"insufficient privilege", pg("ERROR", "42501"), idemstore.ClassConfig, false},
+		{"unknown database", pg("FATAL", "3D000"), idemstore.ClassConfig, true},
+		{"password authentication failed", pg("FATAL", "28P01"), idemstore.ClassConfig, true},
+		{"undefined column", pg("ERROR", "42703"), idemstore.ClassTransient, false},
+		{"idle in transaction timeout", pg("FATAL", "25P03"), idemstore.ClassTransient, true},
+		{"statement timeout", pg("ERROR", "57014"), idemstore.ClassTransient, false},
+		{"read-only server", pg("ERROR", "25006"), idemstore.ClassUnavailable, false},
+		{"admin shutdown", pg("FATAL", "57P01"), idemstore.ClassUnavailable, true},
+		{"connection failure", pg("FATAL", "08006"), idemstore.ClassUnavailable, true},
+		{"too many connections", pg("FATAL", "53300"), idemstore.ClassUnavailable, true},
+		{"commit answered rollback", pgx.ErrTxCommitRollback, idemstore.ClassTransient, false},
+		{"transaction already done", sql.ErrTxDone, idemstore.ClassTransient, false},
+		{"connection closed", fmt.Errorf("committing: %w", pgconn.ErrConnClosed), idemstore.ClassUnavailable, true},
+		{"EOF", fmt.Errorf("reading: %w", io.ErrUnexpectedEOF), idemstore.ClassUnavailable, true},
+		{"a handler's own error", errors.New("payment gateway said 503"), idemstore.ClassTransient, true},
 	}
 	for _, c := range cases {
 		if got := Classify(c.err); got != c.class {
@@ -69,7 +69,7 @@ func TestRealErrors(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	_, err := pgx.Connect(ctx, "postgres://postgres@127.0.0.1:1/test?sslmode=disable&connect_timeout=2")
-	if err == nil || Classify(err) != idem.ClassUnavailable {
+	if err == nil || Classify(err) != idemstore.ClassUnavailable {
 		t.Fatalf("refused connection %v: class %v, want unavailable", err, Classify(err))
 	}
 	url := pgtest.Schema(t)
@@ -91,11 +91,11 @@ func TestRealErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = victim.Exec(ctx, "SELECT 1")
-	if err == nil || Classify(err) != idem.ClassUnavailable {
+	if err == nil || Classify(err) != idemstore.ClassUnavailable {
 		t.Fatalf("terminated backend %v: class %v, want unavailable", err, Classify(err))
 	}
 	_, err = killer.Exec(ctx, "CREATE TEMP TABLE u (k int PRIMARY KEY); INSERT INTO u VALUES (1), (1)")
-	if Classify(err) != idem.ClassPermanent {
+	if Classify(err) != idemstore.ClassPermanent {
 		t.Fatalf("unique violation %v: class %v, want permanent", err, Classify(err))
 	}
 }
@@ -108,7 +108,7 @@ func TestRealConfigAndTimeoutErrors(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	_, err := pgx.Connect(ctx, "postgres://postgres@127.0.0.1:5432/idem_no_such_db?sslmode=disable&connect_timeout=5")
-	if err == nil || Classify(err) != idem.ClassConfig {
+	if err == nil || Classify(err) != idemstore.ClassConfig {
 		t.Fatalf("unknown database %v: class %v, want config", err, Classify(err))
 	}
 	conn, err := pgx.Connect(ctx, pgtest.Schema(t))
@@ -117,7 +117,7 @@ func TestRealConfigAndTimeoutErrors(t *testing.T) {
 	}
 	defer conn.Close(ctx)
 	_, err = conn.Exec(ctx, "INSERT INTO idem_no_such_table VALUES (1)")
-	if err == nil || Classify(err) != idem.ClassConfig {
+	if err == nil || Classify(err) != idemstore.ClassConfig {
 		t.Fatalf("undefined table %v: class %v, want config", err, Classify(err))
 	}
 
@@ -137,10 +137,10 @@ func TestRealConfigAndTimeoutErrors(t *testing.T) {
 	}()
 	url := "postgres://postgres@" + ln.Addr().String() + "/test?sslmode=disable&connect_timeout=1"
 	_, err = pgx.Connect(ctx, url)
-	if err == nil || !errors.Is(err, context.DeadlineExceeded) && Classify(err) != idem.ClassUnavailable {
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) && Classify(err) != idemstore.ClassUnavailable {
 		t.Fatalf("silent server: %v", err)
 	}
-	if Classify(err) != idem.ClassUnavailable {
+	if Classify(err) != idemstore.ClassUnavailable {
 		t.Fatalf("connect timeout %v: class %v, want unavailable", err, Classify(err))
 	}
 }
@@ -171,7 +171,7 @@ func TestRealReadOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = tx.Exec(ctx, "CREATE TEMP TABLE ro (k int)")
-	if !ReadOnly(err) || Classify(err) != idem.ClassUnavailable {
+	if !ReadOnly(err) || Classify(err) != idemstore.ClassUnavailable {
 		t.Fatalf("write on a read-only session %v: class %v, want unavailable (25006)", err, Classify(err))
 	}
 	err = tx.Commit(ctx)

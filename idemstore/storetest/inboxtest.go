@@ -1,8 +1,8 @@
-// Package inboxtest is the conformance suite every idem inbox store must
+// Package storetest is the conformance suite every idem inbox store must
 // pass, against a real database: the unique constraint is the thing under
 // test, so no fake will do. A store's test plugs itself in with a [Harness]
 // and calls [Run].
-package inboxtest
+package storetest
 
 import (
 	"context"
@@ -17,13 +17,14 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 )
 
 // Env is one isolated database (a fresh schema or file) with a migrated
 // inbox and an "effects" business table that has NO unique constraint, so a
 // second application of a message would show as a second row.
 type Env[TTx any] struct {
-	Store idem.Store[TTx]
+	Store idemstore.Store[TTx]
 	// Apply writes one effect row inside tx.
 	Apply func(ctx context.Context, tx TTx, consumer, key, messageID string) error
 	// Effects counts committed effect rows of consumer (all keys when key is "").
@@ -350,7 +351,7 @@ type batchFailures struct {
 }
 
 func (f *batchFailures) OnAttempt(_ string, a idem.Attempt) {
-	if !a.Batch || f.serialWriters && a.Class == idem.ClassBusy && a.Again {
+	if !a.Batch || f.serialWriters && a.Class == idemstore.ClassBusy && a.Again {
 		return
 	}
 	f.mu.Lock()
@@ -363,17 +364,17 @@ func (f *batchFailures) OnAttempt(_ string, a idem.Attempt) {
 }
 
 // className names an error class in failure messages.
-func className(c idem.ErrorClass) string {
+func className(c idemstore.ErrorClass) string {
 	switch c {
-	case idem.ClassTransient:
+	case idemstore.ClassTransient:
 		return "transient"
-	case idem.ClassPermanent:
+	case idemstore.ClassPermanent:
 		return "permanent"
-	case idem.ClassUnavailable:
+	case idemstore.ClassUnavailable:
 		return "unavailable"
-	case idem.ClassBusy:
+	case idemstore.ClassBusy:
 		return "busy (lock timeout, deadlock or serialization failure)"
-	case idem.ClassConfig:
+	case idemstore.ClassConfig:
 		return "configuration"
 	}
 	return fmt.Sprintf("class %d", int(c))
@@ -835,7 +836,7 @@ func (s suite[TTx]) retryInBatchKeepsOrder(t *testing.T) {
 // a COMMIT that committed but whose answer was lost, and a database that
 // cannot be reached for a while.
 type faultyStore[TTx any] struct {
-	idem.Store[TTx]
+	idemstore.Store[TTx]
 	loseCommitAnswer atomic.Bool
 	// loseNextCommitAnswer loses the answer of the next commit only.
 	loseNextCommitAnswer atomic.Bool
@@ -860,9 +861,9 @@ func (f *faultyStore[TTx]) Commit(ctx context.Context, tx TTx) error {
 	return err
 }
 
-func (f *faultyStore[TTx]) Classify(err error) idem.ErrorClass {
+func (f *faultyStore[TTx]) Classify(err error) idemstore.ErrorClass {
 	if errors.Is(err, errDown) {
-		return idem.ClassUnavailable
+		return idemstore.ClassUnavailable
 	}
 	return f.Store.Classify(err)
 }
@@ -1023,13 +1024,13 @@ func (s suite[TTx]) outage(t *testing.T, before func(idem.Message) error, mod fu
 func (s suite[TTx]) defaultHorizon(t *testing.T) {
 	ctx := context.Background()
 	env := s.open(t, 1)
-	hs, ok := env.Store.(idem.HorizonStore)
-	if !ok {
+	window := env.Store.Window()
+	if window == 0 {
 		t.Skip("store has no retention window")
 	}
 	p := s.proc(t, env, "ledger", nil, nil)
 	old := msg("evt-replayed")
-	old.Time = time.Now().Add(-hs.Horizon().Window - time.Hour)
+	old.Time = time.Now().Add(-window - time.Hour)
 	if r := p.Process(ctx, old); r.Outcome != idem.Expired || !errors.Is(r.Err, idem.ErrExpired) {
 		t.Fatalf("replay older than the window: %v (%v), want Expired", r.Outcome, errText(r.Err))
 	}

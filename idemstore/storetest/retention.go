@@ -1,4 +1,4 @@
-package inboxtest
+package storetest
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/retention"
 )
 
@@ -16,17 +17,11 @@ import (
 // its stored settings (docs/design.md 10), markers that outlive the messages
 // that need them (docs/design.md 8), and the prune.
 type RetentionStore[TTx any] interface {
-	idem.Store[TTx]
-	idem.Extender[TTx]
-	idem.SettingsStore
-	idem.LayoutStore
-	idem.HorizonRecorder
-	idem.HorizonStore
+	idemstore.Store[TTx]
 	Migrate(ctx context.Context) error
 	Prune(ctx context.Context, opts retention.Options) (retention.Result, error)
 	Stats(ctx context.Context) (retention.Stats, error)
 	SetWindow(ctx context.Context, w time.Duration, force bool) (old time.Duration, err error)
-	idem.PrunedSummaryStore
 }
 
 // RetentionEnv is one isolated database with a migrated inbox whose stored
@@ -126,7 +121,7 @@ func (s retentionSuite[TTx]) storedWindow(t *testing.T) {
 	if err := adopt.Migrate(ctx); err != nil {
 		t.Fatalf("Migrate without a window on an existing table: %v", err)
 	}
-	if w := adopt.Horizon().Window; w != defaultWindow {
+	if w := adopt.Window(); w != defaultWindow {
 		t.Fatalf("second process's horizon %v, want the stored window %v", w, defaultWindow)
 	}
 	same := env.Reopen(t, defaultWindow)
@@ -209,7 +204,7 @@ func (s retentionSuite[TTx]) setWindow(t *testing.T) {
 }
 
 // lookup reads one marker.
-func lookup[TTx any](t *testing.T, env Env[TTx], consumer, key string) (idem.Marker, bool) {
+func lookup[TTx any](t *testing.T, env Env[TTx], consumer, key string) (idemstore.Marker, bool) {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := env.Begin(ctx)
@@ -226,7 +221,7 @@ func lookup[TTx any](t *testing.T, env Env[TTx], consumer, key string) (idem.Mar
 }
 
 // extend extends in its own committed transaction.
-func extend[TTx any](t *testing.T, env RetentionEnv[TTx], consumer string, ext ...idem.Extension) {
+func extend[TTx any](t *testing.T, env RetentionEnv[TTx], consumer string, ext ...idemstore.Extension) {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := env.Begin(ctx)
@@ -258,20 +253,20 @@ func (s retentionSuite[TTx]) extendOnlyGrows(t *testing.T) {
 		t.Fatalf("marker %+v: keep-until should be about the claim's time (the later of now and the event time)", got)
 	}
 	base := got.KeepUntil
-	extend(t, env, "ledger", idem.Extension{Key: m.ID, KeepUntil: base.Add(-48 * time.Hour)})
+	extend(t, env, "ledger", idemstore.Extension{Key: m.ID, KeepUntil: base.Add(-48 * time.Hour)})
 	if got, _ := lookup(t, env.Env, "ledger", m.ID); !got.KeepUntil.Equal(base) {
 		t.Fatalf("an earlier keep-until moved it from %v to %v", base, got.KeepUntil)
 	}
 	later := base.Add(30 * time.Minute).Truncate(time.Millisecond)
 	extend(t, env, "ledger",
-		idem.Extension{Key: m.ID, KeepUntil: later.Add(-time.Minute)},
-		idem.Extension{Key: m.ID, KeepUntil: later},
-		idem.Extension{Key: "no-such-key", KeepUntil: later})
+		idemstore.Extension{Key: m.ID, KeepUntil: later.Add(-time.Minute)},
+		idemstore.Extension{Key: m.ID, KeepUntil: later},
+		idemstore.Extension{Key: "no-such-key", KeepUntil: later})
 	if got, _ := lookup(t, env.Env, "ledger", m.ID); !got.KeepUntil.Equal(later) {
 		t.Fatalf("keep-until %v after extending to %v, want the latest given", got.KeepUntil, later)
 	}
-	extend(t, env, "ledger", idem.Extension{Key: m.ID, KeepUntil: later})
-	extend(t, env, "other-consumer", idem.Extension{Key: m.ID, KeepUntil: later.Add(time.Hour)})
+	extend(t, env, "ledger", idemstore.Extension{Key: m.ID, KeepUntil: later})
+	extend(t, env, "other-consumer", idemstore.Extension{Key: m.ID, KeepUntil: later.Add(time.Hour)})
 	if got, _ := lookup(t, env.Env, "ledger", m.ID); !got.KeepUntil.Equal(later) {
 		t.Fatalf("keep-until %v, want %v: another consumer's extension must not touch this marker", got.KeepUntil, later)
 	}
@@ -286,7 +281,7 @@ func (s retentionSuite[TTx]) extendOnlyGrows(t *testing.T) {
 func (s retentionSuite[TTx]) keepUntilDrivesPrune(t *testing.T) {
 	ctx := context.Background()
 	env := s.open(t)
-	if env.Store.Layout() != idem.LayoutPlain {
+	if env.Store.Layout() != idemstore.LayoutPlain {
 		t.Skip("the partitioned layout drops whole days by partition time")
 	}
 	p := s.proc(t, env.Env, "ledger", func(c *idem.Config[TTx]) { c.Horizon.Window = -1 })
@@ -335,7 +330,7 @@ func (s retentionSuite[TTx]) keepUntilDrivesPrune(t *testing.T) {
 func (s retentionSuite[TTx]) businessKeyOutlivesPrune(t *testing.T) {
 	ctx := context.Background()
 	env := s.open(t)
-	if env.Store.Layout() != idem.LayoutPlain {
+	if env.Store.Layout() != idemstore.LayoutPlain {
 		t.Skip("on the partitioned layout the partition time of a business key is its period's; see the package retention proof")
 	}
 	now := time.Now()
@@ -435,10 +430,10 @@ func (s retentionSuite[TTx]) futureKeepUntilBounded(t *testing.T) {
 			t.Fatal(err)
 		}
 		pt := time.Time{}
-		if env.Store.Layout() == idem.LayoutPartitioned {
+		if env.Store.Layout() == idemstore.LayoutPartitioned {
 			pt = time.Now()
 		}
-		if _, err := env.Store.Claim(ctx, tx, "ledger", []idem.Claim{{Key: key, MessageID: key, BodySHA256: []byte{0}, EventTime: et, PartitionTime: pt}}, 0); err != nil {
+		if _, err := env.Store.Claim(ctx, tx, "ledger", []idemstore.Claim{{Key: key, MessageID: key, BodySHA256: []byte{0}, EventTime: et, PartitionTime: pt}}, 0); err != nil {
 			_ = env.Rollback(ctx, tx)
 			t.Fatal(err)
 		}
@@ -452,7 +447,7 @@ func (s retentionSuite[TTx]) futureKeepUntilBounded(t *testing.T) {
 		t.Fatalf("keep-until %v for an event time 30 days ahead, want about an hour from now", m.KeepUntil)
 	}
 	claim("now", time.Now())
-	extend(t, env, "ledger", idem.Extension{Key: "now", KeepUntil: time.Now().Add(365 * 24 * time.Hour)})
+	extend(t, env, "ledger", idemstore.Extension{Key: "now", KeepUntil: time.Now().Add(365 * 24 * time.Hour)})
 	if m, _ := lookup(t, env.Env, "ledger", "now"); m.KeepUntil.After(limit()) {
 		t.Fatalf("keep-until %v after extending a year ahead, want at most about an hour from now", m.KeepUntil)
 	}
@@ -466,7 +461,7 @@ func (s retentionSuite[TTx]) futureKeepUntilBounded(t *testing.T) {
 func (s retentionSuite[TTx]) lateDuplicateAfterPrune(t *testing.T) {
 	ctx := context.Background()
 	env := s.open(t)
-	if env.Store.Layout() != idem.LayoutPlain {
+	if env.Store.Layout() != idemstore.LayoutPlain {
 		t.Skip("the partitioned layout summarises the keys of the partitions it drops; see pgxinbox's TestLateDuplicateAfterDrop")
 	}
 	p := s.proc(t, env.Env, "ledger", nil)
