@@ -22,7 +22,7 @@ func (s *Store) Broken(tx pgx.Tx) bool {
 }
 
 // Ping asks the database a trivial question on a pooled connection
-// ([idem.Pinger]).
+// ([idemstore.Store.Ping]).
 func (s *Store) Ping(ctx context.Context) error {
 	_, err := s.db.Exec(ctx, "SELECT 1")
 	return err

@@ -9,7 +9,7 @@ import (
 )
 
 // Durability reads the settings that decide whether a commit the server
-// acknowledged survives a crash or a failover ([idem.DurabilityChecker]),
+// acknowledged survives a crash or a failover ([idemstore.Store.Durability]),
 // as the store's own connections see them (a role's or a URL's
 // synchronous_commit counts): synchronous_commit, synchronous_standby_names,
 // fsync, and the streaming standbys connected to the server. The risks:

@@ -23,7 +23,7 @@ import (
 // So a claim that finds markers, on a server whose commits wait for
 // synchronous standbys, writes one WAL record in its own transaction and
 // asks the processor to commit that transaction even when every message
-// in it was a duplicate ([idem.CommitNeeder]): its COMMIT waits until the
+// in it was a duplicate ([idemstore.Store.NeedsCommit]): its COMMIT waits until the
 // standbys flushed WAL up to its own commit record, which comes after the
 // found markers' commits. The Duplicate answers go out only after that
 // COMMIT. The wait is the transaction's own, on its own session and
@@ -53,7 +53,7 @@ func (s *Store) barrier(ctx context.Context, tx pgx.Tx) error {
 }
 
 // NeedsCommit reports whether tx must be committed although every message
-// in it was a duplicate ([idem.CommitNeeder]): its claim found markers on
+// in it was a duplicate ([idemstore.Store.NeedsCommit]): its claim found markers on
 // a server with synchronous standbys, and only its COMMIT waits until the
 // standbys hold them.
 func (s *Store) NeedsCommit(tx pgx.Tx) bool { return s.mustCommit.has(tx) }

@@ -66,7 +66,7 @@ func script(table string, layout Layout, window time.Duration) (inboxdb.Script, 
 	return sc, nil
 }
 
-// Check verifies the inbox table ([idem.SchemaChecker]): it exists as a
+// Check verifies the inbox table ([idemstore.Store.Check]): it exists as a
 // table of the configured layout, with the inbox's columns, its unique key
 // on (consumer, key) (partitioned: and partition_time), its keep_until
 // index (plain), its stored layout and a sane window, at this build's

@@ -167,7 +167,7 @@ func parseIdent(name string) (pgx.Identifier, error) {
 // Table returns the quoted inbox table name, for maintenance queries.
 func (s *Store) Table() string { return s.name }
 
-// Layout returns the table's layout ([idem.LayoutStore]).
+// Layout returns the table's layout ([idemstore.Store.Layout]).
 func (s *Store) Layout() Layout { return s.layout }
 
 // Window returns the retention window: the stored one once [Store.Migrate]
@@ -175,7 +175,7 @@ func (s *Store) Layout() Layout { return s.layout }
 func (s *Store) Window() time.Duration { return time.Duration(s.window.Load()) }
 
 // Settings reads the layout and window stored with the table
-// ([idem.SettingsStore]).
+// ([idemstore.Store.Settings]).
 func (s *Store) Settings(ctx context.Context) (idemstore.Settings, error) {
 	set, err := s.inbox.Settings(ctx)
 	if err == nil {
@@ -185,7 +185,7 @@ func (s *Store) Settings(ctx context.Context) (idemstore.Settings, error) {
 }
 
 // SettingsIn is Settings read in tx, a transaction the caller holds
-// ([idem.TxSettingsStore]).
+// ([idemstore.Store.SettingsIn]).
 func (s *Store) SettingsIn(ctx context.Context, tx pgx.Tx) (idemstore.Settings, error) {
 	set, err := s.inbox.SettingsIn(ctx, inboxdb.PgxTxConn(tx))
 	if err == nil {
@@ -214,7 +214,7 @@ func (s *Store) WindowStatus(ctx context.Context) (stored, guard time.Duration, 
 }
 
 // RecordHorizon records the horizon consumer guards with, beside the
-// settings ([idem.HorizonRecorder]), so that [Store.SetWindow] can refuse to
+// settings ([idemstore.Store.RecordHorizon]), so that [Store.SetWindow] can refuse to
 // shorten the window below it.
 func (s *Store) RecordHorizon(ctx context.Context, consumer string, horizon time.Duration) error {
 	return s.inbox.RecordHorizon(ctx, consumer, horizon)
@@ -450,7 +450,7 @@ func (s *Store) Lookup(ctx context.Context, tx pgx.Tx, consumer string, keys []s
 
 // Extend raises the keep-until time of markers to the given times where
 // they are later than the stored ones, in one statement that writes nothing
-// where nothing grows ([idem.Extender]). A key given twice keeps its latest
+// where nothing grows ([idemstore.Store.Extend]). A key given twice keeps its latest
 // time.
 func (s *Store) Extend(ctx context.Context, tx pgx.Tx, consumer string, ext []idemstore.Extension) error {
 	keys, times := extensions(ext)
@@ -507,7 +507,7 @@ func (s *Store) PrunedSummaries(ctx context.Context, consumer string) ([]idemsto
 }
 
 // PrunedSummariesIn is PrunedSummaries read in tx, a transaction the
-// caller holds ([idem.TxSettingsStore]).
+// caller holds ([idemstore.Store.SettingsIn]).
 func (s *Store) PrunedSummariesIn(ctx context.Context, tx pgx.Tx, consumer string) ([]idemstore.PrunedSummary, error) {
 	return s.inbox.PrunedSummariesIn(ctx, inboxdb.PgxTxConn(tx), consumer)
 }

@@ -29,7 +29,7 @@
 // Each marker carries keep_until, the time its retention is counted from.
 // The claim writes keep_until = greatest(now, E) for the message that wrote
 // it; a later message that meets the marker (a Duplicate) with a newer
-// event time E' raises it to E' ([idem.Extender]: only upward, and with no
+// event time E' raises it to E' ([idemstore.Store.Extend]: only upward, and with no
 // write when nothing grows). So at any moment
 //
 //	keep_until >= E  for every message accepted so far that maps to the marker.
@@ -286,7 +286,7 @@ type Stats struct {
 }
 
 // RecordedHorizon is the horizon a consumer of an inbox last reported
-// (idem.HorizonRecorder): the window it guards with, and when.
+// (idemstore.Store.RecordHorizon): the window it guards with, and when.
 type RecordedHorizon struct {
 	Consumer string
 	Window   time.Duration

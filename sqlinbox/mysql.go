@@ -371,7 +371,7 @@ func showInto(ctx context.Context, db *sql.DB, query string, into map[string]str
 // brokenProbe bounds the question [Store.Broken] asks the server.
 const brokenProbe = time.Second
 
-// Broken implements idem.Breaker on MySQL and MariaDB (other dialects: it
+// Broken implements idemstore.Store.Broken on MySQL and MariaDB (other dialects: it
 // reports false). After a handler's failure the processor asks whether the
 // transaction's connection is gone, or its server cannot write
 // (read_only, how a failover fences the old primary): then the failure is

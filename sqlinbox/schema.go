@@ -60,7 +60,7 @@ func script(d Dialect, table string, window time.Duration) (inboxdb.Script, erro
 	return sc, nil
 }
 
-// Check verifies the inbox table ([idem.SchemaChecker]): it exists with the
+// Check verifies the inbox table ([idemstore.Store.Check]): it exists with the
 // inbox's columns, its unique key on (consumer, key) and its keep_until
 // index, its stored layout and a sane window, at this build's schema
 // version (an older one needs Migrate; a newer one means this binary is

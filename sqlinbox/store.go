@@ -102,7 +102,7 @@ func New(db *sql.DB, dialect Dialect, cfg *Config) (*Store, error) {
 // or [Store.Settings] has read it, the configured one before.
 func (s *Store) Window() time.Duration { return time.Duration(s.window.Load()) }
 
-// Layout is the table's layout: always plain ([idem.LayoutStore]).
+// Layout is the table's layout: always plain ([idemstore.Store.Layout]).
 func (s *Store) Layout() idemstore.Layout { return idemstore.LayoutPlain }
 
 // Dialect returns the store's dialect.
@@ -112,7 +112,7 @@ func (s *Store) Dialect() Dialect { return s.dialect }
 func (s *Store) Table() string { return s.table.String() }
 
 // Settings reads the layout and window stored with the table
-// ([idem.SettingsStore]).
+// ([idemstore.Store.Settings]).
 func (s *Store) Settings(ctx context.Context) (idemstore.Settings, error) {
 	set, err := s.inbox.Settings(ctx)
 	if err == nil {
@@ -122,7 +122,7 @@ func (s *Store) Settings(ctx context.Context) (idemstore.Settings, error) {
 }
 
 // SettingsIn is Settings read in tx, a transaction the caller holds
-// ([idem.TxSettingsStore]).
+// ([idemstore.Store.SettingsIn]).
 func (s *Store) SettingsIn(ctx context.Context, tx *sql.Tx) (idemstore.Settings, error) {
 	set, err := s.inbox.SettingsIn(ctx, inboxdb.SQLTxConn(tx))
 	if err == nil {
@@ -151,7 +151,7 @@ func (s *Store) WindowStatus(ctx context.Context) (stored, guard time.Duration, 
 }
 
 // RecordHorizon records the horizon consumer guards with, beside the
-// settings ([idem.HorizonRecorder]).
+// settings ([idemstore.Store.RecordHorizon]).
 func (s *Store) RecordHorizon(ctx context.Context, consumer string, horizon time.Duration) error {
 	return s.inbox.RecordHorizon(ctx, consumer, horizon)
 }
@@ -355,7 +355,7 @@ func (s *Store) lookupChunk(ctx context.Context, tx *sql.Tx, consumer string, ke
 // Extend raises the keep-until time of markers to the given times where
 // they are later than the stored ones, in one statement (per chunk of the
 // dialect's parameter limit) that writes nothing where nothing grows
-// ([idem.Extender]). A key given twice keeps its latest time.
+// ([idemstore.Store.Extend]). A key given twice keeps its latest time.
 func (s *Store) Extend(ctx context.Context, tx *sql.Tx, consumer string, ext []idemstore.Extension) error {
 	keys, times := extensions(ext)
 	if s.sql.Extend.SQL != "" {
@@ -416,7 +416,7 @@ func extensions(ext []idemstore.Extension) ([]string, []time.Time) {
 }
 
 // Durability reads the settings that decide whether a commit the database
-// acknowledged survives a crash or a failover ([idem.DurabilityChecker]);
+// acknowledged survives a crash or a failover ([idemstore.Store.Durability]);
 // a consumer logs each risk at start and idem inbox check prints it.
 // PostgreSQL: synchronous_commit, synchronous_standby_names, fsync and the
 // streaming standbys (see pgxinbox's Store.Durability). MySQL and MariaDB:
@@ -441,13 +441,13 @@ func (s *Store) Classify(err error) idemstore.ErrorClass { return s.dialect.clas
 
 // PrunedSummaries returns consumer's summaries of the keys prunes deleted,
 // newest first: the processor loads them with the settings and checks every
-// fresh key against them (idem.PrunedSummaryStore, idem.Config.RefuseLate).
+// fresh key against them (idemstore.Store.PrunedSummaries, idem.Config.RefuseLate).
 func (s *Store) PrunedSummaries(ctx context.Context, consumer string) ([]idemstore.PrunedSummary, error) {
 	return s.inbox.PrunedSummaries(ctx, consumer)
 }
 
 // PrunedSummariesIn is PrunedSummaries read in tx, a transaction the
-// caller holds ([idem.TxSettingsStore]).
+// caller holds ([idemstore.Store.SettingsIn]).
 func (s *Store) PrunedSummariesIn(ctx context.Context, tx *sql.Tx, consumer string) ([]idemstore.PrunedSummary, error) {
 	return s.inbox.PrunedSummariesIn(ctx, inboxdb.SQLTxConn(tx), consumer)
 }

@@ -364,7 +364,7 @@ func (s retentionSuite[TTx]) businessKeyOutlivesPrune(t *testing.T) {
 	r := p.Process(ctx, m2)
 	if r.Outcome != idem.Duplicate {
 		mk, ok := lookup(t, env.Env, "invoices", key)
-		t.Fatalf("day-15 replay of m2 (event time day 13): %v %v, want Duplicate; marker %+v (present %v): a Duplicate newer than its marker must extend it (idem.Extender)",
+		t.Fatalf("day-15 replay of m2 (event time day 13): %v %v, want Duplicate; marker %+v (present %v): a Duplicate newer than its marker must extend it (idemstore.Store.Extend)",
 			r.Outcome, r.Err, mk, ok)
 	}
 	if c := count(t, env.Effects, "invoices", ""); c != 1 {

@@ -7,7 +7,7 @@ import (
 	"github.com/idemkit/idem/idemstore"
 )
 
-// The durability checks of each database ([idem.DurabilityChecker]): the
+// The durability checks of each database ([idemstore.Store.Durability]): the
 // settings that decide whether a commit the server acknowledged survives a
 // crash or a failover, read by the stores, and the risks they carry.
 

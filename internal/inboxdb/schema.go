@@ -240,7 +240,7 @@ func (d *Dialect) commands(cat catalog) (target, migrate string) {
 	return target, migrate
 }
 
-// Check verifies the inbox table (see [idem.SchemaChecker]): it reads the
+// Check verifies the inbox table (see [idemstore.Store.Check]): it reads the
 // catalog, the schema version and the settings, in two statements on
 // PostgreSQL, and returns each problem with its fix. An error means it
 // could not look.

@@ -182,7 +182,7 @@ type summaryID struct {
 }
 
 // PrunedSummaries returns consumer's summaries of pruned keys, newest
-// first, implementing idem.PrunedSummaryStore. It lists the summaries
+// first, implementing idemstore.Store.PrunedSummaries. It lists the summaries
 // stored and decodes only those it has not loaded before.
 func (b *Inbox) PrunedSummaries(ctx context.Context, consumer string) ([]idemstore.PrunedSummary, error) {
 	var out []idemstore.PrunedSummary
