@@ -70,8 +70,8 @@ func (p *Processor[TTx]) Check(ctx context.Context) error {
 	return nil
 }
 
-// checkSchema asks the store about its table ([idemstore.Store.Check]) and refuses
-// any problem but an advisory one (logged), each with its fix, in a
+// checkSchema asks the store about its table ([idemstore.Store.Check]) and
+// refuses any problem but an advisory one (logged), each with its fix, in a
 // [SchemaError].
 func (p *Processor[TTx]) checkSchema(ctx context.Context) error {
 	if p.cfg.Natural {

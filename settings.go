@@ -68,7 +68,9 @@ func (p *Processor[TTx]) readyIn(ctx context.Context, force bool, in *TTx) error
 	if err != nil {
 		return wrapStep(stepSettings, err)
 	}
-	if s != (idemstore.Settings{}) { // a store that records no settings returns none
+	// A store that records no settings (a store for tests) returns none:
+	// the consumer then guards with its own horizon.
+	if s != (idemstore.Settings{}) {
 		h, err := p.horizonFor(s)
 		if err != nil {
 			return err

@@ -21,15 +21,15 @@ import (
 // lost.
 //
 // So a claim that finds markers, on a server whose commits wait for
-// synchronous standbys, writes one WAL record in its own transaction and
-// asks the processor to commit that transaction even when every message
-// in it was a duplicate ([idemstore.Store.NeedsCommit]): its COMMIT waits until the
+// synchronous standbys, writes one WAL record in its own transaction and asks
+// the processor to commit that transaction even when every message in it was
+// a duplicate ([idemstore.Store.NeedsCommit]): its COMMIT waits until the
 // standbys flushed WAL up to its own commit record, which comes after the
 // found markers' commits. The Duplicate answers go out only after that
-// COMMIT. The wait is the transaction's own, on its own session and
-// settings, and takes no second connection (a second one, from the same
-// pool, deadlocks a pool whose every connection holds such a claim).
-// Claims that found nothing need no record: their COMMIT waits anyway.
+// COMMIT. The wait is the transaction's own, on its own session and settings,
+// and takes no second connection (a second one, from the same pool, deadlocks
+// a pool whose every connection holds such a claim). Claims that found
+// nothing need no record: their COMMIT waits anyway.
 
 // standbyBarrierSQL writes one WAL record in the transaction when this
 // session's commits wait for synchronous standbys, and reports whether it
@@ -52,9 +52,9 @@ func (s *Store) barrier(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
-// NeedsCommit reports whether tx must be committed although every message
-// in it was a duplicate ([idemstore.Store.NeedsCommit]): its claim found markers on
-// a server with synchronous standbys, and only its COMMIT waits until the
+// NeedsCommit reports whether tx must be committed although every message in
+// it was a duplicate ([idemstore.Store.NeedsCommit]): its claim found markers
+// on a server with synchronous standbys, and only its COMMIT waits until the
 // standbys hold them.
 func (s *Store) NeedsCommit(tx pgx.Tx) bool { return s.mustCommit.has(tx) }
 

@@ -31,8 +31,9 @@ type DB interface {
 
 // Config configures a [Store].
 type Config struct {
-	// Table is the inbox table, optionally schema-qualified ("billing.inbox").
-	// Defaults to "idem_inbox". Each part must match ^[A-Za-z_][A-Za-z0-9_]{0,62}$.
+	// Table is the inbox table, optionally schema-qualified
+	// ("billing.inbox"). Defaults to "idem_inbox". Each part must match
+	// ^[A-Za-z_][A-Za-z0-9_]{0,62}$.
 	Table string
 	// Layout is the table's layout: [Plain] (the default), pruned by batched
 	// DELETE, or [Partitioned] by day of partition time, whose old
@@ -213,8 +214,8 @@ func (s *Store) WindowStatus(ctx context.Context) (stored, guard time.Duration, 
 	return s.inbox.Stored(ctx)
 }
 
-// RecordHorizon records the horizon consumer guards with, beside the
-// settings ([idemstore.Store.RecordHorizon]), so that [Store.SetWindow] can refuse to
+// RecordHorizon records the horizon consumer guards with, beside the settings
+// ([idemstore.Store.RecordHorizon]), so that [Store.SetWindow] can refuse to
 // shorten the window below it.
 func (s *Store) RecordHorizon(ctx context.Context, consumer string, horizon time.Duration) error {
 	return s.inbox.RecordHorizon(ctx, consumer, horizon)
@@ -448,10 +449,10 @@ func (s *Store) Lookup(ctx context.Context, tx pgx.Tx, consumer string, keys []s
 	return out, err
 }
 
-// Extend raises the keep-until time of markers to the given times where
-// they are later than the stored ones, in one statement that writes nothing
-// where nothing grows ([idemstore.Store.Extend]). A key given twice keeps its latest
-// time.
+// Extend raises the keep-until time of markers to the given times where they
+// are later than the stored ones, in one statement that writes nothing where
+// nothing grows ([idemstore.Store.Extend]). A key given twice keeps its
+// latest time.
 func (s *Store) Extend(ctx context.Context, tx pgx.Tx, consumer string, ext []idemstore.Extension) error {
 	keys, times := extensions(ext)
 	if len(keys) == 0 {

@@ -26,10 +26,10 @@
 //
 // # Plain layout: keep_until
 //
-// Each marker carries keep_until, the time its retention is counted from.
-// The claim writes keep_until = greatest(now, E) for the message that wrote
-// it; a later message that meets the marker (a Duplicate) with a newer
-// event time E' raises it to E' ([idemstore.Store.Extend]: only upward, and with no
+// Each marker carries keep_until, the time its retention is counted from. The
+// claim writes keep_until = greatest(now, E) for the message that wrote it; a
+// later message that meets the marker (a Duplicate) with a newer event time
+// E' raises it to E' ([idemstore.Store.Extend]: only upward, and with no
 // write when nothing grows). So at any moment
 //
 //	keep_until >= E  for every message accepted so far that maps to the marker.

@@ -39,7 +39,8 @@ var MySQL Dialect = mysqlDialect{}
 // INSERT ... ON DUPLICATE KEY UPDATE ... RETURNING returns every row of the
 // batch with its claim token after the statement, ours only where it
 // inserted; a prune batch is one DELETE ... ORDER BY keep_until LIMIT ...
-// RETURNING, in a transaction of its own at READ COMMITTED. mysqlinbox.New picks it when the server says it is MariaDB.
+// RETURNING, in a transaction of its own at READ COMMITTED. mysqlinbox.New
+// picks it when the server says it is MariaDB.
 var MariaDB Dialect = mysqlDialect{mariadb: true}
 
 type mysqlDialect struct{ mariadb bool }
@@ -371,17 +372,17 @@ func showInto(ctx context.Context, db *sql.DB, query string, into map[string]str
 // brokenProbe bounds the question [Store.Broken] asks the server.
 const brokenProbe = time.Second
 
-// Broken implements idemstore.Store.Broken on MySQL and MariaDB (other dialects: it
-// reports false). After a handler's failure the processor asks whether the
-// transaction's connection is gone, or its server cannot write
-// (read_only, how a failover fences the old primary): then the failure is
-// an outage, held without spending the message's attempts, as a claim's
-// would be. A natural consumer has no claim to meet the refusal first.
-// The connection is gone when the driver closed it (rejectReadOnly, which
+// Broken implements idemstore.Store.Broken on MySQL and MariaDB (other
+// dialects: it reports false). After a handler's failure the processor asks
+// whether the transaction's connection is gone, or its server cannot write
+// (read_only, how a failover fences the old primary): then the failure is an
+// outage, held without spending the message's attempts, as a claim's would
+// be. A natural consumer has no claim to meet the refusal first. The
+// connection is gone when the driver closed it (rejectReadOnly, which
 // mysqlinbox.Open sets, closes one the server refused a write on) or the
-// server does not answer; a server that answers read_only = 1 cannot take
-// the handler's writes either. A handler's own failure on a live,
-// writable connection is the message's.
+// server does not answer; a server that answers read_only = 1 cannot take the
+// handler's writes either. A handler's own failure on a live, writable
+// connection is the message's.
 func (s *Store) Broken(tx *sql.Tx) bool {
 	if _, ok := s.dialect.(mysqlDialect); !ok || tx == nil {
 		return false

@@ -441,7 +441,8 @@ func (s *Store) Classify(err error) idemstore.ErrorClass { return s.dialect.clas
 
 // PrunedSummaries returns consumer's summaries of the keys prunes deleted,
 // newest first: the processor loads them with the settings and checks every
-// fresh key against them (idemstore.Store.PrunedSummaries, idem.Config.RefuseLate).
+// fresh key against them (idemstore.Store.PrunedSummaries,
+// idem.Config.RefuseLate).
 func (s *Store) PrunedSummaries(ctx context.Context, consumer string) ([]idemstore.PrunedSummary, error) {
 	return s.inbox.PrunedSummaries(ctx, consumer)
 }
