@@ -250,12 +250,12 @@ func (s *Store) begin(ctx context.Context) (pgx.Tx, error) {
 
 // Commit commits tx. When the outcome is unknown — no answer from the
 // server, or the session ended around the COMMIT — the error wraps
-// idem.ErrCommitUnknown: the transaction may have committed.
+// [idemstore.ErrCommitUnknown]: the transaction may have committed.
 func (s *Store) Commit(ctx context.Context, tx pgx.Tx) error {
 	defer s.mustCommit.end(tx)
 	err := tx.Commit(ctx)
 	if err != nil && pgerr.CommitUnknown(err) {
-		return fmt.Errorf("%w: %w", idem.ErrCommitUnknown, err)
+		return fmt.Errorf("%w: %w", idemstore.ErrCommitUnknown, err)
 	}
 	return err
 }

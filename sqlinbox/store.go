@@ -190,7 +190,7 @@ func (s *Store) Begin(ctx context.Context) (*sql.Tx, error) {
 // Commit commits tx. On PostgreSQL, a failure without an answer from the
 // server (the connection broke), or with a FATAL one (the server ended the
 // session, possibly after the commit was durable), wraps
-// [idem.ErrCommitUnknown]: the transaction may have committed. An ERROR
+// [idemstore.ErrCommitUnknown]: the transaction may have committed. An ERROR
 // answer means it was rolled back. On SQLite a failed commit did not commit.
 func (s *Store) Commit(_ context.Context, tx *sql.Tx) error {
 	err := tx.Commit()
@@ -198,7 +198,7 @@ func (s *Store) Commit(_ context.Context, tx *sql.Tx) error {
 		return nil
 	}
 	if s.dialect.commitUnknown(err) {
-		return fmt.Errorf("committing: %w: %w", idem.ErrCommitUnknown, err)
+		return fmt.Errorf("committing: %w: %w", idemstore.ErrCommitUnknown, err)
 	}
 	return fmt.Errorf("committing: %w", err)
 }

@@ -856,7 +856,7 @@ func (f *faultyStore[TTx]) Begin(ctx context.Context) (TTx, error) {
 func (f *faultyStore[TTx]) Commit(ctx context.Context, tx TTx) error {
 	err := f.Store.Commit(ctx, tx)
 	if err == nil && (f.loseCommitAnswer.Load() || f.loseNextCommitAnswer.CompareAndSwap(true, false)) {
-		return fmt.Errorf("%w: injected: connection lost after COMMIT was sent", idem.ErrCommitUnknown)
+		return fmt.Errorf("%w: injected: connection lost after COMMIT was sent", idemstore.ErrCommitUnknown)
 	}
 	return err
 }
