@@ -112,7 +112,7 @@ func TestHooks(t *testing.T) {
 	failed := false
 	p, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{
 		Consumer: "ledger", Key: idem.ByMessageID, Hooks: []idem.Hook{m},
-		Retry: idem.RetryPolicy{InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond},
+		Retry: idem.RetryPolicy{Backoff: idem.Backoff{Initial: time.Millisecond, Max: time.Millisecond}},
 		Handler: func(context.Context, pgx.Tx, idem.Message) error {
 			if !failed {
 				failed = true

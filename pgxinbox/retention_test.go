@@ -78,7 +78,7 @@ func processorWith(t testing.TB, store *pgxinbox.Store, mod func(*idem.Config[pg
 		Consumer: "ledger",
 		Key:      idem.ByMessageID,
 		Horizon:  store.Horizon(),
-		Retry:    idem.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond},
+		Retry:    idem.RetryPolicy{MaxAttempts: 2, Backoff: idem.Backoff{Initial: time.Millisecond, Max: 2 * time.Millisecond}},
 		Handler: func(ctx context.Context, tx pgx.Tx, m idem.Message) error {
 			_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ('ledger', $1, $1)`, m.ID)
 			return err
