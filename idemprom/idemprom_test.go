@@ -68,8 +68,12 @@ func TestRetentionMetrics(t *testing.T) {
 	pool := pgtest.Pool(t)
 	reg := prometheus.NewRegistry()
 	m := idemprom.New(reg)
-	var _ retention.Hooks = m
-	store, err := pgxinbox.New(pool, &pgxinbox.Config{Hooks: m})
+	var (
+		_ retention.PruneHook  = m
+		_ retention.DropHook   = m
+		_ retention.OldestHook = m
+	)
+	store, err := pgxinbox.New(pool, &pgxinbox.Config{Hooks: []idem.Hook{m}})
 	if err != nil {
 		t.Fatal(err)
 	}

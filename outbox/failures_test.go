@@ -109,7 +109,7 @@ type hookLog struct {
 	sentByTo map[string]int
 }
 
-func (h *hookLog) OnPublished(dest string, n int) {
+func (h *hookLog) OnPublish(dest string, n int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.sentByTo == nil {
@@ -118,7 +118,7 @@ func (h *hookLog) OnPublished(dest string, n int) {
 	h.sentByTo[dest] += n
 }
 
-func (h *hookLog) OnRefused(r Record, err error, parked bool) {
+func (h *hookLog) OnRefuse(r Record, err error, parked bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.refused++
@@ -166,7 +166,7 @@ func TestPoisonRowParkedOthersFlow(t *testing.T) {
 			)
 			poison := ids[1]
 			r, err := NewRelay(o, pub, &RelayConfig{MaxAttempts: 3, RetryBackoff: idem.Backoff{Initial: time.Millisecond, Max: 5 * time.Millisecond},
-				PollInterval: 20 * time.Millisecond, Hooks: hooks})
+				PollInterval: 20 * time.Millisecond, Hooks: []idem.Hook{hooks}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -283,7 +283,7 @@ func TestBrokerOutageBacksOffWithoutCountingAttempts(t *testing.T) {
 		}}
 	ids := enqueuePgx(t, o, pool, false, Message{Destination: "events", Key: "k", Body: []byte("x")})
 	r, err := NewRelay(o, pub, &RelayConfig{MaxAttempts: 2, OutageBackoff: idem.Backoff{Initial: time.Millisecond, Max: 4 * time.Millisecond},
-		PollInterval: time.Hour, Hooks: hooks})
+		PollInterval: time.Hour, Hooks: []idem.Hook{hooks}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -334,7 +334,7 @@ func TestDatabaseOutageWaitedOut(t *testing.T) {
 	}()
 	log, hooks := newLog(), &hookLog{}
 	r, err := NewRelay(o, &testPublisher{name: "a", log: log}, &RelayConfig{LeaseTerm: 3 * time.Second, PollInterval: 20 * time.Millisecond,
-		OutageBackoff: idem.Backoff{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond}, Hooks: hooks})
+		OutageBackoff: idem.Backoff{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond}, Hooks: []idem.Hook{hooks}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -72,8 +72,10 @@ type RelayConfig struct {
 	// (the default) a parked row steps aside and its key's later rows
 	// flow: parking is an operator's decision to look at that row.
 	StrictOrder bool
-	// Hooks receives the relay's events (see [Hook]).
-	Hooks Hook
+	// Hooks receive the relay's events: each value is called for the
+	// interfaces it implements ([PublishHook], [RefuseHook],
+	// [OutageHook]). Optional.
+	Hooks []idem.Hook
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Name identifies the relay in the lease table. Defaults to the host
@@ -307,9 +309,7 @@ func (r *Relay) outage(ctx context.Context, st *relayState, log *slog.Logger, er
 	st.outages++
 	wait := r.cfg.OutageBackoff.Delay(st.outages) // jittered: relays that failed together retry apart
 	log.Warn("outbox relay: waiting out an outage", "err", err, "retry_in", wait, "failures", st.outages)
-	if h, ok := r.cfg.Hooks.(OutageHook); ok {
-		h.OnOutage(err, wait)
-	}
+	idem.Each(r.cfg.Hooks, func(h OutageHook) { h.OnOutage(err, wait) })
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
@@ -574,11 +574,11 @@ func (r *Relay) mark(ctx context.Context, st *relayState, rows []row, errs []err
 		return err
 	}
 	r.published.Add(int64(len(seqs)))
-	if h, ok := r.cfg.Hooks.(PublishHook); ok {
+	idem.Each(r.cfg.Hooks, func(h PublishHook) {
 		for dest, n := range perDest {
-			h.OnPublished(dest, n)
+			h.OnPublish(dest, n)
 		}
-	}
+	})
 	for j, i := range refused {
 		rec := rows[i].Record
 		if parked[j] {
@@ -586,9 +586,7 @@ func (r *Relay) mark(ctx context.Context, st *relayState, rows []row, errs []err
 			r.cfg.Logger.Warn("outbox relay: parked a record the broker refused", "outbox", r.c.table.String(),
 				"id", rec.ID, "destination", rec.Destination, "key", rec.Key, "attempts", rec.Attempts+1, "err", errs[i])
 		}
-		if h, ok := r.cfg.Hooks.(RefuseHook); ok {
-			h.OnRefused(rec, errs[i], parked[j])
-		}
+		idem.Each(r.cfg.Hooks, func(h RefuseHook) { h.OnRefuse(rec, errs[i], parked[j]) })
 	}
 	return nil
 }
