@@ -46,10 +46,10 @@ type Config struct {
 	TimeHeader string
 	// Backoff paces this consumer's own tries with the broker and the
 	// inbox: producing a dead letter the broker refused, resending an
-	// offset commit, checking the inbox again, and the pause after a fetch
-	// error (Backoff.Initial); the pause doubles with each try, with jitter,
-	// up to Backoff.Max. Backoff.Initial is also the pause before a record
-	// is run again when the processor's disposition names no delay. How
+	// offset commit, checking the inbox again; the pause doubles with each
+	// try, with jitter, up to Backoff.Max. Backoff.Initial is also the
+	// pause after a fetch error and before a record is run again when the
+	// processor's disposition names no delay. How
 	// often and how long a record is retried is the processor's decision
 	// (idem.RetryPolicy), not this consumer's. Defaults to 100ms and 5s.
 	Backoff idem.Backoff
