@@ -155,8 +155,8 @@ func (c *Config[TTx]) validate() error {
 	if c.Retry.MaxContention < -1 {
 		errs = append(errs, fmt.Errorf("retry max contention %d must be positive or -1", c.Retry.MaxContention))
 	}
-	if c.Retry.InitialBackoff < 0 || c.Retry.MaxBackoff < c.Retry.InitialBackoff {
-		errs = append(errs, fmt.Errorf("retry backoff %v..%v is not a valid range", c.Retry.InitialBackoff, c.Retry.MaxBackoff))
+	if err := c.Retry.Backoff.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("retry %w", err))
 	}
 	if err := c.Horizon.validate(); err != nil {
 		errs = append(errs, err)

@@ -27,7 +27,7 @@ func TestNewProcessorRefusesBadConfig(t *testing.T) {
 		{"no key", Config[struct{}]{Consumer: "billing", Handler: h}, "key func is required"},
 		{"no handler", Config[struct{}]{Consumer: "billing", Key: ByMessageID}, "handler is required"},
 		{"bad backoff", Config[struct{}]{Consumer: "billing", Key: ByMessageID, Handler: h,
-			Retry: RetryPolicy{InitialBackoff: time.Second, MaxBackoff: time.Millisecond}}, "backoff"},
+			Retry: RetryPolicy{Backoff: Backoff{Initial: time.Second, Max: time.Millisecond}}}, "backoff"},
 		{"negative attempts", Config[struct{}]{Consumer: "billing", Key: ByMessageID, Handler: h,
 			Retry: RetryPolicy{MaxAttempts: -1}}, "max attempts"},
 	}
@@ -53,9 +53,9 @@ func TestBackoffIsBoundedAndJittered(t *testing.T) {
 	seen := map[time.Duration]bool{}
 	for attempt := 1; attempt < 20; attempt++ {
 		for range 20 {
-			d := p.Backoff(attempt)
-			if d < 0 || d > p.MaxBackoff {
-				t.Fatalf("attempt %d: backoff %v outside [0, %v]", attempt, d, p.MaxBackoff)
+			d := p.Backoff.Delay(attempt)
+			if d < 0 || d > p.Backoff.Max {
+				t.Fatalf("attempt %d: backoff %v outside [0, %v]", attempt, d, p.Backoff.Max)
 			}
 			seen[d] = true
 		}
@@ -63,8 +63,8 @@ func TestBackoffIsBoundedAndJittered(t *testing.T) {
 	if len(seen) < 10 {
 		t.Fatalf("backoff shows no jitter: %d distinct values", len(seen))
 	}
-	if first := p.Backoff(1); first > p.InitialBackoff {
-		t.Fatalf("first backoff %v above initial %v", first, p.InitialBackoff)
+	if first := p.Backoff.Delay(1); first > p.Backoff.Initial {
+		t.Fatalf("first backoff %v above initial %v", first, p.Backoff.Initial)
 	}
 }
 

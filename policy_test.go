@@ -60,7 +60,7 @@ func TestRetrierSpendsOnlyTheMessagesFaults(t *testing.T) {
 		}
 		return idemstore.ClassTransient
 	}
-	policy := RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond, WaitUnavailable: time.Hour, MaxContention: 10}
+	policy := RetryPolicy{MaxAttempts: 2, Backoff: Backoff{Initial: time.Millisecond, Max: time.Millisecond}, WaitUnavailable: time.Hour, MaxContention: 10}
 	r := &retrier{policy: policy, class: class}
 	ctx := context.Background()
 	for range 10 {
@@ -128,3 +128,33 @@ var (
 	errNoTableForTest  = errors.New("relation does not exist")
 	errDeadlockForTest = errors.New("deadlock detected")
 )
+
+// One backoff for every config: Step doubles from Initial and stops at Max,
+// WithDefaults fills only the zero fields, Validate refuses what cannot be
+// a range.
+func TestBackoffStepDefaultsAndRange(t *testing.T) {
+	b := Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond}
+	for n, want := range map[int]time.Duration{1: 10 * time.Millisecond, 2: 20 * time.Millisecond, 3: 40 * time.Millisecond, 4: 50 * time.Millisecond, 60: 50 * time.Millisecond} {
+		if got := b.Step(n); got != want {
+			t.Errorf("Step(%d) = %v, want %v", n, got, want)
+		}
+		if d := b.Delay(n); d < want/2 || d > want {
+			t.Errorf("Delay(%d) = %v, want within [%v, %v]", n, d, want/2, want)
+		}
+	}
+	def := Backoff{Initial: time.Second, Max: time.Minute}
+	if got := (Backoff{Max: 5 * time.Second}).WithDefaults(def); got != (Backoff{Initial: time.Second, Max: 5 * time.Second}) {
+		t.Errorf("WithDefaults kept %v", got)
+	}
+	if got := (Backoff{}).WithDefaults(def); got != def {
+		t.Errorf("zero WithDefaults = %v, want %v", got, def)
+	}
+	for _, bad := range []Backoff{{Initial: -1}, {Initial: time.Second, Max: time.Millisecond}} {
+		if bad.Validate() == nil {
+			t.Errorf("%v accepted", bad)
+		}
+	}
+	if (Backoff{}).Delay(3) != 0 || def.Validate() != nil {
+		t.Error("zero backoff waits, or a valid range is refused")
+	}
+}

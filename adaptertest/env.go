@@ -161,8 +161,7 @@ func (e *env) processor(o procOptions) *idem.Processor[pgx.Tx] {
 		Handler:  h,
 		Retry: idem.RetryPolicy{
 			MaxAttempts:     maxAttempts,
-			InitialBackoff:  5 * time.Millisecond,
-			MaxBackoff:      50 * time.Millisecond,
+			Backoff:         idem.Backoff{Initial: 5 * time.Millisecond, Max: 50 * time.Millisecond},
 			WaitUnavailable: 500 * time.Millisecond,
 		},
 		TxTimeout:     2 * time.Second,

@@ -61,7 +61,7 @@ func (c *Consumer[TTx]) commit(ctx context.Context, r *kgo.Record) bool {
 		}
 		c.stats.commitRetries.Add(1)
 		c.cfg.Logger.Debug("offset commit refused; trying again", "consumer", c.proc.Consumer(), "source", source(r.Topic, r.Partition), "offset", offset, "try", try, "error", cerr)
-		if sleep(cctx, c.backoff.Backoff(try)) != nil {
+		if sleep(cctx, c.backoff.Delay(try)) != nil {
 			break
 		}
 	}
@@ -339,7 +339,7 @@ func (p *pendingCommits) take(assigned map[tp]int64, covered func(tp, int64) boo
 }
 
 // schedule sets when the re-send after the one made at now is due.
-func (p *pendingCommits) schedule(now time.Time, b idem.RetryPolicy) {
+func (p *pendingCommits) schedule(now time.Time, b idem.Backoff) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if len(p.m) == 0 {
@@ -347,7 +347,7 @@ func (p *pendingCommits) schedule(now time.Time, b idem.RetryPolicy) {
 		return
 	}
 	p.try++
-	p.next = now.Add(b.Backoff(p.try))
+	p.next = now.Add(b.Delay(p.try))
 }
 
 // commitMarks holds, per partition, the highest offset the broker accepted

@@ -44,15 +44,15 @@ type Config struct {
 	// header that does not parse, on a record whose ID carries no time,
 	// sends the record to the dead-letter topic.
 	TimeHeader string
-	// InitialBackoff paces the tries to produce a dead letter the broker
-	// refused and the pause after a fetch error; the pause doubles with each
-	// try, with jitter. It is also the pause before a record is run again
-	// when the processor's disposition names no delay. How often and how
-	// long a record is retried is the processor's decision
-	// (idem.RetryPolicy), not this consumer's. Defaults to 100ms.
-	InitialBackoff time.Duration
-	// MaxBackoff caps those pauses. Defaults to 5s.
-	MaxBackoff time.Duration
+	// Backoff paces this consumer's own tries with the broker and the
+	// inbox: producing a dead letter the broker refused, resending an
+	// offset commit, checking the inbox again; the pause doubles with each
+	// try, with jitter, up to Backoff.Max. Backoff.Initial is also the
+	// pause after a fetch error and before a record is run again when the
+	// processor's disposition names no delay. How
+	// often and how long a record is retried is the processor's decision
+	// (idem.RetryPolicy), not this consumer's. Defaults to 100ms and 5s.
+	Backoff idem.Backoff
 	// DeadLetterTopic names the dead-letter topic of a topic. Defaults to
 	// topic + ".dlq". Run checks at start that the dead-letter topic of
 	// every consumed topic exists, and refuses to start otherwise (or
@@ -121,12 +121,7 @@ func (c *Config) setDefaults(rebalance time.Duration) {
 	if c.TimeHeader == "" {
 		c.TimeHeader = DefaultTimeHeader
 	}
-	if c.InitialBackoff == 0 {
-		c.InitialBackoff = 100 * time.Millisecond
-	}
-	if c.MaxBackoff == 0 {
-		c.MaxBackoff = 5 * time.Second
-	}
+	c.Backoff = c.Backoff.WithDefaults(idem.Backoff{Initial: 100 * time.Millisecond, Max: 5 * time.Second})
 	if c.DeadLetterTopic == nil {
 		c.DeadLetterTopic = func(topic string) string { return topic + ".dlq" }
 	}
@@ -151,8 +146,8 @@ func (c *Config) setDefaults(rebalance time.Duration) {
 
 func (c *Config) validate(rebalance time.Duration) error {
 	var errs []error
-	if c.InitialBackoff < 0 || c.MaxBackoff < c.InitialBackoff {
-		errs = append(errs, fmt.Errorf("backoff %v..%v is not a valid range", c.InitialBackoff, c.MaxBackoff))
+	if err := c.Backoff.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.MaxPollRecords < 1 || c.MaxBatch < 1 {
 		errs = append(errs, fmt.Errorf("max poll records %d and max batch %d must be positive", c.MaxPollRecords, c.MaxBatch))

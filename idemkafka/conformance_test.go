@@ -163,10 +163,9 @@ func (h *conformanceHarness) Consumer(t testing.TB, topic string, proc *idem.Pro
 	}
 	t.Cleanup(cl.Close) // before the proxies close
 	cfg := &idemkafka.Config{
-		MaxBatch:       opts.BatchSize,
-		InitialBackoff: 20 * time.Millisecond,
-		MaxBackoff:     200 * time.Millisecond,
-		Logger:         opts.Logger,
+		MaxBatch: opts.BatchSize,
+		Backoff:  idem.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond},
+		Logger:   opts.Logger,
 	}
 	if opts.NoDeadLetterDestination {
 		cfg.DeadLetterTopic = func(topic string) string { return topic + ".no-such-dlq" }

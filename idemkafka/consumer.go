@@ -27,7 +27,7 @@ type Consumer[TTx any] struct {
 	hooks []idem.Hook
 	owned bool // New built cl: Run closes it
 	// backoff paces the tries to produce a dead letter.
-	backoff  idem.RetryPolicy
+	backoff  idem.Backoff
 	settler  settler
 	dlTopics deadLetterTopics
 	stats    counters
@@ -77,7 +77,7 @@ func NewConsumer[TTx any](cl *kgo.Client, proc *idem.Processor[TTx], cfg *Config
 	}
 	cons := &Consumer[TTx]{
 		cl: cl, dlq: dlq, proc: proc, cfg: c, hooks: append(slices.Clip(proc.Hooks()), c.Hooks...),
-		backoff: idem.RetryPolicy{InitialBackoff: c.InitialBackoff, MaxBackoff: c.MaxBackoff},
+		backoff: c.Backoff,
 		crashed: make(chan struct{}),
 		health:  idem.NewHealthState(proc.Consumer(), topicsOf(cl)),
 	}
@@ -85,7 +85,7 @@ func NewConsumer[TTx any](cl *kgo.Client, proc *idem.Processor[TTx], cfg *Config
 	cons.dlTopics = deadLetterTopics{cl: dlq, name: c.DeadLetterTopic, create: c.CreateDeadLetterTopics, known: map[string]bool{}}
 	cons.settler = settler{
 		dispose: proc.Dispose, deadLetter: cons.deadLetter, report: proc.Report,
-		minDelay: c.InitialBackoff, stats: &cons.stats,
+		minDelay: c.Backoff.Initial, stats: &cons.stats,
 	}
 	return cons, nil
 }
@@ -229,7 +229,7 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 		case fetches.NumRecords() == 0 && len(fetches.Errors()) > 0:
 			// A broker that keeps failing (authorization, an unknown topic)
 			// answers at once; do not spin on it.
-			_ = sleep(ctx, c.cfg.InitialBackoff)
+			_ = sleep(ctx, c.cfg.Backoff.Initial)
 		}
 	}
 }

@@ -427,7 +427,7 @@ func TestPoisonRecordDeadLetteredPartitionsFlow(t *testing.T) {
 	}
 	hooks := &poisonHooks{commits: newCommits(t, map[int32]int64{0: 3, 1: 4}), p1: partition1Done}
 	budget := func(c *idem.Config[pgx.Tx]) {
-		c.Retry = idem.RetryPolicy{MaxAttempts: maxAttempts, InitialBackoff: 20 * time.Millisecond, MaxBackoff: 20 * time.Millisecond}
+		c.Retry = idem.RetryPolicy{MaxAttempts: maxAttempts, Backoff: idem.Backoff{Initial: 20 * time.Millisecond, Max: 20 * time.Millisecond}}
 	}
 	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), d.processor(t, out, handler, budget), &idemkafka.Config{Hooks: []idem.Hook{hooks}})
 	if err != nil {

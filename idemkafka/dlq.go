@@ -96,7 +96,7 @@ func (c *Consumer[TTx]) deadLetter(ctx context.Context, r *kgo.Record, res idem.
 		}
 		c.cfg.Logger.Error("producing dead letter failed; the partition waits",
 			"consumer", c.proc.Consumer(), "origin", origin(r), "dead_letter_topic", dl.Topic, "error", err)
-		if err := sleep(ctx, c.backoff.Backoff(attempt)); err != nil {
+		if err := sleep(ctx, c.backoff.Delay(attempt)); err != nil {
 			return fmt.Errorf("producing dead letter to %s: %w", dl.Topic, err)
 		}
 	}

@@ -164,9 +164,8 @@ func (c *Consumer[TTx]) recheck(ctx context.Context) (stop func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		backoff := idem.RetryPolicy{InitialBackoff: c.cfg.InitialBackoff, MaxBackoff: c.cfg.MaxBackoff}
 		for try := 1; c.health.Health().Holding; try++ {
-			if sleep(ctx, backoff.Backoff(try)) != nil {
+			if sleep(ctx, c.cfg.Backoff.Delay(try)) != nil {
 				return
 			}
 			cctx, ccancel := context.WithTimeout(ctx, c.cfg.CommitTimeout)

@@ -342,7 +342,7 @@ func (d *db) processor(t testing.TB, obs idem.Observer, h idem.Handler[pgx.Tx], 
 		h = write
 	}
 	cfg := &idem.Config[pgx.Tx]{Consumer: "kafka-test", Key: idem.ByMessageID, Handler: h, Observer: obs, Logger: testLogger,
-		Retry: idem.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}}
+		Retry: idem.RetryPolicy{MaxAttempts: 2, Backoff: idem.Backoff{Initial: time.Millisecond, Max: 5 * time.Millisecond}}}
 	for _, f := range mod {
 		f(cfg)
 	}

@@ -132,8 +132,8 @@ func TestPendingCommitLandsWithoutNewRecords(t *testing.T) {
 	cons, err := idemkafka.NewConsumer(cl, proc, &idemkafka.Config{
 		Hooks:          []idem.Hook{obs, failed},
 		RebalanceGrace: 500 * time.Millisecond, CommitTimeout: time.Second,
-		InitialBackoff: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
-		Logger: testLogger,
+		Backoff: idem.Backoff{Initial: 50 * time.Millisecond, Max: 200 * time.Millisecond},
+		Logger:  testLogger,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -249,8 +249,8 @@ func TestPendingCommitNotSentAfterRevoke(t *testing.T) {
 		return &idemkafka.Config{
 			Hooks:          hooks,
 			RebalanceGrace: 500 * time.Millisecond, CommitTimeout: time.Second,
-			InitialBackoff: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
-			Logger: testLogger,
+			Backoff: idem.Backoff{Initial: 50 * time.Millisecond, Max: 200 * time.Millisecond},
+			Logger:  testLogger,
 		}
 	}
 	joinedA := make(chan struct{})

@@ -127,7 +127,7 @@ func outageProcessor(t testing.TB, store idemstore.Store[pgx.Tx], out idem.Obser
 	t.Helper()
 	proc, err := idem.NewProcessor[pgx.Tx](store, &idem.Config[pgx.Tx]{
 		Consumer: "kafka-test", Key: idem.ByMessageID, Handler: write, Observer: out, Logger: testLogger,
-		Retry: idem.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
+		Retry: idem.RetryPolicy{MaxAttempts: 2, Backoff: idem.Backoff{Initial: time.Millisecond, Max: 5 * time.Millisecond},
 			WaitUnavailable: 100 * time.Millisecond},
 	})
 	if err != nil {
@@ -308,7 +308,7 @@ func TestHalfOpenConnectionUnderHandler(t *testing.T) {
 	proc, err := idem.NewProcessor[pgx.Tx](store, &idem.Config[pgx.Tx]{
 		Consumer: "kafka-test", Key: idem.ByMessageID, Handler: handler, Observer: out, Logger: testLogger,
 		TxTimeout: 500 * time.Millisecond, CommitTimeout: 500 * time.Millisecond,
-		Retry: idem.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
+		Retry: idem.RetryPolicy{MaxAttempts: 2, Backoff: idem.Backoff{Initial: time.Millisecond, Max: 5 * time.Millisecond},
 			WaitUnavailable: 100 * time.Millisecond},
 	})
 	if err != nil {

@@ -119,8 +119,8 @@ func TestRabbitMQConsumerUnderProducerTrace(t *testing.T) {
 	var crashed atomic.Bool
 	c, err := idemrabbitmq.NewConsumer(p, &idemrabbitmq.Config{
 		URL: amqpURL(), Queue: topo.Queue, ConnectionName: uniqueName(t),
-		ReconnectBackoff: 20 * time.Millisecond, MaxReconnectBackoff: 200 * time.Millisecond,
-		Logger: quiet,
+		ReconnectBackoff: idem.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond},
+		Logger:           quiet,
 		Faults: func(_ context.Context, point idemrabbitmq.FaultPoint, _ []idem.Message) error {
 			if point == idemrabbitmq.BeforeSettle && crashed.CompareAndSwap(false, true) {
 				return errors.New("crash between commit and ack")

@@ -200,7 +200,7 @@ func (d *db) processor(t testing.TB, consumer string, h idem.Handler[pgx.Tx], ho
 		Handler:  h,
 		Hooks:    hooks,
 		Logger:   quiet,
-		Retry:    idem.RetryPolicy{InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond},
+		Retry:    idem.RetryPolicy{Backoff: idem.Backoff{Initial: time.Millisecond, Max: 5 * time.Millisecond}},
 	}
 	for _, m := range mod {
 		m(cfg)

@@ -216,7 +216,7 @@ func TestDeadLettersByReason(t *testing.T) {
 	signal := &deadLetterSignal{want: 3, done: make(chan struct{})}
 	p, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{
 		Consumer: "billing", Key: idem.ByMessageID,
-		Retry: idem.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond},
+		Retry: idem.RetryPolicy{MaxAttempts: 2, Backoff: idem.Backoff{Initial: time.Millisecond, Max: time.Millisecond}},
 		Handler: func(_ context.Context, _ pgx.Tx, msg idem.Message) error {
 			switch string(msg.Body) {
 			case "unknown customer":

@@ -46,9 +46,9 @@
 //
 //	m := idemprom.New(prometheus.DefaultRegisterer)
 //	proc, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{..., Hooks: []idem.Hook{m}})
-//	store, err := pgxinbox.New(pool, &pgxinbox.Config{Hooks: m})
+//	store, err := pgxinbox.New(pool, &pgxinbox.Config{Hooks: []idem.Hook{m}})
 //	prometheus.MustRegister(idemprom.NewInboxCollector(store, "idem_inbox", nil))
-//	relay, err := outbox.NewRelay(ob, pub, &outbox.RelayConfig{Hooks: m})
+//	relay, err := outbox.NewRelay(ob, pub, &outbox.RelayConfig{Hooks: []idem.Hook{m}})
 //	prometheus.MustRegister(idemprom.NewOutboxCollector(ob, "", nil))
 //
 // The broker adapters take the processor's hooks, so settlements, dead
@@ -257,18 +257,18 @@ func (m *Metrics) Redelivered(consumer string) { m.OnRedelivered(consumer, "") }
 // built in code.
 func (m *Metrics) MessagesCounter() *prometheus.CounterVec { return m.messages }
 
-// MarkersPruned implements retention.Hooks.
-func (m *Metrics) MarkersPruned(table string, n int64) {
+// OnPrune implements retention.PruneHook.
+func (m *Metrics) OnPrune(table string, n int64) {
 	m.pruned.WithLabelValues(table).Add(float64(n))
 }
 
-// PartitionsDropped implements retention.Hooks.
-func (m *Metrics) PartitionsDropped(table string, n int) {
+// OnDrop implements retention.DropHook.
+func (m *Metrics) OnDrop(table string, n int) {
 	m.dropped.WithLabelValues(table).Add(float64(n))
 }
 
-// OldestMarker implements retention.Hooks.
-func (m *Metrics) OldestMarker(table string, age time.Duration) {
+// OnOldest implements retention.OldestHook.
+func (m *Metrics) OnOldest(table string, age time.Duration) {
 	m.oldest.WithLabelValues(table).Set(age.Seconds())
 }
 

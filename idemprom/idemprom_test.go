@@ -68,8 +68,12 @@ func TestRetentionMetrics(t *testing.T) {
 	pool := pgtest.Pool(t)
 	reg := prometheus.NewRegistry()
 	m := idemprom.New(reg)
-	var _ retention.Hooks = m
-	store, err := pgxinbox.New(pool, &pgxinbox.Config{Hooks: m})
+	var (
+		_ retention.PruneHook  = m
+		_ retention.DropHook   = m
+		_ retention.OldestHook = m
+	)
+	store, err := pgxinbox.New(pool, &pgxinbox.Config{Hooks: []idem.Hook{m}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +116,7 @@ func TestHooks(t *testing.T) {
 	failed := false
 	p, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{
 		Consumer: "ledger", Key: idem.ByMessageID, Hooks: []idem.Hook{m},
-		Retry: idem.RetryPolicy{InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond},
+		Retry: idem.RetryPolicy{Backoff: idem.Backoff{Initial: time.Millisecond, Max: time.Millisecond}},
 		Handler: func(context.Context, pgx.Tx, idem.Message) error {
 			if !failed {
 				failed = true

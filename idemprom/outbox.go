@@ -49,17 +49,17 @@ func newOutboxMetrics(reg prometheus.Registerer) outboxMetrics {
 	return m
 }
 
-// OnPublished implements outbox.PublishHook: set Metrics in
+// OnPublish implements outbox.PublishHook: set Metrics in
 // outbox.RelayConfig.Hooks.
-func (m *Metrics) OnPublished(destination string, n int) {
+func (m *Metrics) OnPublish(destination string, n int) {
 	m.outbox.published.WithLabelValues(destination).Add(float64(n))
 }
 
-// OnRefused implements outbox.RefuseHook. Every refusal counts in
+// OnRefuse implements outbox.RefuseHook. Every refusal counts in
 // idem_outbox_refused_total, the one that parks the record in
 // idem_outbox_parked_total too. The error is logged by the relay, never
 // made a label.
-func (m *Metrics) OnRefused(r outbox.Record, _ error, parked bool) {
+func (m *Metrics) OnRefuse(r outbox.Record, _ error, parked bool) {
 	m.outbox.refused.WithLabelValues(r.Destination).Inc()
 	if parked {
 		m.outbox.parked.WithLabelValues(r.Destination).Inc()

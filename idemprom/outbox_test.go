@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemprom"
 	"github.com/idemkit/idem/internal/netfault"
 	"github.com/idemkit/idem/internal/pgtest"
@@ -239,10 +240,10 @@ func TestOutboxMetrics(t *testing.T) {
 
 	const maxAttempts = 2
 	relay, err := outbox.NewRelay(ob, pub, &outbox.RelayConfig{
-		Hooks: m, MaxAttempts: maxAttempts, RetryDelay: 10 * time.Millisecond, MaxRetryDelay: 20 * time.Millisecond,
+		Hooks: []idem.Hook{m}, MaxAttempts: maxAttempts, RetryBackoff: idem.Backoff{Initial: 10 * time.Millisecond, Max: 20 * time.Millisecond},
 		PollInterval: 50 * time.Millisecond, PublishTimeout: 3 * time.Second,
-		OutageBackoff: 20 * time.Millisecond, MaxOutageBackoff: 200 * time.Millisecond,
-		Logger: slog.New(slog.DiscardHandler), // the refusals and the outage are caused on purpose
+		OutageBackoff: idem.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond},
+		Logger:        slog.New(slog.DiscardHandler), // the refusals and the outage are caused on purpose
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -470,7 +471,7 @@ func ExampleNewOutboxCollector() {
 	}
 	m := idemprom.New(prometheus.DefaultRegisterer) // also in idem.Config.Hooks
 	prometheus.MustRegister(idemprom.NewOutboxCollector(ob, "", nil))
-	relay, err := outbox.NewRelay(ob, pub, &outbox.RelayConfig{Hooks: m})
+	relay, err := outbox.NewRelay(ob, pub, &outbox.RelayConfig{Hooks: []idem.Hook{m}})
 	if err != nil {
 		panic(err)
 	}

@@ -100,16 +100,15 @@ type Config struct {
 	// for URLs (each connection keeps its own turn). Defaults to the
 	// consumer's URLs (or URL) when neither is set.
 	DeadLetterURLs []string
-	// ReconnectBackoff is the first wait before reconnecting after the
-	// connection or channel was lost; it doubles up to MaxReconnectBackoff,
-	// with jitter ([idem.RetryPolicy.Backoff]), and resets once a session
-	// consumed successfully. The same range spaces the publishes of dead
-	// letters the broker did not take (unroutable, nacked). How often and
-	// how long a message is retried is the processor's RetryPolicy, not
-	// this. Defaults to 100ms.
-	ReconnectBackoff time.Duration
-	// MaxReconnectBackoff caps ReconnectBackoff. Defaults to 10s.
-	MaxReconnectBackoff time.Duration
+	// ReconnectBackoff paces reconnecting after the connection or channel
+	// was lost: the first wait is ReconnectBackoff.Initial, doubled up to
+	// ReconnectBackoff.Max, with jitter ([idem.Backoff.Delay]), reset once
+	// a session consumed successfully. The same range spaces the publishes
+	// of dead letters the broker did not take (unroutable, nacked) and the
+	// checks of an inbox unreachable at start. How often and how long a
+	// message is retried is the processor's RetryPolicy, not this. Defaults
+	// to 100ms and 10s.
+	ReconnectBackoff idem.Backoff
 	// ShutdownGrace is how long, after Run's context is cancelled or the
 	// connection was lost, batches in flight may keep running to their
 	// commit before their transactions are cancelled (rolled back, left to
@@ -209,12 +208,7 @@ func (c *Config) setDefaults(consumer string) {
 			c.DeadLetterURL = c.URL
 		}
 	}
-	if c.ReconnectBackoff == 0 {
-		c.ReconnectBackoff = 100 * time.Millisecond
-	}
-	if c.MaxReconnectBackoff == 0 {
-		c.MaxReconnectBackoff = 10 * time.Second
-	}
+	c.ReconnectBackoff = c.ReconnectBackoff.WithDefaults(idem.Backoff{Initial: 100 * time.Millisecond, Max: 10 * time.Second})
 	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = 10 * time.Second
 	}
@@ -252,8 +246,8 @@ func (c *Config) validate() error {
 	if c.Queue != "" && c.DeadLetterQueue == c.Queue {
 		errs = append(errs, fmt.Errorf("dead-letter queue %q must not be the consumed queue", c.DeadLetterQueue))
 	}
-	if c.ReconnectBackoff < 0 || c.MaxReconnectBackoff < c.ReconnectBackoff {
-		errs = append(errs, fmt.Errorf("reconnect backoff %v..%v is not a valid range", c.ReconnectBackoff, c.MaxReconnectBackoff))
+	if err := c.ReconnectBackoff.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("reconnect %w", err))
 	}
 	if c.ShutdownGrace < 0 {
 		errs = append(errs, fmt.Errorf("shutdown grace %v must not be negative", c.ShutdownGrace))

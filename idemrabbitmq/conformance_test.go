@@ -117,14 +117,13 @@ func (c conformanceConsumer) Cut() bool { return c.DropConnection() }
 func (h *conformanceHarness) Consumer(t testing.TB, queue string, proc *idem.Processor[pgx.Tx], opts adaptertest.ConsumerOptions) adaptertest.Consumer {
 	t.Helper()
 	cfg := &idemrabbitmq.Config{
-		URL:                 amqpURL(),
-		Queue:               queue,
-		BatchSize:           opts.BatchSize,
-		ConnectionName:      uniqueName(t),
-		ReconnectBackoff:    20 * time.Millisecond,
-		MaxReconnectBackoff: 200 * time.Millisecond,
-		ShutdownGrace:       time.Second,
-		Logger:              opts.Logger,
+		URL:              amqpURL(),
+		Queue:            queue,
+		BatchSize:        opts.BatchSize,
+		ConnectionName:   uniqueName(t),
+		ReconnectBackoff: idem.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond},
+		ShutdownGrace:    time.Second,
+		Logger:           opts.Logger,
 	}
 	if opts.NoDeadLetterDestination {
 		cfg.DeadLetterExchange = queue + ".no-such-exchange"

@@ -27,10 +27,10 @@ type Consumer[TTx any] struct {
 	cfg  Config
 	// hooks are the processor's, then the consumer's own.
 	hooks []idem.Hook
-	// reconnectBackoff is Config's range as idem's retry policy: capped
-	// exponential backoff with jitter, so consumers that failed together
-	// do not come back together.
-	reconnectBackoff idem.RetryPolicy
+	// reconnectBackoff is Config.ReconnectBackoff, with its defaults:
+	// capped exponential backoff with jitter, so consumers that failed
+	// together do not come back together.
+	reconnectBackoff idem.Backoff
 	// brokers and dlBrokers choose the node of the consuming and of the
 	// dead-letter connection.
 	brokers, dlBrokers *nodes
@@ -87,7 +87,7 @@ func NewConsumer[TTx any](proc *idem.Processor[TTx], cfg *Config) (*Consumer[TTx
 	health.LogTo(c.Logger.With(slog.String("queue", c.Queue))) // the end of an outage's hold
 	return &Consumer[TTx]{
 		proc: proc, cfg: c, hooks: append(slices.Clip(proc.Hooks()), c.Hooks...),
-		reconnectBackoff: idem.RetryPolicy{InitialBackoff: c.ReconnectBackoff, MaxBackoff: c.MaxReconnectBackoff},
+		reconnectBackoff: c.ReconnectBackoff,
 		health:           health,
 		brokers:          newNodes(nodeURLs(c.URL, c.URLs)),
 		dlBrokers:        newNodes(nodeURLs(c.DeadLetterURL, c.DeadLetterURLs)),
@@ -187,7 +187,7 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 		}
 		c.stats.reconnects.Add(1)
 		idem.Each(c.hooks, func(h ReconnectHook) { h.Reconnecting(c.cfg.Queue, err) })
-		wait := c.reconnectBackoff.Backoff(failures)
+		wait := c.reconnectBackoff.Delay(failures)
 		log.Warn("broker session ended; reconnecting", slog.Any("error", err), slog.Duration("backoff", wait))
 		t := time.NewTimer(wait)
 		select {
@@ -215,7 +215,7 @@ func (c *Consumer[TTx]) check(ctx context.Context, log *slog.Logger) error {
 			return fmt.Errorf("consuming queue %s: %w", c.cfg.Queue, err)
 		}
 		c.health.Unreachable(err, time.Now())
-		wait := c.reconnectBackoff.Backoff(tries)
+		wait := c.reconnectBackoff.Delay(tries)
 		log.Warn("inbox database unreachable at start; checking again", slog.Any("error", err), slog.Duration("backoff", wait))
 		t := time.NewTimer(wait)
 		select {

@@ -322,7 +322,7 @@ func TestTerminatedBackendsNeverAckWithoutCommit(t *testing.T) {
 	}
 	var killed, calls atomic.Int64
 	c, err := idemrabbitmq.NewConsumer(d.processor(t, nil, func(c *idem.Config[pgx.Tx]) {
-		c.Retry = idem.RetryPolicy{MaxAttempts: 3, InitialBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}
+		c.Retry = idem.RetryPolicy{MaxAttempts: 3, Backoff: idem.Backoff{Initial: 5 * time.Millisecond, Max: 50 * time.Millisecond}}
 		// Every seventh transaction loses its connection after the effect
 		// was written and before COMMIT: the classic "acked without
 		// commit" trap.
@@ -533,7 +533,7 @@ func TestFailingMessageFirstDoesNotSinkItsNeighbours(t *testing.T) {
 	rec := newSettlements()
 	cfg.Hooks = []idem.Hook{rec}
 	c, err := idemrabbitmq.NewConsumer(d.processor(t, h, func(c *idem.Config[pgx.Tx]) {
-		c.Retry = idem.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}
+		c.Retry = idem.RetryPolicy{MaxAttempts: 3, Backoff: idem.Backoff{Initial: time.Millisecond, Max: 5 * time.Millisecond}}
 	}), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -605,7 +605,7 @@ func outageProcessor(t *testing.T, d *db, waitUnavailable time.Duration, obs ide
 	t.Helper()
 	pool, proxy := d.poolVia(t)
 	return d.processorOn(t, pool, nil, func(c *idem.Config[pgx.Tx]) {
-		c.Retry = idem.RetryPolicy{MaxAttempts: 3, InitialBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, WaitUnavailable: waitUnavailable}
+		c.Retry = idem.RetryPolicy{MaxAttempts: 3, Backoff: idem.Backoff{Initial: 5 * time.Millisecond, Max: 50 * time.Millisecond}, WaitUnavailable: waitUnavailable}
 		c.Observer = obs
 	}), proxy
 }

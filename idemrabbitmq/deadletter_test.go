@@ -301,7 +301,7 @@ func TestRetriesExhaustedAreDeadLetteredOnce(t *testing.T) {
 			}
 			var attempts atomic.Int64
 			proc := d.processor(t, h, func(c *idem.Config[pgx.Tx]) {
-				c.Retry = idem.RetryPolicy{MaxAttempts: maxAttempts, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}
+				c.Retry = idem.RetryPolicy{MaxAttempts: maxAttempts, Backoff: idem.Backoff{Initial: time.Millisecond, Max: 5 * time.Millisecond}}
 				c.Logger = logger
 				c.Observer = observerFunc(func(r idem.Result) {
 					if r.MessageID == msgID(0) && r.Outcome == idem.DeadLettered {

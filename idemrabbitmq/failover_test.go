@@ -29,7 +29,7 @@ func TestURLsSkipARefusingNode(t *testing.T) {
 	cfg.URLs = []string{dead.URL(t, amqpURL()), alive.URL(t, amqpURL())}
 	// A backoff longer than the test: a second node reached only after
 	// the backoff would time the test out.
-	cfg.ReconnectBackoff, cfg.MaxReconnectBackoff = time.Hour, time.Hour
+	cfg.ReconnectBackoff = idem.Backoff{Initial: time.Hour, Max: time.Hour}
 	rec := newSettlements()
 	cfg.Hooks = []idem.Hook{rec}
 	c, err := idemrabbitmq.NewConsumer(d.processor(t, nil), cfg)

@@ -25,7 +25,7 @@ func TestHealthFollowsTheConsumer(t *testing.T) {
 	pool, proxy := d.poolVia(t, "connect_timeout=1")
 	t.Cleanup(proxy.Restore) // the pool closes without waiting for silent connections
 	proc := d.processorOn(t, pool, nil, func(c *idem.Config[pgx.Tx]) {
-		c.Retry = idem.RetryPolicy{InitialBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, WaitUnavailable: 300 * time.Millisecond}
+		c.Retry = idem.RetryPolicy{Backoff: idem.Backoff{Initial: 5 * time.Millisecond, Max: 50 * time.Millisecond}, WaitUnavailable: 300 * time.Millisecond}
 		c.TxTimeout, c.CommitTimeout = time.Second, time.Second
 	})
 	cfg := config(t, topo.Queue)

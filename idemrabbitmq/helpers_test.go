@@ -321,12 +321,11 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 // config is the consumer configuration tests start from.
 func config(t testing.TB, queue string) *idemrabbitmq.Config {
 	return &idemrabbitmq.Config{
-		URL:                 amqpURL(),
-		Queue:               queue,
-		ConnectionName:      uniqueName(t),
-		ReconnectBackoff:    20 * time.Millisecond,
-		MaxReconnectBackoff: 200 * time.Millisecond,
-		Logger:              quiet,
+		URL:              amqpURL(),
+		Queue:            queue,
+		ConnectionName:   uniqueName(t),
+		ReconnectBackoff: idem.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond},
+		Logger:           quiet,
 	}
 }
 

@@ -36,14 +36,14 @@ func newTestConsumer(t *testing.T, cfg *Config) *Consumer[struct{}] {
 	return c
 }
 
-// Reconnect waits come from idem.RetryPolicy: exponential from the first
+// Reconnect waits come from idem.Backoff: exponential from the first
 // wait, capped, jittered over the upper half.
-func TestBackoffsUseTheRetryPolicy(t *testing.T) {
+func TestBackoffsUseIdemBackoff(t *testing.T) {
 	t.Parallel()
-	c := newTestConsumer(t, &Config{ReconnectBackoff: 10 * time.Millisecond, MaxReconnectBackoff: 50 * time.Millisecond})
+	c := newTestConsumer(t, &Config{ReconnectBackoff: idem.Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond}})
 	for _, tc := range []struct {
 		name     string
-		p        idem.RetryPolicy
+		p        idem.Backoff
 		attempt  int
 		min, max time.Duration
 	}{
@@ -52,7 +52,7 @@ func TestBackoffsUseTheRetryPolicy(t *testing.T) {
 	} {
 		seen := map[time.Duration]bool{}
 		for range 200 {
-			d := tc.p.Backoff(tc.attempt)
+			d := tc.p.Delay(tc.attempt)
 			if d < tc.min || d > tc.max {
 				t.Fatalf("%s: backoff %v outside [%v, %v]", tc.name, d, tc.min, tc.max)
 			}

@@ -78,7 +78,7 @@ func TestNewConsumerRefusesBadConfig(t *testing.T) {
 		"prefetch < batch":  {URL: "amqp://127.0.0.1", Queue: "q", Prefetch: 10, BatchSize: 100},
 		"negative workers":  {URL: "amqp://127.0.0.1", Queue: "q", Workers: -1},
 		"library recovery":  {URL: "amqp://127.0.0.1", Queue: "q", AMQP: &amqp.Config{Recovery: &amqp.Recovery{}}},
-		"bad backoff range": {URL: "amqp://127.0.0.1", Queue: "q", ReconnectBackoff: time.Minute, MaxReconnectBackoff: time.Second},
+		"bad backoff range": {URL: "amqp://127.0.0.1", Queue: "q", ReconnectBackoff: idem.Backoff{Initial: time.Minute, Max: time.Second}},
 		"url and urls":      {URL: "amqp://127.0.0.1", URLs: []string{"amqp://127.0.0.2"}, Queue: "q"},
 		"bad url in list":   {URLs: []string{"amqp://127.0.0.1", "http://127.0.0.2"}, Queue: "q"},
 		"empty url in list": {URLs: []string{"amqp://127.0.0.1", ""}, Queue: "q"},

@@ -195,7 +195,7 @@ func TestInboxTableDroppedWhileRunning(t *testing.T) {
 	d := newDB(t, uniqueName(t))
 	obs := newOutcomes()
 	proc := d.processor(t, nil, func(c *idem.Config[pgx.Tx]) {
-		c.Retry = idem.RetryPolicy{InitialBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, WaitUnavailable: 100 * time.Millisecond}
+		c.Retry = idem.RetryPolicy{Backoff: idem.Backoff{Initial: 5 * time.Millisecond, Max: 50 * time.Millisecond}, WaitUnavailable: 100 * time.Millisecond}
 		c.Observer = obs
 	})
 	cfg := config(t, topo.Queue)
@@ -258,7 +258,7 @@ func TestDatabaseStopsAnswering(t *testing.T) {
 	pool, proxy := d.poolVia(t, "connect_timeout=1")
 	obs := newOutcomes()
 	proc := d.processorOn(t, pool, nil, func(c *idem.Config[pgx.Tx]) {
-		c.Retry = idem.RetryPolicy{InitialBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, WaitUnavailable: 300 * time.Millisecond}
+		c.Retry = idem.RetryPolicy{Backoff: idem.Backoff{Initial: 5 * time.Millisecond, Max: 50 * time.Millisecond}, WaitUnavailable: 300 * time.Millisecond}
 		c.TxTimeout, c.CommitTimeout = time.Second, time.Second
 		c.Observer = obs
 	})

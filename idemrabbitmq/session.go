@@ -67,7 +67,7 @@ type session struct {
 	prefetch int
 	// letterBackoff spaces publishes of dead letters that could not be
 	// published.
-	letterBackoff idem.RetryPolicy
+	letterBackoff idem.Backoff
 
 	tr        tracker
 	gathering pending
@@ -86,7 +86,7 @@ type session struct {
 func newSession(cfg *Config) *session {
 	return &session{
 		batchSize: cfg.BatchSize, workers: cfg.Workers, batchWait: cfg.BatchWait, prefetch: cfg.Prefetch,
-		letterBackoff: idem.RetryPolicy{InitialBackoff: cfg.ReconnectBackoff, MaxBackoff: cfg.MaxReconnectBackoff},
+		letterBackoff: cfg.ReconnectBackoff,
 	}
 }
 
@@ -151,7 +151,7 @@ func (s *session) published(ls []letter, err error, now time.Time) []op {
 	if err != nil {
 		s.failures++
 		s.letters = append(ls, s.letters...)
-		s.lettersAt = now.Add(s.letterBackoff.Backoff(s.failures))
+		s.lettersAt = now.Add(s.letterBackoff.Delay(s.failures))
 		return nil
 	}
 	s.failures = 0

@@ -14,7 +14,7 @@ import (
 // testSession is a session of batches of 3, one worker, a 20ms batch wait.
 func testSession(workers int) *session {
 	return newSession(&Config{BatchSize: 3, Workers: workers, BatchWait: 20 * time.Millisecond,
-		ReconnectBackoff: 100 * time.Millisecond, MaxReconnectBackoff: time.Second})
+		ReconnectBackoff: idem.Backoff{Initial: 100 * time.Millisecond, Max: time.Second}})
 }
 
 // deliverN delivers tags from..to.
@@ -232,7 +232,7 @@ func TestSessionStop(t *testing.T) {
 func TestSessionStartsAPartialBatchWhenTheWindowIsFull(t *testing.T) {
 	t.Parallel()
 	s := newSession(&Config{BatchSize: 3, Prefetch: 4, Workers: 2, BatchWait: 20 * time.Millisecond,
-		ReconnectBackoff: 100 * time.Millisecond, MaxReconnectBackoff: time.Second})
+		ReconnectBackoff: idem.Backoff{Initial: 100 * time.Millisecond, Max: time.Second}})
 	now := time.Now()
 	deliverN(s, 1, 3, now)
 	if w, _ := s.next(now); batchTags(w) != "[1 2 3]" {
@@ -250,7 +250,7 @@ func TestSessionStartsAPartialBatchWhenTheWindowIsFull(t *testing.T) {
 
 	// Below the window, a partial batch still waits for its batch wait.
 	s = newSession(&Config{BatchSize: 3, Prefetch: 5, Workers: 2, BatchWait: 20 * time.Millisecond,
-		ReconnectBackoff: 100 * time.Millisecond, MaxReconnectBackoff: time.Second})
+		ReconnectBackoff: idem.Backoff{Initial: 100 * time.Millisecond, Max: time.Second}})
 	deliverN(s, 1, 4, now)
 	if w, _ := s.next(now); batchTags(w) != "[1 2 3]" {
 		t.Fatalf("started %s, want the full batch [1 2 3]", batchTags(w))

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/sqlinbox"
 )
@@ -108,7 +109,7 @@ type hookLog struct {
 	sentByTo map[string]int
 }
 
-func (h *hookLog) OnPublished(dest string, n int) {
+func (h *hookLog) OnPublish(dest string, n int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.sentByTo == nil {
@@ -117,7 +118,7 @@ func (h *hookLog) OnPublished(dest string, n int) {
 	h.sentByTo[dest] += n
 }
 
-func (h *hookLog) OnRefused(r Record, err error, parked bool) {
+func (h *hookLog) OnRefuse(r Record, err error, parked bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.refused++
@@ -164,8 +165,8 @@ func TestPoisonRowParkedOthersFlow(t *testing.T) {
 				Message{Destination: "other", Key: "k2", Body: []byte("ok4")},
 			)
 			poison := ids[1]
-			r, err := NewRelay(o, pub, &RelayConfig{MaxAttempts: 3, RetryDelay: time.Millisecond, MaxRetryDelay: 5 * time.Millisecond,
-				PollInterval: 20 * time.Millisecond, Hooks: hooks})
+			r, err := NewRelay(o, pub, &RelayConfig{MaxAttempts: 3, RetryBackoff: idem.Backoff{Initial: time.Millisecond, Max: 5 * time.Millisecond},
+				PollInterval: 20 * time.Millisecond, Hooks: []idem.Hook{hooks}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -240,7 +241,7 @@ func TestStrictOrderHoldsKeyBehindParked(t *testing.T) {
 		Message{Destination: "events", Key: "k1", Body: []byte("poison")},
 		Message{Destination: "events", Key: "k1", Body: []byte("ok2")},
 	)
-	r, err := NewRelay(o, pub, &RelayConfig{MaxAttempts: 2, RetryDelay: time.Millisecond, PollInterval: 20 * time.Millisecond, StrictOrder: true})
+	r, err := NewRelay(o, pub, &RelayConfig{MaxAttempts: 2, RetryBackoff: idem.Backoff{Initial: time.Millisecond}, PollInterval: 20 * time.Millisecond, StrictOrder: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,8 +282,8 @@ func TestBrokerOutageBacksOffWithoutCountingAttempts(t *testing.T) {
 			return nil
 		}}
 	ids := enqueuePgx(t, o, pool, false, Message{Destination: "events", Key: "k", Body: []byte("x")})
-	r, err := NewRelay(o, pub, &RelayConfig{MaxAttempts: 2, OutageBackoff: time.Millisecond, MaxOutageBackoff: 4 * time.Millisecond,
-		PollInterval: time.Hour, Hooks: hooks})
+	r, err := NewRelay(o, pub, &RelayConfig{MaxAttempts: 2, OutageBackoff: idem.Backoff{Initial: time.Millisecond, Max: 4 * time.Millisecond},
+		PollInterval: time.Hour, Hooks: []idem.Hook{hooks}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -306,7 +307,7 @@ func TestBrokerOutageBacksOffWithoutCountingAttempts(t *testing.T) {
 	}
 	for _, w := range hooks.outages {
 		if w <= 0 || w > 4*time.Millisecond {
-			t.Fatalf("backoff %v outside (0, MaxOutageBackoff]", w)
+			t.Fatalf("backoff %v outside (0, OutageBackoff.Max]", w)
 		}
 	}
 }
@@ -333,7 +334,7 @@ func TestDatabaseOutageWaitedOut(t *testing.T) {
 	}()
 	log, hooks := newLog(), &hookLog{}
 	r, err := NewRelay(o, &testPublisher{name: "a", log: log}, &RelayConfig{LeaseTerm: 3 * time.Second, PollInterval: 20 * time.Millisecond,
-		OutageBackoff: 10 * time.Millisecond, MaxOutageBackoff: 100 * time.Millisecond, Hooks: hooks})
+		OutageBackoff: idem.Backoff{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond}, Hooks: []idem.Hook{hooks}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,22 +2,22 @@ package outbox
 
 import "time"
 
-// Hook is any value that implements one or more of the hook interfaces
-// below; it goes in RelayConfig.Hooks. Hooks are called inline from the
-// relay's goroutine: they must be safe for concurrent use (several relays
-// may share one) and return quickly.
-type Hook any
+// The relay's hooks go in RelayConfig.Hooks, an [idem.Hook] list like the
+// processor's: any value implementing one or more of the interfaces below
+// (package idemprom's Metrics implements them all). Hooks are called inline
+// from the relay's goroutine: they must be safe for concurrent use
+// (several relays may share one) and return quickly.
 
 // PublishHook receives each batch of records the broker confirmed and the
 // relay marked sent, per destination.
 type PublishHook interface {
-	OnPublished(destination string, n int)
+	OnPublish(destination string, n int)
 }
 
 // RefuseHook receives every record the broker refused; parked says it
 // used up its attempts and was parked.
 type RefuseHook interface {
-	OnRefused(r Record, err error, parked bool)
+	OnRefuse(r Record, err error, parked bool)
 }
 
 // OutageHook receives every failure to reach the broker or the database,

@@ -43,8 +43,8 @@ type Config struct {
 	Shards int
 	// MaxBody bounds a message's body in bytes. Defaults to 1 MiB.
 	MaxBody int
-	// Now is the clock of event times and IDs. Defaults to time.Now.
-	Now func() time.Time
+	// NowFunc is the clock of event times and IDs. Defaults to time.Now.
+	NowFunc func() time.Time
 }
 
 // Outbox writes messages into the outbox table inside the caller's
@@ -151,8 +151,8 @@ func newCore(dialect string, drv inboxdb.Driver, cfg *Config) (*core, error) {
 	if c.MaxBody == 0 {
 		c.MaxBody = DefaultMaxBody
 	}
-	if c.Now == nil {
-		c.Now = time.Now
+	if c.NowFunc == nil {
+		c.NowFunc = time.Now
 	}
 	switch {
 	case c.Shards < 0 || c.Shards > 4096:
@@ -316,7 +316,7 @@ func (o *Outbox[TTx]) Enqueue(ctx context.Context, tx TTx, msgs ...Message) (ids
 			}
 		}
 	}
-	now := o.cfg.Now()
+	now := o.cfg.NowFunc()
 	ids = make([]string, len(msgs))
 	for i, m := range msgs {
 		id := idem.NewUUIDv7(now)

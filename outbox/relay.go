@@ -24,14 +24,17 @@ import (
 
 // Defaults of [RelayConfig].
 const (
-	DefaultBatchSize        = 100
-	DefaultPollInterval     = time.Second
-	DefaultLeaseTerm        = 30 * time.Second
-	DefaultMaxAttempts      = 5
-	DefaultRetryDelay       = time.Second
-	DefaultMaxRetryDelay    = time.Minute
-	DefaultOutageBackoff    = 200 * time.Millisecond
-	DefaultMaxOutageBackoff = 30 * time.Second
+	DefaultBatchSize    = 100
+	DefaultPollInterval = time.Second
+	DefaultLeaseTerm    = 30 * time.Second
+	DefaultMaxAttempts  = 5
+)
+
+// DefaultRetryBackoff and DefaultOutageBackoff are the defaults of
+// [RelayConfig.RetryBackoff] and [RelayConfig.OutageBackoff].
+var (
+	DefaultRetryBackoff  = idem.Backoff{Initial: time.Second, Max: time.Minute}
+	DefaultOutageBackoff = idem.Backoff{Initial: 200 * time.Millisecond, Max: 30 * time.Second}
 )
 
 // RelayConfig configures a [Relay]. The zero value is usable.
@@ -54,20 +57,26 @@ type RelayConfig struct {
 	// MaxAttempts is how many times a record the broker refuses is tried
 	// before it is parked. Defaults to 5. Outages never count.
 	MaxAttempts int
-	// RetryDelay is the wait before a refused record is tried again,
-	// doubled after each attempt up to MaxRetryDelay. Default 1 s and 1 min.
-	RetryDelay, MaxRetryDelay time.Duration
-	// OutageBackoff is the first wait after the broker or the database
-	// could not be reached, doubled (with jitter) on each further failure
-	// up to MaxOutageBackoff. Defaults 200 ms and 30 s.
-	OutageBackoff, MaxOutageBackoff time.Duration
+	// RetryBackoff paces the tries of a record the broker refused: the
+	// wait before the second try is RetryBackoff.Initial, doubled after
+	// each attempt up to RetryBackoff.Max, without jitter (the time is
+	// stored with the row). Defaults to 1 s and 1 min.
+	RetryBackoff idem.Backoff
+	// OutageBackoff paces the tries after the broker or the database could
+	// not be reached: the first wait is OutageBackoff.Initial, doubled
+	// (with jitter) on each further failure up to OutageBackoff.Max. It
+	// also spaces the reconnections of a lost LISTEN session (without
+	// jitter). Defaults to 200 ms and 30 s.
+	OutageBackoff idem.Backoff
 	// StrictOrder keeps a parked row's later rows of the same key unsent
 	// until the row is retried (idem outbox retry) or removed. Without it
 	// (the default) a parked row steps aside and its key's later rows
 	// flow: parking is an operator's decision to look at that row.
 	StrictOrder bool
-	// Hooks receives the relay's events (see [Hook]).
-	Hooks Hook
+	// Hooks receive the relay's events: each value is called for the
+	// interfaces it implements ([PublishHook], [RefuseHook],
+	// [OutageHook]). Optional.
+	Hooks []idem.Hook
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Name identifies the relay in the lease table. Defaults to the host
@@ -113,15 +122,17 @@ func NewRelay[TTx any](o *Outbox[TTx], pub Publisher, cfg *RelayConfig) (*Relay,
 	def(&c.PollInterval, DefaultPollInterval)
 	def(&c.LeaseTerm, DefaultLeaseTerm)
 	def(&c.PublishTimeout, c.LeaseTerm/3)
-	def(&c.RetryDelay, DefaultRetryDelay)
-	def(&c.MaxRetryDelay, DefaultMaxRetryDelay)
-	def(&c.OutageBackoff, DefaultOutageBackoff)
-	def(&c.MaxOutageBackoff, DefaultMaxOutageBackoff)
+	c.RetryBackoff = c.RetryBackoff.WithDefaults(DefaultRetryBackoff)
+	c.OutageBackoff = c.OutageBackoff.WithDefaults(DefaultOutageBackoff)
 	switch {
 	case c.BatchSize < 0 || c.MaxAttempts < 0:
 		return nil, fmt.Errorf("%w: outbox: batch size and max attempts must be positive", idem.ErrConfig)
-	case c.PollInterval < 0 || c.RetryDelay < 0 || c.MaxRetryDelay < 0 || c.OutageBackoff < 0 || c.MaxOutageBackoff < 0:
+	case c.PollInterval < 0:
 		return nil, fmt.Errorf("%w: outbox: durations must be positive", idem.ErrConfig)
+	case c.RetryBackoff.Validate() != nil:
+		return nil, fmt.Errorf("%w: outbox: retry %w", idem.ErrConfig, c.RetryBackoff.Validate())
+	case c.OutageBackoff.Validate() != nil:
+		return nil, fmt.Errorf("%w: outbox: outage %w", idem.ErrConfig, c.OutageBackoff.Validate())
 	case c.LeaseTerm < 300*time.Millisecond:
 		return nil, fmt.Errorf("%w: outbox: lease term %v is shorter than 300ms", idem.ErrConfig, c.LeaseTerm)
 	case c.PublishTimeout <= 0 || c.PublishTimeout > c.LeaseTerm/3:
@@ -270,18 +281,20 @@ func (r *Relay) listen(ctx context.Context, log *slog.Logger, notified chan<- st
 		default:
 		}
 	}
-	wait := r.cfg.OutageBackoff
+	losses := 0
 	for ctx.Err() == nil {
 		began := time.Now()
 		err := r.c.listen(ctx, wake)
 		if ctx.Err() != nil {
 			return
 		}
-		if time.Since(began) > r.cfg.MaxOutageBackoff {
+		if time.Since(began) > r.cfg.OutageBackoff.Max {
 			// The session had worked for a while: a new loss starts the
 			// backoff over instead of waiting the longest at once.
-			wait = r.cfg.OutageBackoff
+			losses = 0
 		}
+		losses++
+		wait := r.cfg.OutageBackoff.Step(losses)
 		log.Warn("outbox relay: LISTEN session lost; polling until it is back", "err", err, "retry_in", wait)
 		t := time.NewTimer(wait)
 		select {
@@ -289,23 +302,15 @@ func (r *Relay) listen(ctx context.Context, log *slog.Logger, notified chan<- st
 		case <-t.C:
 		}
 		t.Stop()
-		wait = min(2*wait, r.cfg.MaxOutageBackoff)
 	}
 }
 
 // outage waits out a failure with capped, jittered exponential backoff.
 func (r *Relay) outage(ctx context.Context, st *relayState, log *slog.Logger, err error) {
 	st.outages++
-	wait := r.cfg.OutageBackoff
-	for i := 1; i < st.outages && wait < r.cfg.MaxOutageBackoff; i++ {
-		wait *= 2
-	}
-	wait = min(wait, r.cfg.MaxOutageBackoff)
-	wait = wait/2 + rand.N(wait/2+1) // jitter: relays that failed together retry apart
+	wait := r.cfg.OutageBackoff.Delay(st.outages) // jittered: relays that failed together retry apart
 	log.Warn("outbox relay: waiting out an outage", "err", err, "retry_in", wait, "failures", st.outages)
-	if h, ok := r.cfg.Hooks.(OutageHook); ok {
-		h.OnOutage(err, wait)
-	}
+	idem.Each(r.cfg.Hooks, func(h OutageHook) { h.OnOutage(err, wait) })
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
@@ -556,11 +561,7 @@ func (r *Relay) mark(ctx context.Context, st *relayState, rows []row, errs []err
 	parked := make([]bool, len(refused))
 	for j, i := range refused {
 		rec := rows[i].Record
-		delay := r.cfg.RetryDelay
-		for k := 0; k < rec.Attempts && delay < r.cfg.MaxRetryDelay; k++ {
-			delay *= 2
-		}
-		delay = min(delay, r.cfg.MaxRetryDelay)
+		delay := r.cfg.RetryBackoff.Step(rec.Attempts + 1)
 		if err := tx.QueryRow(ctx, s.markRefused, rec.Seq, errs[i].Error(), float64(delay.Milliseconds()), r.cfg.MaxAttempts).Scan(&parked[j]); err != nil {
 			return err
 		}
@@ -574,11 +575,11 @@ func (r *Relay) mark(ctx context.Context, st *relayState, rows []row, errs []err
 		return err
 	}
 	r.published.Add(int64(len(seqs)))
-	if h, ok := r.cfg.Hooks.(PublishHook); ok {
+	idem.Each(r.cfg.Hooks, func(h PublishHook) {
 		for dest, n := range perDest {
-			h.OnPublished(dest, n)
+			h.OnPublish(dest, n)
 		}
-	}
+	})
 	for j, i := range refused {
 		rec := rows[i].Record
 		if parked[j] {
@@ -586,9 +587,7 @@ func (r *Relay) mark(ctx context.Context, st *relayState, rows []row, errs []err
 			r.cfg.Logger.Warn("outbox relay: parked a record the broker refused", "outbox", r.c.table.String(),
 				"id", rec.ID, "destination", rec.Destination, "key", rec.Key, "attempts", rec.Attempts+1, "err", errs[i])
 		}
-		if h, ok := r.cfg.Hooks.(RefuseHook); ok {
-			h.OnRefused(rec, errs[i], parked[j])
-		}
+		idem.Each(r.cfg.Hooks, func(h RefuseHook) { h.OnRefuse(rec, errs[i], parked[j]) })
 	}
 	return nil
 }

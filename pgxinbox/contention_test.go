@@ -56,7 +56,7 @@ func TestEndlessContentionIsDeadLettered(t *testing.T) {
 		},
 		// Shorter than the tries contention takes: it must not end them
 		// in a blameless hold.
-		Retry: idem.RetryPolicy{MaxAttempts: 2, MaxBackoff: 50 * time.Millisecond, WaitUnavailable: 200 * time.Millisecond},
+		Retry: idem.RetryPolicy{MaxAttempts: 2, Backoff: idem.Backoff{Max: 50 * time.Millisecond}, WaitUnavailable: 200 * time.Millisecond},
 	})
 	if err != nil {
 		t.Fatal(err)

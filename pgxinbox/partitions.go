@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/inboxdb"
 	"github.com/idemkit/idem/retention"
 )
@@ -179,7 +180,7 @@ func (s *Store) dropPartitions(ctx context.Context, olderThan time.Time, dryRun 
 				return err
 			})
 			if err != nil {
-				s.hooks.PartitionsDropped(s.inbox.Label(), len(dropped))
+				s.dropped(len(dropped))
 				return dropped, fmt.Errorf("dropping partition %s: %w", p.name, err)
 			}
 			if !gone {
@@ -189,9 +190,14 @@ func (s *Store) dropPartitions(ctx context.Context, olderThan time.Time, dryRun 
 		dropped = append(dropped, p.name)
 	}
 	if !dryRun {
-		s.hooks.PartitionsDropped(s.inbox.Label(), len(dropped))
+		s.dropped(len(dropped))
 	}
 	return dropped, nil
+}
+
+// dropped reports n partitions dropped to the hooks.
+func (s *Store) dropped(n int) {
+	idem.Each(s.hooks, func(h retention.DropHook) { h.OnDrop(s.inbox.Label(), n) })
 }
 
 // Partitions returns the names of the inbox's daily partitions, oldest first.

@@ -18,36 +18,35 @@ import (
 	"github.com/idemkit/idem/internal/inboxdb"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
-	"github.com/idemkit/idem/retention"
 )
 
 const window = 14 * 24 * time.Hour
 
-// recorder is a retention.Hooks that remembers what it was told.
+// recorder is a retention hook (all three) that remembers what it was told.
 type recorder struct {
 	pruned  atomic.Int64
 	dropped atomic.Int64
 	oldest  atomic.Int64 // nanoseconds
 }
 
-func (r *recorder) MarkersPruned(_ string, n int64)        { r.pruned.Add(n) }
-func (r *recorder) PartitionsDropped(_ string, n int)      { r.dropped.Add(int64(n)) }
-func (r *recorder) OldestMarker(_ string, d time.Duration) { r.oldest.Store(int64(d)) }
+func (r *recorder) OnPrune(_ string, n int64)          { r.pruned.Add(n) }
+func (r *recorder) OnDrop(_ string, n int)             { r.dropped.Add(int64(n)) }
+func (r *recorder) OnOldest(_ string, d time.Duration) { r.oldest.Store(int64(d)) }
 
 // openLayout returns a migrated store of the given layout on a fresh schema,
 // with an effects table without unique constraint.
-func openLayout(t testing.TB, layout pgxinbox.Layout, hooks retention.Hooks) (*pgxpool.Pool, *pgxinbox.Store) {
+func openLayout(t testing.TB, layout pgxinbox.Layout, hooks idem.Hook) (*pgxpool.Pool, *pgxinbox.Store) {
 	t.Helper()
 	return openLayoutOf(t, layout, hooks, 0)
 }
 
 // openLayoutOf is openLayout on a pool of at most conns connections (0:
 // pgx's default size).
-func openLayoutOf(t testing.TB, layout pgxinbox.Layout, hooks retention.Hooks, conns int) (*pgxpool.Pool, *pgxinbox.Store) {
+func openLayoutOf(t testing.TB, layout pgxinbox.Layout, hooks idem.Hook, conns int) (*pgxpool.Pool, *pgxinbox.Store) {
 	t.Helper()
 	ctx := context.Background()
 	pool := pgtest.PoolOf(t, conns)
-	store, err := pgxinbox.New(pool, &pgxinbox.Config{Layout: layout, Window: window, Hooks: hooks})
+	store, err := pgxinbox.New(pool, &pgxinbox.Config{Layout: layout, Window: window, Hooks: []idem.Hook{hooks}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +77,7 @@ func processorWith(t testing.TB, store *pgxinbox.Store, mod func(*idem.Config[pg
 		Consumer: "ledger",
 		Key:      idem.ByMessageID,
 		Horizon:  idem.Horizon{Window: store.Window()},
-		Retry:    idem.RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond},
+		Retry:    idem.RetryPolicy{MaxAttempts: 2, Backoff: idem.Backoff{Initial: time.Millisecond, Max: 2 * time.Millisecond}},
 		Handler: func(ctx context.Context, tx pgx.Tx, m idem.Message) error {
 			_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ('ledger', $1, $1)`, m.ID)
 			return err

@@ -49,9 +49,10 @@ type Config struct {
 	// non-zero Window on an existing table makes Migrate fail (change the
 	// stored one with [Store.SetWindow] or `idem inbox window set`).
 	Window time.Duration
-	// Hooks receives retention metrics (markers pruned, partitions dropped,
-	// oldest marker age), labelled with Table as written. Optional.
-	Hooks retention.Hooks
+	// Hooks receive retention metrics (markers pruned, partitions dropped,
+	// oldest marker age: the retention package's hook interfaces),
+	// labelled with Table as written. Optional.
+	Hooks []idem.Hook
 	// Logger logs changes of the stored window. Defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -102,7 +103,7 @@ type Store struct {
 	// window is the configured window until Migrate or Settings read the
 	// stored one (nanoseconds).
 	window atomic.Int64
-	hooks  retention.Hooks
+	hooks  []idem.Hook
 	// lockSetting is the last lock timeout's setting.
 	lockSetting atomic.Pointer[lockSetting]
 	// mustCommit holds the transactions whose claim wrote a standby
@@ -141,7 +142,7 @@ func New(db DB, cfg *Config) (*Store, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	s := &Store{db: db, table: id, name: id.Sanitize(), layout: c.Layout, hooks: retention.Or(c.Hooks, nil)}
+	s := &Store{db: db, table: id, name: id.Sanitize(), layout: c.Layout, hooks: c.Hooks}
 	s.sql = inboxdb.Postgres(t, c.Layout)
 	s.inbox = &inboxdb.Inbox{D: s.sql, Driver: inboxdb.Pgx(db), Window: c.Window, Hooks: s.hooks, Logger: c.Logger}
 	w := c.Window

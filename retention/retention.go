@@ -90,6 +90,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/idemkit/idem"
 )
 
 // ErrShortWindow is wrapped by the error of a prune or a partition drop
@@ -117,9 +119,9 @@ type Options struct {
 	BatchSize int
 	// DryRun counts what would be deleted and deletes nothing.
 	DryRun bool
-	// Hooks receives the count of pruned markers. Optional; a store's own
-	// hooks are used when nil.
-	Hooks Hooks
+	// Hooks receive the count of pruned markers ([PruneHook]). Optional; a
+	// store's own hooks are used when empty.
+	Hooks []idem.Hook
 	// Summaries configures the summaries of pruned keys the prune keeps.
 	Summaries SummaryOptions
 }
@@ -220,41 +222,27 @@ type Result struct {
 	DryRun bool
 }
 
-// Hooks receives retention metrics. Implementations must be safe for
-// concurrent use and fast; they are called inline. Messages refused as too
-// old are not reported here: the processor's idem.Observer sees them with
-// outcome Expired.
-type Hooks interface {
-	// MarkersPruned reports markers deleted from table by one prune run.
-	MarkersPruned(table string, n int64)
-	// PartitionsDropped reports partitions of table dropped by one run.
-	PartitionsDropped(table string, n int)
-	// OldestMarker reports the age of table's oldest marker (by the later of
-	// its event time and write time), each time a store's stats are read.
-	OldestMarker(table string, age time.Duration)
+// The retention hooks go in a store's Config.Hooks (or Options.Hooks), an
+// [idem.Hook] list like the processor's: any value implementing one or more
+// of the interfaces below (package idemprom's Metrics implements them all).
+// They are called inline: they must be safe for concurrent use and fast.
+// Messages refused as too old are not reported here: the processor's
+// idem.OutcomeHook sees them with outcome Expired.
+
+// PruneHook receives the markers deleted from table by one prune run.
+type PruneHook interface {
+	OnPrune(table string, n int64)
 }
 
-// NopHooks ignores everything; embed it to implement only some hooks.
-type NopHooks struct{}
+// DropHook receives the partitions of table dropped by one run.
+type DropHook interface {
+	OnDrop(table string, n int)
+}
 
-// MarkersPruned does nothing.
-func (NopHooks) MarkersPruned(string, int64) {}
-
-// PartitionsDropped does nothing.
-func (NopHooks) PartitionsDropped(string, int) {}
-
-// OldestMarker does nothing.
-func (NopHooks) OldestMarker(string, time.Duration) {}
-
-// Or returns h, else fallback, else NopHooks: the first hooks configured.
-func Or(h Hooks, fallback Hooks) Hooks {
-	if h != nil {
-		return h
-	}
-	if fallback != nil {
-		return fallback
-	}
-	return NopHooks{}
+// OldestHook receives the age of table's oldest marker (by the later of
+// its event time and write time), each time a store's stats are read.
+type OldestHook interface {
+	OnOldest(table string, age time.Duration)
 }
 
 // Stats describes an inbox table for operators.

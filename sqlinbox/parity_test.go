@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
 	"github.com/idemkit/idem/retention"
@@ -110,9 +111,9 @@ type labelRecorder struct {
 
 func (r *labelRecorder) add(l string) { r.mu.Lock(); r.labels = append(r.labels, l); r.mu.Unlock() }
 
-func (r *labelRecorder) MarkersPruned(table string, _ int64)        { r.add("pruned " + table) }
-func (r *labelRecorder) PartitionsDropped(table string, _ int)      { r.add("dropped " + table) }
-func (r *labelRecorder) OldestMarker(table string, _ time.Duration) { r.add("oldest " + table) }
+func (r *labelRecorder) OnPrune(table string, _ int64)          { r.add("pruned " + table) }
+func (r *labelRecorder) OnDrop(table string, _ int)             { r.add("dropped " + table) }
+func (r *labelRecorder) OnOldest(table string, _ time.Duration) { r.add("oldest " + table) }
 
 // TestSameMetricLabels: both stores label retention metrics with the table
 // name as written (pgxinbox used to label it quoted, "\"idem_inbox\"", so
@@ -134,7 +135,7 @@ func TestSameMetricLabels(t *testing.T) {
 	{
 		rec := &labelRecorder{}
 		pool := pgtest.Pool(t)
-		s, err := pgxinbox.New(pool, &pgxinbox.Config{Hooks: rec})
+		s, err := pgxinbox.New(pool, &pgxinbox.Config{Hooks: []idem.Hook{rec}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -150,7 +151,7 @@ func TestSameMetricLabels(t *testing.T) {
 	for _, b := range backends {
 		rec := &labelRecorder{}
 		db := b.open(t)
-		s := migrated(t, db, b.dialect, &sqlinbox.Config{Hooks: rec})
+		s := migrated(t, db, b.dialect, &sqlinbox.Config{Hooks: []idem.Hook{rec}})
 		claimOne(t, s, "ledger", "k")
 		collect(func() error { _, err := s.Prune(ctx, retention.Options{}); return err }, func() error { _, err := s.Stats(ctx); return err })
 		got = append(got, rec.labels)

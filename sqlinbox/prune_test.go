@@ -14,11 +14,10 @@ import (
 )
 
 type pruneCounter struct {
-	retention.NopHooks
 	n int64
 }
 
-func (c *pruneCounter) MarkersPruned(_ string, n int64) { c.n += n }
+func (c *pruneCounter) OnPrune(_ string, n int64) { c.n += n }
 
 // TestPrune: on both dialects, markers go when their keep_until (the later
 // of their event time, if any, and their write time) is past the window, in bounded batches; a
@@ -80,7 +79,7 @@ func TestPrune(t *testing.T) {
 				t.Fatalf("dry run: %+v %v, want 6", dry, err)
 			}
 			hooks := &pruneCounter{}
-			res, err := store.Prune(ctx, retention.Options{Window: window, BatchSize: 4, Hooks: hooks})
+			res, err := store.Prune(ctx, retention.Options{Window: window, BatchSize: 4, Hooks: []idem.Hook{hooks}})
 			if err != nil {
 				t.Fatal(err)
 			}

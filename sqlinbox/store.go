@@ -36,9 +36,10 @@ type Config struct {
 	// table makes Migrate fail (change the stored one with
 	// [Store.SetWindow] or `idem inbox window set`).
 	Window time.Duration
-	// Hooks receives retention metrics (markers pruned, oldest marker age),
-	// labelled with Table as written, as pgxinbox labels them. Optional.
-	Hooks retention.Hooks
+	// Hooks receive retention metrics (markers pruned, oldest marker age:
+	// the retention package's hook interfaces), labelled with Table as
+	// written, as pgxinbox labels them. Optional.
+	Hooks []idem.Hook
 	// Logger logs changes of the stored window. Defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -89,7 +90,7 @@ func New(db *sql.DB, dialect Dialect, cfg *Config) (*Store, error) {
 	}
 	s := &Store{db: db, dialect: dialect, table: t}
 	s.sql = dialect.statements(inboxdb.Table{Schema: t.schema, Name: t.name})
-	s.inbox = &inboxdb.Inbox{D: s.sql, Driver: dialect.driver(db), Window: c.Window, Hooks: retention.Or(c.Hooks, nil), Logger: c.Logger}
+	s.inbox = &inboxdb.Inbox{D: s.sql, Driver: dialect.driver(db), Window: c.Window, Hooks: c.Hooks, Logger: c.Logger}
 	w := c.Window
 	if w == 0 {
 		w = retention.DefaultWindow

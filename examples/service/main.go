@@ -105,7 +105,7 @@ func run(ctx context.Context, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := idemprom.New(reg)
-	store, err := pgxinbox.New(pool, &pgxinbox.Config{Hooks: metrics})
+	store, err := pgxinbox.New(pool, &pgxinbox.Config{Hooks: []idem.Hook{metrics}})
 	if err != nil {
 		return err
 	}

@@ -380,7 +380,7 @@ func (s retentionSuite[TTx]) proc(t *testing.T, env Env[TTx], consumer string, m
 		Handler: func(ctx context.Context, tx TTx, m idem.Message) error {
 			return env.Apply(ctx, tx, consumer, m.ID, m.ID)
 		},
-		Retry:  idem.RetryPolicy{InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond},
+		Retry:  idem.RetryPolicy{Backoff: idem.Backoff{Initial: time.Millisecond, Max: 5 * time.Millisecond}},
 		Logger: slog.New(slog.DiscardHandler),
 	}
 	if mod != nil {

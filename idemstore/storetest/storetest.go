@@ -180,7 +180,7 @@ func (s suite[TTx]) proc(t *testing.T, env Env[TTx], consumer string, before fun
 			}
 			return env.Apply(ctx, tx, consumer, m.ID, m.ID)
 		},
-		Retry:  idem.RetryPolicy{InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond},
+		Retry:  idem.RetryPolicy{Backoff: idem.Backoff{Initial: time.Millisecond, Max: 5 * time.Millisecond}},
 		Logger: slog.New(slog.DiscardHandler),
 	}
 	if mod != nil {

@@ -106,16 +106,15 @@ func runRabbitScenario(t *testing.T, sc rabbitScenario) {
 		}
 	}
 	c, err := idemrabbitmq.NewConsumer(led.processor(t, res), &idemrabbitmq.Config{
-		URLs:                sc.urls,
-		Queue:               queue,
-		BatchSize:           50,
-		Prefetch:            250,
-		ReconnectBackoff:    50 * time.Millisecond,
-		MaxReconnectBackoff: time.Second,
-		ConnectionName:      "idem-clusterfault-" + queue,
-		AMQP:                &amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)},
-		Logger:              slog.New(slog.NewTextHandler(logs, nil)),
-		Hooks:               []idem.Hook{rec},
+		URLs:             sc.urls,
+		Queue:            queue,
+		BatchSize:        50,
+		Prefetch:         250,
+		ReconnectBackoff: idem.Backoff{Initial: 50 * time.Millisecond, Max: time.Second},
+		ConnectionName:   "idem-clusterfault-" + queue,
+		AMQP:             &amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)},
+		Logger:           slog.New(slog.NewTextHandler(logs, nil)),
+		Hooks:            []idem.Hook{rec},
 	})
 	if err != nil {
 		t.Fatal(err)

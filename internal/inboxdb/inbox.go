@@ -29,9 +29,10 @@ type Inbox struct {
 	// Window is the configured window: written by Migrate on a new table,
 	// and compared with the stored one on an existing table. 0: none.
 	Window time.Duration
-	// Hooks receives retention metrics, labelled with the table's name as
-	// written ([Table.String]); never nil.
-	Hooks retention.Hooks
+	// Hooks receive retention metrics (the retention package's hook
+	// interfaces), labelled with the table's name as written
+	// ([Table.String]). Optional.
+	Hooks []idem.Hook
 	// Logger logs window changes; never nil.
 	Logger *slog.Logger
 
@@ -220,7 +221,10 @@ func (b *Inbox) Prune(ctx context.Context, opts retention.Options) (res retentio
 	if err := opts.Validate(); err != nil {
 		return res, fmt.Errorf("pruning inbox: %w", err)
 	}
-	hooks := retention.Or(opts.Hooks, b.Hooks)
+	hooks := opts.Hooks
+	if len(hooks) == 0 {
+		hooks = b.Hooks
+	}
 	sess, release, ok, err := b.Driver.Lead(ctx, b.D)
 	if err != nil {
 		return res, fmt.Errorf("pruning inbox: %w", err)
@@ -242,7 +246,7 @@ func (b *Inbox) Prune(ctx context.Context, opts retention.Options) (res retentio
 		}
 		return res, nil
 	}
-	defer func() { hooks.MarkersPruned(b.Label(), res.Markers) }()
+	defer func() { idem.Each(hooks, func(h retention.PruneHook) { h.OnPrune(b.Label(), res.Markers) }) }()
 	summarised := map[string]bool{}
 	defer func() { res.Summaries = len(summarised) }()
 	for {
@@ -338,7 +342,7 @@ func (b *Inbox) Stats(ctx context.Context) (retention.Stats, error) {
 	}
 	st.Finish()
 	if st.Rows > 0 {
-		b.Hooks.OldestMarker(b.Label(), st.OldestAge)
+		idem.Each(b.Hooks, func(h retention.OldestHook) { h.OnOldest(b.Label(), st.OldestAge) })
 	}
 	return st, nil
 }

@@ -102,16 +102,15 @@ func (r *rabbitTransport) start(ctx context.Context, s *side, stream string, pro
 	batch := min(30000, max(10, o.target))
 	c := &rabbitConsumer{published: published, done: make(chan struct{})}
 	cons, err := idemrabbitmq.NewConsumer(proc, &idemrabbitmq.Config{
-		URL:                 r.url,
-		Queue:               t.Queue,
-		BatchSize:           batch,
-		BatchWait:           100 * time.Millisecond,
-		Prefetch:            2 * batch,
-		DeadLetterExchange:  t.DeadLetterExchange,
-		ReconnectBackoff:    50 * time.Millisecond,
-		MaxReconnectBackoff: time.Second,
-		ConnectionName:      "idem-demo-" + s.name + "-" + stream,
-		Logger:              r.log,
+		URL:                r.url,
+		Queue:              t.Queue,
+		BatchSize:          batch,
+		BatchWait:          100 * time.Millisecond,
+		Prefetch:           2 * batch,
+		DeadLetterExchange: t.DeadLetterExchange,
+		ReconnectBackoff:   idem.Backoff{Initial: 50 * time.Millisecond, Max: time.Second},
+		ConnectionName:     "idem-demo-" + s.name + "-" + stream,
+		Logger:             r.log,
 		Faults: func(ctx context.Context, _ idemrabbitmq.FaultPoint, msgs []idem.Message) error {
 			return o.hold(ctx, len(msgs))
 		},
