@@ -168,10 +168,13 @@ func (c *Consumer[TTx]) Durability(ctx context.Context) (idem.Durability, error)
 			continue
 		}
 		d.Settings["group_pending"] = strconv.FormatInt(g.Pending, 10)
-		if st.MaxDeletedEntryID != "" && st.MaxDeletedEntryID != "0-0" && compareIDs(st.MaxDeletedEntryID, g.LastDeliveredID) > 0 {
+		// XDEL moves max-deleted-entry-id; a trim does not, but leaves the
+		// group's lag (entries added and not read) above the length.
+		deleted := st.MaxDeletedEntryID != "" && st.MaxDeletedEntryID != "0-0" && compareIDs(st.MaxDeletedEntryID, g.LastDeliveredID) > 0
+		if deleted || g.Lag > st.Length {
 			d.Risks = append(d.Risks, idem.DurabilityRisk{
-				What: fmt.Sprintf("entries of %s up to %s were deleted or trimmed (XTRIM, XADD MAXLEN/MINID) past %s, the last the group %s read: they were never processed",
-					c.cfg.Stream, st.MaxDeletedEntryID, g.LastDeliveredID, c.cfg.Group),
+				What: fmt.Sprintf("entries of %s were deleted or trimmed (XDEL, XTRIM, XADD MAXLEN/MINID) past %s, the last the group %s read (lag %d, length %d): they were never processed",
+					c.cfg.Stream, g.LastDeliveredID, c.cfg.Group, g.Lag, st.Length),
 				Fix: "trim only below the oldest entry every group has acked (XINFO GROUPS, XPENDING), never by length alone",
 			})
 		}
