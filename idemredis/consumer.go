@@ -233,7 +233,7 @@ func (c *Consumer[TTx]) read(ctx context.Context) ([]Entry, error) {
 			return nil, nil
 		}
 		c.backlog = msgs[len(msgs)-1].ID
-		return c.withCounts(ctx, msgs, nil)
+		return c.withCounts(ctx, msgs)
 	}
 	if !time.Now().Before(c.nextClaim) {
 		msgs, next, deleted, err := c.rdb.XAutoClaimWithDeleted(ctx, &redis.XAutoClaimArgs{
@@ -259,7 +259,7 @@ func (c *Consumer[TTx]) read(ctx context.Context) ([]Entry, error) {
 		if len(msgs) > 0 {
 			c.stats.claimed.Add(uint64(len(msgs)))
 			c.cfg.Logger.Info("took over idle entries", "consumer", c.k.consumer, "stream", c.cfg.Stream, "entries", len(msgs), "first", msgs[0].ID)
-			return c.withCounts(ctx, msgs, nil)
+			return c.withCounts(ctx, msgs)
 		}
 		if c.claimFrom != "0-0" {
 			return nil, nil // the scan goes on
@@ -287,7 +287,7 @@ func (c *Consumer[TTx]) read(ctx context.Context) ([]Entry, error) {
 
 // withCounts makes entries of msgs, read again or claimed, with their
 // delivery counters (XPENDING of this consumer over their range).
-func (c *Consumer[TTx]) withCounts(ctx context.Context, msgs []redis.XMessage, _ []string) ([]Entry, error) {
+func (c *Consumer[TTx]) withCounts(ctx context.Context, msgs []redis.XMessage) ([]Entry, error) {
 	pend, err := c.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
 		Stream: c.cfg.Stream, Group: c.cfg.Group, Consumer: c.cfg.Name,
 		Start: msgs[0].ID, End: msgs[len(msgs)-1].ID, Count: int64(len(msgs)) + 1,

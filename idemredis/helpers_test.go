@@ -22,12 +22,18 @@ import (
 // table with no unique constraint: an effect applied twice is two rows.
 func inbox(t testing.TB, url string) (*pgxpool.Pool, *pgxinbox.Store) {
 	t.Helper()
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, url)
+	pool, err := pgxpool.New(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
+	return inboxOn(t, pool)
+}
+
+// inboxOn is inbox on a pool.
+func inboxOn(t testing.TB, pool *pgxpool.Pool) (*pgxpool.Pool, *pgxinbox.Store) {
+	t.Helper()
+	ctx := context.Background()
 	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS effects (seq bigserial PRIMARY KEY, message_id text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
