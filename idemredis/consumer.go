@@ -138,6 +138,7 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 			return c.crashErr
 		}
 		if ctx.Err() != nil {
+			c.leave(ctx)
 			return nil
 		}
 		entries, err := c.read(ctx)
@@ -156,6 +157,18 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 		if len(entries) > 0 {
 			c.handle(ctx, entries)
 		}
+	}
+}
+
+// leave removes this consumer from its group at a graceful stop, unless it
+// still holds pending entries (then they stay with its name, to be taken
+// over after ClaimIdle): consumer names do not pile up in XINFO CONSUMERS
+// with every restart.
+func (c *Consumer[TTx]) leave(ctx context.Context) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.AckTimeout)
+	defer cancel()
+	if err := DeleteConsumer(dctx, c.rdb, c.cfg.Stream, c.cfg.Group, c.cfg.Name); err != nil {
+		c.cfg.Logger.Debug("consumer left in its group", "consumer", c.k.consumer, "name", c.cfg.Name, "error", err)
 	}
 }
 

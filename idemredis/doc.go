@@ -55,5 +55,7 @@
 //
 // Run stops when its context is cancelled: the batch in hand is finished
 // or rolled back, what committed is acked (within Config.AckTimeout), the
-// rest stays pending for whoever comes next.
+// rest stays pending for whoever comes next; a consumer with nothing
+// pending then leaves its group (XGROUP DELCONSUMER), so that names do not
+// pile up with restarts.
 package idemredis

@@ -207,3 +207,35 @@ func TestHealthHoldingDuringDatabaseOutage(t *testing.T) {
 		t.Errorf("%d dead letters; want none: an outage is no entry's fault", n)
 	}
 }
+
+// A consumer stopped with nothing pending leaves its group; the group's
+// entries stay acked.
+func TestGracefulStopLeavesGroup(t *testing.T) {
+	rdb := redistest.Client(t)
+	stream := redistest.Prefix(t, rdb) + "orders"
+	ctx := context.Background()
+	if err := rdb.XGroupCreateMkStream(ctx, stream, "g", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := idemredis.CreateStream(ctx, rdb, stream+".dlq"); err != nil {
+		t.Fatal(err)
+	}
+	_, store := inbox(t, pgtest.Schema(t))
+	c, err := idemredis.New(rdb, processor(t, store), &idemredis.Config{Stream: stream, Group: "g", Block: 100 * time.Millisecond, Logger: quiet(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	publish(t, rdb, stream, "m", 3)
+	waitFor(t, 30*time.Second, "3 entries applied", func() bool { return c.Stats().Applied == 3 })
+	cs, err := rdb.XInfoConsumers(ctx, stream, "g").Result()
+	if err != nil || len(cs) != 1 || cs[0].Name != c.Name() {
+		t.Fatalf("consumers while running: %+v, %v; want %s", cs, err, c.Name())
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	if cs, err := rdb.XInfoConsumers(ctx, stream, "g").Result(); err != nil || len(cs) != 0 {
+		t.Fatalf("consumers after a graceful stop: %+v, %v; want none", cs, err)
+	}
+}
