@@ -22,7 +22,9 @@ var ErrDeadLetterStream = errors.New("dead-letter stream not usable")
 // append-only file and to replicas as one transaction, so a crash leaves
 // both or neither. It does nothing for an entry no longer pending (another
 // consumer settled it) and writes nothing when the dead-letter stream is
-// missing or is no stream (XADD fails before XACK runs).
+// missing or is no stream (XADD fails before XACK runs). Run again after
+// its reply was lost, it finds the entry acked and writes nothing: a retry
+// never doubles a letter.
 //
 // KEYS: the stream, the dead-letter stream. ARGV: the group, the entry ID,
 // then the dead letter's fields and values.
