@@ -29,6 +29,8 @@ type Consumer[TTx any] struct {
 
 	running  atomic.Bool
 	inFlight atomic.Int64
+	// lag is the group's, as of the last claim scan.
+	lag atomic.Int64
 
 	// Where the reads stand: backlog is the ID after which this
 	// consumer's own pending entries are read again (at start, under a
@@ -73,11 +75,16 @@ func (c *Consumer[TTx]) Name() string { return c.cfg.Name }
 // ([idem.HandleHealth]): whether Run runs, whether its last Redis call
 // succeeded, whether it holds entries because the inbox database is
 // unreachable (they stay pending, never dead-lettered), when an entry was
-// last settled, the last error and the entries in hand. It asks neither
-// Redis nor the database.
+// last settled, the last error, the entries in hand (InFlight), and the
+// group's lag as of the last claim scan (TotalLag: entries added to the
+// stream and not yet read by the group). It asks neither Redis nor the
+// database.
 func (c *Consumer[TTx]) Health() idem.Health {
 	h := c.k.health.Health()
 	h.InFlight = int(c.inFlight.Load())
+	if lag := c.lag.Load(); lag >= 0 {
+		h.TotalLag = lag
+	}
 	return h
 }
 
@@ -259,6 +266,7 @@ func (c *Consumer[TTx]) read(ctx context.Context) ([]Entry, error) {
 		c.claimFrom = next
 		if next == "0-0" || next == "" {
 			c.claimFrom, c.nextClaim = "0-0", time.Now().Add(c.cfg.ClaimEvery)
+			c.observeLag(ctx)
 		}
 		if len(msgs) > 0 || len(deleted) > 0 {
 			c.k.claimed(c.cfg.Stream, idsOf(msgs), deleted)
@@ -330,6 +338,21 @@ func (c *Consumer[TTx]) withCounts(ctx context.Context, msgs []redis.XMessage) (
 		c.ack(ctx, gone)
 	}
 	return out, nil
+}
+
+// observeLag records the group's lag (XINFO GROUPS: entries added and not
+// yet read by the group; -1 when Redis cannot tell), for Health; at every
+// claim scan.
+func (c *Consumer[TTx]) observeLag(ctx context.Context) {
+	groups, err := c.rdb.XInfoGroups(ctx, c.cfg.Stream).Result()
+	if err != nil {
+		return
+	}
+	for _, g := range groups {
+		if g.Name == c.cfg.Group {
+			c.lag.Store(g.Lag)
+		}
+	}
 }
 
 func idsOf(msgs []redis.XMessage) []string {

@@ -179,6 +179,7 @@ func TestHealthHoldingDuringDatabaseOutage(t *testing.T) {
 	run(t, c)
 	ids := publish(t, rdb, stream, "before", 1)
 	waitFor(t, 30*time.Second, "the first entry acked", func() bool { return c.Stats().Applied == 1 })
+	waitFor(t, 30*time.Second, "Health's lag (as of the last claim scan) at 0", func() bool { return c.Health().TotalLag == 0 })
 	proxy.Stop()
 	ids = append(ids, publish(t, rdb, stream, "during", 5)...)
 	waitFor(t, 30*time.Second, "Health to say the consumer holds entries", func() bool { return c.Health().Holding })
