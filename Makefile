@@ -6,7 +6,7 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 .PHONY: test services bench bench-peers bench-growth lint demo cluster-faults
 
 # Runs every test with the race detector, after bringing up PostgreSQL,
-# RabbitMQ and MariaDB on 127.0.0.1 if they are down. Every module (the
+# RabbitMQ, MariaDB and Redis on 127.0.0.1 if they are down. Every module (the
 # root, idemotel, bench/peers) runs even when one fails; the target fails
 # if any did, and ends with one line per module.
 test: services lint

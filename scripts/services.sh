@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Brings up the services the tests need on 127.0.0.1 when they are down:
-# PostgreSQL (5432), RabbitMQ (5672) and MariaDB (3306). Installs a package with apt-get only
-# when it is absent. Kafka needs no service: tests run an in-process cluster.
+# PostgreSQL (5432), RabbitMQ (5672), MariaDB (3306) and Redis (6379). Installs a package with
+# apt-get only when it is absent. Kafka needs no service: tests run an in-process cluster.
 set -euo pipefail
 
 up() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -54,6 +54,14 @@ if command -v mariadb >/dev/null; then
 	mariadb -uroot -h127.0.0.1 -e "SELECT 1" >/dev/null 2>&1 ||
 		mariadb -uroot -e "CREATE USER IF NOT EXISTS 'root'@'127.0.0.1' IDENTIFIED BY ''; GRANT ALL ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION"
 	mariadb -uroot -h127.0.0.1 -e "CREATE DATABASE IF NOT EXISTS test"
+fi
+
+if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+	echo "services: starting Redis"
+	command -v redis-server >/dev/null || apt_install redis-server
+	redis-server --daemonize yes --bind 127.0.0.1 --port 6379
+	for _ in $(seq 1 120); do redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && break; sleep 0.5; done
+	redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null || { echo "services: redis did not answer" >&2; exit 1; }
 fi
 
 # Chromium for the console's browser test (it skips without one).
