@@ -9,7 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemstore"
 )
 
 // ErrNoGroup is wrapped by Run's error when the consumer group is missing
@@ -119,8 +119,8 @@ func DeleteConsumer(ctx context.Context, rdb redis.Cmdable, stream, group, name 
 // gone. Run logs each risk as a warning at start; it refuses none
 // (asynchronous replication can be a deliberate choice). A Redis that
 // refuses CONFIG (a managed service) gives the settings it could read.
-func (c *Consumer[TTx]) Durability(ctx context.Context) (idem.Durability, error) {
-	d := idem.Durability{Settings: map[string]string{}}
+func (c *Consumer[TTx]) Durability(ctx context.Context) (idemstore.Durability, error) {
+	d := idemstore.Durability{Settings: map[string]string{}}
 	if cfg, err := c.rdb.ConfigGet(ctx, "append*").Result(); err == nil {
 		for _, k := range []string{"appendonly", "appendfsync"} {
 			if v, ok := cfg[k]; ok {
@@ -130,12 +130,12 @@ func (c *Consumer[TTx]) Durability(ctx context.Context) (idem.Durability, error)
 	}
 	switch {
 	case d.Settings["appendonly"] == "no":
-		d.Risks = append(d.Risks, idem.DurabilityRisk{
+		d.Risks = append(d.Risks, idemstore.DurabilityRisk{
 			What: "appendonly is no: a restart loses the entries, dead letters and acks written since the last snapshot",
 			Fix:  "appendonly yes with appendfsync always",
 		})
 	case d.Settings["appendfsync"] != "" && d.Settings["appendfsync"] != "always":
-		d.Risks = append(d.Risks, idem.DurabilityRisk{
+		d.Risks = append(d.Risks, idemstore.DurabilityRisk{
 			What: "appendfsync is " + d.Settings["appendfsync"] + ": a crash of the server loses up to a second of entries, dead letters and acks",
 			Fix:  "appendfsync always",
 		})
@@ -148,7 +148,7 @@ func (c *Consumer[TTx]) Durability(ctx context.Context) (idem.Durability, error)
 			}
 		}
 		if n, _ := strconv.Atoi(d.Settings["connected_slaves"]); n > 0 {
-			d.Risks = append(d.Risks, idem.DurabilityRisk{
+			d.Risks = append(d.Risks, idemstore.DurabilityRisk{
 				What: "replication is asynchronous: a replica promoted after a failover misses the last entries and dead letters (acks undone are redelivered and found in the inbox)",
 				Fix:  "WAIT after XADD in producers, min-replicas-to-write, and reconcile after a failover",
 			})
@@ -172,7 +172,7 @@ func (c *Consumer[TTx]) Durability(ctx context.Context) (idem.Durability, error)
 		// group's lag (entries added and not read) above the length.
 		deleted := st.MaxDeletedEntryID != "" && st.MaxDeletedEntryID != "0-0" && compareIDs(st.MaxDeletedEntryID, g.LastDeliveredID) > 0
 		if deleted || g.Lag > st.Length {
-			d.Risks = append(d.Risks, idem.DurabilityRisk{
+			d.Risks = append(d.Risks, idemstore.DurabilityRisk{
 				What: fmt.Sprintf("entries of %s were deleted or trimmed (XDEL, XTRIM, XADD MAXLEN/MINID) past %s, the last the group %s read (lag %d, length %d): they were never processed",
 					c.cfg.Stream, g.LastDeliveredID, c.cfg.Group, g.Lag, st.Length),
 				Fix: "trim only below the oldest entry every group has acked (XINFO GROUPS, XPENDING), never by length alone",

@@ -133,7 +133,7 @@ func (c *Consumer[TTx]) settle(ctx context.Context, batch []Entry, results []ide
 			}
 			delay := d.Delay
 			if delay <= 0 {
-				delay = c.cfg.InitialBackoff
+				delay = c.cfg.Backoff.Initial
 			}
 			return settled{n: i, retry: true, delay: delay, d: d, res: res}
 		}

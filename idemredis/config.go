@@ -95,13 +95,11 @@ type Config struct {
 	// AckTimeout bounds the final XACK at shutdown. Defaults to 5s.
 	AckTimeout time.Duration
 
-	// InitialBackoff paces the tries of a failing Redis call and the
-	// pause before an entry is run again when the processor's disposition
-	// names no delay. How often an entry is retried is the processor's
-	// decision (idem.RetryPolicy). Defaults to 100ms.
-	InitialBackoff time.Duration
-	// MaxBackoff caps those pauses. Defaults to 5s.
-	MaxBackoff time.Duration
+	// Backoff paces the tries of a failing Redis call; Backoff.Initial is
+	// also the pause before an entry is run again when the processor's
+	// disposition names no delay. How often an entry is retried is the
+	// processor's decision (idem.RetryPolicy). Defaults to 100ms..5s.
+	Backoff idem.Backoff
 
 	// Hooks are hooks of this consumer alone, called after the
 	// processor's: idem.SettleHook, idem.DeadLetterHook, and this
@@ -160,8 +158,7 @@ func (c *Config) setDefaults() {
 	dur(&c.ClaimIdle, time.Minute)
 	dur(&c.ClaimEvery, c.ClaimIdle/2)
 	dur(&c.AckTimeout, 5*time.Second)
-	dur(&c.InitialBackoff, 100*time.Millisecond)
-	dur(&c.MaxBackoff, 5*time.Second)
+	c.Backoff = c.Backoff.WithDefaults(idem.Backoff{Initial: 100 * time.Millisecond, Max: 5 * time.Second})
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -183,8 +180,8 @@ func (c *Config) validate() error {
 		errs = append(errs, fmt.Errorf("block %v, claim idle %v (at least 10ms), claim every %v and ack timeout %v must be positive",
 			c.Block, c.ClaimIdle, c.ClaimEvery, c.AckTimeout))
 	}
-	if c.InitialBackoff < 0 || c.MaxBackoff < c.InitialBackoff {
-		errs = append(errs, fmt.Errorf("backoff %v..%v is not a valid range", c.InitialBackoff, c.MaxBackoff))
+	if err := c.Backoff.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %w", ErrConfig, errors.Join(errs...))

@@ -91,14 +91,13 @@ func (h *conformanceHarness) Consumer(t testing.TB, stream string, proc *idem.Pr
 	rdb := redis.NewClient(&redis.Options{Addr: c.proxy.Addr(), DialTimeout: 2 * time.Second})
 	t.Cleanup(func() { _ = rdb.Close() })
 	cfg := &idemredis.Config{
-		Stream:         stream,
-		Group:          conformanceGroup,
-		BatchSize:      opts.BatchSize,
-		Block:          200 * time.Millisecond,
-		ClaimIdle:      500 * time.Millisecond,
-		InitialBackoff: 20 * time.Millisecond,
-		MaxBackoff:     200 * time.Millisecond,
-		Logger:         opts.Logger,
+		Stream:    stream,
+		Group:     conformanceGroup,
+		BatchSize: opts.BatchSize,
+		Block:     200 * time.Millisecond,
+		ClaimIdle: 500 * time.Millisecond,
+		Backoff:   idem.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond},
+		Logger:    opts.Logger,
 	}
 	if opts.NoDeadLetterDestination {
 		cfg.DeadLetterStream = stream + ".no-such-dlq"

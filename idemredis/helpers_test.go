@@ -58,7 +58,7 @@ func processor(t testing.TB, store *pgxinbox.Store, hooks ...idem.Hook) *idem.Pr
 			return err
 		},
 		Retry: idem.RetryPolicy{
-			MaxAttempts: 3, InitialBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond,
+			MaxAttempts: 3, Backoff: idem.Backoff{Initial: 5 * time.Millisecond, Max: 50 * time.Millisecond},
 			WaitUnavailable: 500 * time.Millisecond,
 		},
 		TxTimeout: 5 * time.Second, CommitTimeout: 5 * time.Second,

@@ -42,7 +42,7 @@ type kit struct {
 	consumer string
 	hooks    []idem.Hook
 	health   *idem.HealthState
-	backoff  idem.RetryPolicy
+	backoff  idem.Backoff
 }
 
 func newKit[TTx any](proc *idem.Processor[TTx], source string, cfg *Config) kit {
@@ -50,7 +50,7 @@ func newKit[TTx any](proc *idem.Processor[TTx], source string, cfg *Config) kit 
 		consumer: proc.Consumer(),
 		hooks:    append(append([]idem.Hook(nil), proc.Hooks()...), cfg.Hooks...),
 		health:   idem.NewHealthState(proc.Consumer(), source),
-		backoff:  idem.RetryPolicy{InitialBackoff: cfg.InitialBackoff, MaxBackoff: cfg.MaxBackoff},
+		backoff:  cfg.Backoff,
 	}
 	k.health.LogTo(cfg.Logger)
 	return k
@@ -82,7 +82,7 @@ func (k *kit) claimed(stream string, ids, deleted []string) {
 }
 
 // pause is the wait before the try-th try of a failing Redis call.
-func (k *kit) pause(try int) time.Duration { return k.backoff.Backoff(try) }
+func (k *kit) pause(try int) time.Duration { return k.backoff.Delay(try) }
 
 // The consumer's own hooks, beside idem's (idem.SettleHook,
 // idem.DeadLetterHook): optional interfaces that any value in the

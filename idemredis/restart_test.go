@@ -7,6 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemredis"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/redistest"
@@ -35,7 +36,7 @@ func TestRedisKilledAndRestarted(t *testing.T) {
 
 	c, err := idemredis.New(rdb, processor(t, store), &idemredis.Config{
 		Stream: stream, Group: group, BatchSize: 10, Block: 200 * time.Millisecond, ClaimIdle: 2 * time.Second,
-		InitialBackoff: 20 * time.Millisecond, MaxBackoff: 300 * time.Millisecond, Logger: quiet(t),
+		Backoff: idem.Backoff{Initial: 20 * time.Millisecond, Max: 300 * time.Millisecond}, Logger: quiet(t),
 	})
 	if err != nil {
 		t.Fatal(err)

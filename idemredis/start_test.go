@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemredis"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/redistest"
@@ -171,7 +172,7 @@ func TestHealthHoldingDuringDatabaseOutage(t *testing.T) {
 	pool, store := inbox(t, url)
 	c, err := idemredis.New(rdb, processor(t, store), &idemredis.Config{
 		Stream: stream, Group: "g", ClaimIdle: 300 * time.Millisecond, Block: 100 * time.Millisecond,
-		InitialBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Logger: quiet(t),
+		Backoff: idem.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond}, Logger: quiet(t),
 	})
 	if err != nil {
 		t.Fatal(err)
