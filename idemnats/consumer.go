@@ -241,7 +241,10 @@ func (c *Consumer[TTx]) connect(log *slog.Logger) (*nats.Conn, error) {
 			h.Connect(time.Now())
 			log.Info("reconnected")
 		}),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+			if nc.IsClosed() {
+				return // Run closed it
+			}
 			if err == nil {
 				err = errors.New("disconnected")
 			}
