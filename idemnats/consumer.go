@@ -324,7 +324,7 @@ func (c *Consumer[TTx]) prepare(ctx context.Context, js jetstream.JetStream) (je
 func (c *Consumer[TTx]) checkDurable(dc *jetstream.ConsumerConfig) error {
 	var errs []error
 	if dc.AckPolicy != jetstream.AckExplicitPolicy {
-		errs = append(errs, fmt.Errorf("durable %s acks %s: it must ack explicitly, or messages count as settled before they commit", dc.Durable, dc.AckPolicy))
+		errs = append(errs, fmt.Errorf("durable %s has AckPolicy %s: it must be AckExplicit, or messages count as settled before they commit", dc.Durable, dc.AckPolicy))
 	}
 	if dc.MaxDeliver > 0 {
 		errs = append(errs, fmt.Errorf("durable %s has MaxDeliver %d: JetStream stops delivering a message after %d deliveries and puts it in no dead-letter stream, so an outage longer than %d ack waits (%v) would discard messages; set MaxDeliver -1 and let the processor's RetryPolicy dead-letter",
