@@ -61,6 +61,10 @@ func (s *Server) URL() string {
 	return "nats://127.0.0.1:" + strconv.Itoa(s.opts.Port)
 }
 
+// Name is the server's name: n1 for a lone server, n1 to n3 in a
+// cluster, as JetStream names stream and consumer leaders.
+func (s *Server) Name() string { return s.opts.ServerName }
+
 // Running reports whether the server runs.
 func (s *Server) Running() bool {
 	s.mu.Lock()
@@ -189,6 +193,16 @@ func (c *Cluster) hasLeader() bool {
 		}
 	}
 	return false
+}
+
+// Server returns the node named name (n1, n2, n3), or nil.
+func (c *Cluster) Server(name string) *Server {
+	for _, s := range c.Servers {
+		if s.Name() == name {
+			return s
+		}
+	}
+	return nil
 }
 
 // URLs are the client URLs of every node, comma-separated, as nats.Connect
