@@ -115,7 +115,13 @@ func write(ctx context.Context, tx pgx.Tx, m idem.Message) error {
 // processor is a processor over d's inbox writing effects, with hooks.
 func (d *db) processor(t testing.TB, hooks ...idem.Hook) *idem.Processor[pgx.Tx] {
 	t.Helper()
-	store, err := pgxinbox.New(d.pool, &pgxinbox.Config{})
+	return d.processorOn(t, d.pool, hooks...)
+}
+
+// processorOn is processor on another pool of d's schema.
+func (d *db) processorOn(t testing.TB, pool *pgxpool.Pool, hooks ...idem.Hook) *idem.Processor[pgx.Tx] {
+	t.Helper()
+	store, err := pgxinbox.New(pool, &pgxinbox.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
