@@ -340,7 +340,7 @@ func (c *Consumer[TTx]) checkDurable(dc *jetstream.ConsumerConfig) error {
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %w", ErrConfig, errors.Join(errs...))
 	}
-	c.hb = hb
+	c.hb = max(hb, time.Millisecond)
 	return nil
 }
 
