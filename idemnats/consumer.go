@@ -109,7 +109,7 @@ func (c *Consumer[TTx]) Stats() Stats {
 // the reconnects so far and the messages fetched and not yet settled (at
 // most BatchSize). It asks neither the server nor the database.
 func (c *Consumer[TTx]) Health() idem.Health {
-	h := c.k.health.Health()
+	h := c.k.health()
 	h.Reconnects = c.stats.reconnects.Load()
 	h.InFlight = int(c.inFlight.Load())
 	return h
@@ -143,8 +143,8 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 		return ErrRunning
 	}
 	defer c.running.Store(false)
-	c.k.health.Start(time.Now())
-	defer func() { c.k.health.Stop(time.Now()) }()
+	c.k.started()
+	defer c.k.stopped()
 	log := c.cfg.Logger.With(slog.String("consumer", c.k.consumer), slog.String("stream", c.cfg.Stream))
 	if err := c.checkInbox(ctx, log); err != nil || ctx.Err() != nil {
 		return err
@@ -181,7 +181,7 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 				break
 			}
 			failures++
-			c.k.health.Fail(fmt.Errorf("fetching: %w", err), time.Now())
+			c.k.failed(fmt.Errorf("fetching: %w", err))
 			wait := c.k.wait(failures)
 			log.Warn("fetch failed; fetching again", slog.Any("error", err), slog.Duration("backoff", wait))
 			_ = sleep(ctx, wait)
@@ -209,14 +209,14 @@ func (c *Consumer[TTx]) checkInbox(ctx context.Context, log *slog.Logger) error 
 		err := c.proc.Check(ctx)
 		switch {
 		case err == nil:
-			c.k.health.Reachable(time.Now())
+			c.k.reachable()
 			return nil
 		case ctx.Err() != nil:
 			return nil
 		case !errors.Is(err, idem.ErrUnavailable):
 			return fmt.Errorf("idemnats: consuming stream %s: %w", c.cfg.Stream, err)
 		}
-		c.k.health.Unreachable(err, time.Now())
+		c.k.unreachable(err)
 		wait := c.k.wait(try)
 		log.Warn("inbox database unreachable at start; checking again", slog.Any("error", err), slog.Duration("backoff", wait))
 		if sleep(ctx, wait) != nil {
@@ -228,17 +228,17 @@ func (c *Consumer[TTx]) checkInbox(ctx context.Context, log *slog.Logger) error 
 // connect opens the consumer's connection, which reconnects for ever and
 // reports its state to the health.
 func (c *Consumer[TTx]) connect(log *slog.Logger) (*nats.Conn, error) {
-	h := c.k.health
+	k := c.k
 	opts := append(append([]nats.Option(nil), c.cfg.Options...),
 		nats.Name("idem-"+c.k.consumer),
 		nats.MaxReconnects(-1),
 		nats.RetryOnFailedConnect(true),
 		nats.ReconnectWait(c.cfg.InitialBackoff),
 		nats.SetCustomDialer(&c.dialer),
-		nats.ConnectHandler(func(*nats.Conn) { h.Connect(time.Now()) }),
+		nats.ConnectHandler(func(*nats.Conn) { k.connected() }),
 		nats.ReconnectHandler(func(*nats.Conn) {
 			c.stats.reconnects.Add(1)
-			h.Connect(time.Now())
+			k.connected()
 			log.Info("reconnected")
 		}),
 		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
@@ -248,7 +248,7 @@ func (c *Consumer[TTx]) connect(log *slog.Logger) (*nats.Conn, error) {
 			if err == nil {
 				err = errors.New("disconnected")
 			}
-			h.Disconnect(err, time.Now())
+			k.disconnected(err)
 			log.Warn("connection lost; reconnecting", slog.Any("error", err))
 		}),
 	)
@@ -257,7 +257,7 @@ func (c *Consumer[TTx]) connect(log *slog.Logger) (*nats.Conn, error) {
 		return nil, fmt.Errorf("idemnats: connecting: %w", idem.RedactError(err, c.cfg.URL))
 	}
 	if nc.IsConnected() {
-		h.Connect(time.Now())
+		k.connected()
 	}
 	return nc, nil
 }
@@ -425,9 +425,9 @@ func (c *Consumer[TTx]) handle(ctx, bctx context.Context, js jetstream.JetStream
 		for j, i := range todo {
 			batch[j] = ims[i]
 		}
-		busy := c.k.health.Begin(time.Now())
+		busy := c.k.begin()
 		results := c.proc.ProcessBatch(bctx, batch)
-		c.k.health.End(busy, time.Now())
+		c.k.end(busy)
 		if f := c.cfg.Faults; f != nil {
 			if err := f(bctx, BeforeSettle, batch); err != nil {
 				return fmt.Errorf("idemnats: withholding settlement (fault at %s): %w", BeforeSettle, err)

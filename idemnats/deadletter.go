@@ -121,7 +121,7 @@ func (c *Consumer[TTx]) deadLetter(ctx context.Context, js jetstream.JetStream, 
 		if err == nil {
 			return nil
 		}
-		c.k.health.Fail(fmt.Errorf("publishing dead letter: %w", err), time.Now())
+		c.k.failed(fmt.Errorf("publishing dead letter: %w", err))
 		c.cfg.Logger.Error("publishing dead letter failed; the message is kept and published again",
 			"consumer", c.k.consumer, "origin", dl.Header.Get(HeaderOrigin), "dead_letter_stream", c.cfg.DeadLetterStream, "error", err)
 		if err := sleep(ctx, c.k.wait(try)); err != nil {

@@ -43,7 +43,7 @@ const DefaultTimeHeader = "x-event-time"
 type kit struct {
 	consumer string
 	source   string
-	health   *idem.HealthState
+	hs       *idem.HealthState
 	hooks    []idem.Hook
 	backoff  idem.RetryPolicy
 }
@@ -54,7 +54,7 @@ func newKit[TTx any](proc *idem.Processor[TTx], source string, hooks []idem.Hook
 	return &kit{
 		consumer: proc.Consumer(),
 		source:   source,
-		health:   h,
+		hs:       h,
 		hooks:    append(append([]idem.Hook(nil), proc.Hooks()...), hooks...),
 		backoff:  idem.RetryPolicy{InitialBackoff: initial, MaxBackoff: maxBackoff},
 	}
@@ -66,7 +66,7 @@ func (k *kit) wait(n int) time.Duration { return k.backoff.Backoff(n) }
 
 // settled reports a message's disposition carried out at the broker.
 func (k *kit) settled(d idem.Disposition, r idem.Result) {
-	k.health.Settle(d, r, time.Now())
+	k.hs.Settle(d, r, time.Now())
 	if d.Action == idem.ActionHold {
 		return // nothing was told to the broker
 	}
@@ -82,3 +82,16 @@ func (k *kit) deadLettered(dest string, r idem.Result, err error) {
 func (k *kit) redelivered() {
 	idem.Each(k.hooks, func(h idem.RedeliveredHook) { h.OnRedelivered(k.consumer, k.source) })
 }
+
+// The consumer's events, recorded for [Consumer.Health].
+
+func (k *kit) health() idem.Health    { return k.hs.Health() }
+func (k *kit) started()               { k.hs.Start(time.Now()) }
+func (k *kit) stopped()               { k.hs.Stop(time.Now()) }
+func (k *kit) connected()             { k.hs.Connect(time.Now()) }
+func (k *kit) disconnected(err error) { k.hs.Disconnect(err, time.Now()) }
+func (k *kit) failed(err error)       { k.hs.Fail(err, time.Now()) }
+func (k *kit) reachable()             { k.hs.Reachable(time.Now()) }
+func (k *kit) unreachable(err error)  { k.hs.Unreachable(err, time.Now()) }
+func (k *kit) begin() (token uint64)  { return k.hs.Begin(time.Now()) }
+func (k *kit) end(token uint64)       { k.hs.End(token, time.Now()) }
