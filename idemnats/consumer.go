@@ -30,8 +30,11 @@ import (
 // is away, so a stream (and each subject) is applied in order. Two
 // consumers of one durable share its messages, in no order. A message
 // Nak'd because its commit's outcome was unknown comes back after its
-// delay, behind the messages fetched meanwhile; a durable whose
-// MaxAckPending equals BatchSize bounds how far.
+// delay, behind the messages fetched meanwhile: JetStream counts a Nak'd
+// message as pending until it is delivered again, so the durable's
+// MaxAckPending bounds how many go ahead of it (MaxAckPending - 1), and a
+// durable with MaxAckPending 1 (BatchSize 1) keeps strict order even
+// then, at one message per round trip.
 type Consumer[TTx any] struct {
 	proc *idem.Processor[TTx]
 	cfg  Config
