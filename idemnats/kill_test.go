@@ -39,11 +39,15 @@ func TestKillBetweenCommitAndAck(t *testing.T) {
 	d := newDB(t)
 	ids := publish(t, js, stream, "inv", 20)
 
-	cmd := exec.Command(os.Args[0], "-test.run=^TestKillBetweenCommitAndAck$", "-test.count=1")
+	// A child that never reaches the fault point is killed after two
+	// minutes, and the test fails.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestKillBetweenCommitAndAck$", "-test.count=1")
 	cmd.Env = append(os.Environ(), killEnv+"="+strings.Join([]string{d.url, srv.URL(), stream}, "|"))
 	out, err := cmd.CombinedOutput()
 	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+	if ctx.Err() != nil || !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 		t.Fatalf("the child was not killed between commit and ack: %v\n%s", err, out)
 	}
 	rows, distinct := d.effects(t)
