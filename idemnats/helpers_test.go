@@ -121,6 +121,12 @@ func (d *db) processor(t testing.TB, hooks ...idem.Hook) *idem.Processor[pgx.Tx]
 // processorOn is processor on another pool of d's schema.
 func (d *db) processorOn(t testing.TB, pool *pgxpool.Pool, hooks ...idem.Hook) *idem.Processor[pgx.Tx] {
 	t.Helper()
+	return d.processorWith(t, pool, write, hooks...)
+}
+
+// processorWith is processorOn with another handler.
+func (d *db) processorWith(t testing.TB, pool *pgxpool.Pool, h idem.Handler[pgx.Tx], hooks ...idem.Hook) *idem.Processor[pgx.Tx] {
+	t.Helper()
 	store, err := pgxinbox.New(pool, &pgxinbox.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -131,7 +137,7 @@ func (d *db) processorOn(t testing.TB, pool *pgxpool.Pool, hooks ...idem.Hook) *
 	p, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{
 		Consumer: "billing-invoice",
 		Key:      idem.ByMessageID,
-		Handler:  write,
+		Handler:  h,
 		Logger:   quiet,
 		Hooks:    hooks,
 		Retry:    idem.RetryPolicy{InitialBackoff: 10 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, WaitUnavailable: 500 * time.Millisecond},
