@@ -318,7 +318,22 @@ func (c *Consumer[TTx]) prepare(ctx context.Context, js jetstream.JetStream) (je
 	if err := c.ensureDeadLetters(rctx, js, st.CachedInfo()); err != nil {
 		return nil, err
 	}
+	c.durabilityRisks(&st.CachedInfo().Config)
 	return cons, nil
+}
+
+// durabilityRisks logs what of the stream's settings could lose a
+// message the server acknowledged: idem's exactly-once ends where the
+// stream loses what it said it stored. (A server's sync interval is its
+// own configuration, unseen by clients; see docs/nats.md.)
+func (c *Consumer[TTx]) durabilityRisks(sc *jetstream.StreamConfig) {
+	log := c.cfg.Logger.With(slog.String("consumer", c.k.consumer), slog.String("stream", sc.Name))
+	if sc.Storage == jetstream.MemoryStorage {
+		log.Warn("the stream is kept in memory: a server restart loses every message it holds, acknowledged or not")
+	}
+	if sc.Replicas < 3 {
+		log.Info("the stream has fewer than 3 replicas: a lost node or disk can lose acknowledged messages", slog.Int("replicas", sc.Replicas))
+	}
 }
 
 // checkDurable refuses a durable whose settings would discard a message

@@ -49,12 +49,20 @@ func TestMessageFields(t *testing.T) {
 		mu.Unlock()
 		return write(ctx, tx, m)
 	}
-	c, err := idemnats.NewConsumer(d.processorWith(t, d.pool, h), &idemnats.Config{URL: srv.URL(), Stream: stream, Logger: quiet, FetchWait: time.Second})
+	// Confirmed acks: each counts once the server answered it.
+	c, err := idemnats.NewConsumer(d.processorWith(t, d.pool, h), &idemnats.Config{URL: srv.URL(), Stream: stream, Logger: quiet, FetchWait: time.Second, ConfirmAcks: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	stop := running(t, c)
 	waitFor(t, 30*time.Second, "3 messages applied", func() bool { return c.Stats().Applied == 3 })
+	cons, err := js.Consumer(ctx, stream, "billing-invoice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := cons.Info(ctx); err != nil || info.NumAckPending != 0 || info.AckFloor.Stream != 3 {
+		t.Errorf("consumer info after 3 confirmed acks: %+v (%v); want nothing pending, acked up to 3", info, err)
+	}
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
