@@ -1,0 +1,143 @@
+package idemnats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemkit/idem"
+)
+
+// deadLetterWindow is the duplicate window of a dead-letter stream Run
+// creates: a message whose Term was lost comes back within AckWait and
+// is dead-lettered again; the stream keeps one copy.
+const deadLetterWindow = 2 * time.Minute
+
+// ensureDeadLetters checks that the dead-letter stream exists and captures
+// the dead-letter subject, creating it when allowed with the storage and
+// replicas of src.
+func (c *Consumer[TTx]) ensureDeadLetters(ctx context.Context, js jetstream.JetStream, src *jetstream.StreamInfo) error {
+	cfg := &c.cfg
+	s, err := js.Stream(ctx, cfg.DeadLetterStream)
+	switch {
+	case err == nil:
+		subjects := s.CachedInfo().Config.Subjects
+		for _, f := range subjects {
+			if subjectMatches(f, cfg.DeadLetterSubject) {
+				return nil
+			}
+		}
+		return fmt.Errorf("%w: stream %s captures %v, not the dead-letter subject %s", ErrNoDeadLetterDestination, cfg.DeadLetterStream, subjects, cfg.DeadLetterSubject)
+	case !errors.Is(err, jetstream.ErrStreamNotFound):
+		return fmt.Errorf("%w: checking stream %s: %w", ErrNoDeadLetterDestination, cfg.DeadLetterStream, err)
+	case !cfg.CreateDeadLetterStream:
+		return fmt.Errorf("%w: stream %s, the dead-letter stream of %s, does not exist: create it capturing %s (with the replicas of %s), or set idemnats.Config.CreateDeadLetterStream",
+			ErrNoDeadLetterDestination, cfg.DeadLetterStream, cfg.Stream, cfg.DeadLetterSubject, cfg.Stream)
+	}
+	_, err = js.CreateStream(ctx, jetstream.StreamConfig{
+		Name:        cfg.DeadLetterStream,
+		Description: "idem dead letters of stream " + cfg.Stream,
+		Subjects:    []string{cfg.DeadLetterSubject},
+		Storage:     src.Config.Storage,
+		Replicas:    src.Config.Replicas,
+		Retention:   jetstream.LimitsPolicy,
+		Duplicates:  deadLetterWindow,
+	})
+	if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		return fmt.Errorf("%w: creating stream %s: %w", ErrNoDeadLetterDestination, cfg.DeadLetterStream, err)
+	}
+	c.cfg.Logger.Info("dead-letter stream created", "stream", cfg.DeadLetterStream, "subject", cfg.DeadLetterSubject)
+	return nil
+}
+
+// subjectMatches reports whether the subject filter f (with * and >
+// wildcards) matches subject s.
+func subjectMatches(f, s string) bool {
+	ft, st := strings.Split(f, "."), strings.Split(s, ".")
+	for i, t := range ft {
+		if t == ">" {
+			return len(st) > i
+		}
+		if i >= len(st) || t != "*" && t != st[i] {
+			return false
+		}
+	}
+	return len(ft) == len(st)
+}
+
+// origin names a message the way [HeaderOrigin] does: stream/sequence.
+func origin(stream string, m jetstream.Msg) string {
+	if md, err := m.Metadata(); err == nil {
+		return stream + "/" + strconv.FormatUint(md.Sequence.Stream, 10)
+	}
+	return stream + "/?"
+}
+
+// deadLetterMsg copies m for the dead-letter subject: its data and
+// headers (the ID, the event time and the trace context survive for a
+// replay), and why, who, how often, from where.
+func (c *Consumer[TTx]) deadLetterMsg(m jetstream.Msg, res idem.Result) *nats.Msg {
+	reason := "unknown"
+	if res.Err != nil {
+		reason = res.Err.Error()
+	}
+	h := nats.Header{}
+	for k, v := range m.Headers() {
+		h[k] = append([]string(nil), v...)
+	}
+	from := origin(c.cfg.Stream, m)
+	h.Set(HeaderReason, reason)
+	h.Set(HeaderOutcome, res.Outcome.String())
+	h.Set(HeaderConsumer, c.k.consumer)
+	h.Set(HeaderAttempts, strconv.Itoa(res.Attempts))
+	h.Set(HeaderOrigin, from)
+	h.Set(HeaderSubject, m.Subject())
+	if h.Get(jetstream.MsgIDHeader) == "" {
+		// The stream's dedupe key: a message whose Term was lost comes
+		// back and is dead-lettered again, into the same copy.
+		h.Set(jetstream.MsgIDHeader, from)
+	}
+	return &nats.Msg{Subject: c.cfg.DeadLetterSubject, Header: h, Data: m.Data()}
+}
+
+// deadLetter publishes m's dead letter and waits for the dead-letter
+// stream's PubAck, trying again with backoff while ctx lives: terminating
+// a message that is in neither the database nor the dead-letter stream
+// would lose it. The caller keeps the message alive with heartbeats
+// meanwhile.
+func (c *Consumer[TTx]) deadLetter(ctx context.Context, js jetstream.JetStream, m jetstream.Msg, res idem.Result) error {
+	dl := c.deadLetterMsg(m, res)
+	for try := 1; ; try++ {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := js.PublishMsg(pctx, dl, jetstream.WithExpectStream(c.cfg.DeadLetterStream))
+		cancel()
+		c.k.deadLettered(c.cfg.DeadLetterStream, res, err)
+		if err == nil {
+			return nil
+		}
+		c.k.failed(fmt.Errorf("publishing dead letter: %w", err))
+		c.cfg.Logger.Error("publishing dead letter failed; the message is kept and published again",
+			"consumer", c.k.consumer, "origin", dl.Header.Get(HeaderOrigin), "dead_letter_stream", c.cfg.DeadLetterStream, "error", err)
+		if err := sleep(ctx, c.k.wait(try)); err != nil {
+			return fmt.Errorf("publishing dead letter to %s: %w", c.cfg.DeadLetterStream, err)
+		}
+	}
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
