@@ -250,6 +250,28 @@ type reconcileRun struct {
 	Audit    *int64              `json:"audit_id,omitempty"`
 }
 
+// MarshalJSON writes the report's fields with the repair's beside them
+// (the report's own MarshalJSON would otherwise be the run's).
+func (r reconcileRun) MarshalJSON() ([]byte, error) {
+	b, err := json.Marshal(r.Report)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	if r.Repaired != nil {
+		if m["repaired"], err = json.Marshal(r.Repaired); err != nil {
+			return nil, err
+		}
+	}
+	if r.Audit != nil {
+		m["audit_id"] = json.RawMessage(fmt.Sprint(*r.Audit))
+	}
+	return json.Marshal(m)
+}
+
 func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	f := newReconcileFlags(stdout)
 	if err := f.parse(args); err != nil {
@@ -301,9 +323,11 @@ func (f *reconcileFlags) judge(ctx context.Context, pool *pgxpool.Pool) (*idem.P
 		}
 	}
 	p, err := idem.NewProcessor(st, &idem.Config[pgx.Tx]{
-		Consumer:      f.consumer,
-		Key:           f.keyFunc,
-		Handler:       func(context.Context, pgx.Tx, idem.Message) error { return errors.New("reconcile: a judge runs no handler") },
+		Consumer: f.consumer,
+		Key:      f.keyFunc,
+		Handler: func(context.Context, pgx.Tx, idem.Message) error {
+			return errors.New("reconcile: a judge runs no handler")
+		},
 		RefuseUntimed: f.untimed,
 		RefuseLate:    f.refuseLate,
 		Horizon:       idem.Horizon{MaxAhead: f.ahead},
