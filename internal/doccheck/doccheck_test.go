@@ -61,6 +61,7 @@ var imports = map[string]string{
 	"amqppub":      "github.com/idemkit/idem/outbox/amqppub",
 	"kafkapub":     "github.com/idemkit/idem/outbox/kafkapub",
 	"pgxinbox":     "github.com/idemkit/idem/pgxinbox",
+	"reconcile":    "github.com/idemkit/idem/reconcile",
 	"retention":    "github.com/idemkit/idem/retention",
 	"sqlinbox":     "github.com/idemkit/idem/sqlinbox",
 	"sqliteinbox":  "github.com/idemkit/idem/sqliteinbox",
