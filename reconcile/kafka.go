@@ -39,6 +39,9 @@ type Kafka struct {
 	// Offsets, when set, bounds every partition by offset instead of by
 	// the range's time.
 	Offsets *Offsets
+	// Idle bounds how long a read waits for the next record of a
+	// partition not yet at its end before it fails. Defaults to 30s.
+	Idle time.Duration
 }
 
 // Offsets is a range of offsets, the same for every partition: From <=
@@ -133,8 +136,9 @@ func (k *Kafka) bounds(ctx context.Context, cl *kgo.Client, r Range) (from, end 
 
 // Read implements [Source]: every partition from its first offset in the
 // range to its last, a fetch at a time. The range ends at the partition's
-// end offset when Read starts; a range that ends on control records (of
-// transactional producers) is not supported.
+// end offset when Read starts; a range that ends on offsets no fetch
+// returns (compacted away, control records of transactions) fails after
+// Idle instead of waiting for ever.
 func (k *Kafka) Read(ctx context.Context, r Range, page func([]Candidate) error) error {
 	if len(k.Brokers) == 0 || k.Topic == "" {
 		return errors.New("reconcile: Kafka needs Brokers and Topic")
@@ -165,15 +169,33 @@ func (k *Kafka) Read(ctx context.Context, r Range, page func([]Candidate) error)
 		return fmt.Errorf("reconcile: kafka client: %w", err)
 	}
 	defer cl.Close()
+	idle := k.Idle
+	if idle <= 0 {
+		idle = 30 * time.Second
+	}
 	done := map[int32]bool{}
 	for len(done) < left {
-		fs := cl.PollFetches(ctx)
+		pollCtx, cancel := context.WithTimeout(ctx, idle)
+		fs := cl.PollFetches(pollCtx)
+		timedOut := pollCtx.Err() != nil
+		cancel()
 		if err := ctx.Err(); err != nil {
 			return err
 		}
+		if timedOut && fs.NumRecords() == 0 {
+			var waiting []string
+			for p := range offsets {
+				if !done[p] {
+					waiting = append(waiting, fmt.Sprintf("%d (end %d)", p, end[p]))
+				}
+			}
+			return fmt.Errorf("reconcile: reading topic %s: no record for %s from partitions %v: their range ends on offsets no fetch returns (compacted away, or control records of transactions)", k.Topic, idle, waiting)
+		}
 		var ferr error
 		fs.EachError(func(_ string, p int32, err error) {
-			ferr = errors.Join(ferr, fmt.Errorf("partition %d: %w", p, err))
+			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+				ferr = errors.Join(ferr, fmt.Errorf("partition %d: %w", p, err))
+			}
 		})
 		if ferr != nil {
 			return fmt.Errorf("reconcile: reading topic %s: %w", k.Topic, ferr)
