@@ -136,9 +136,10 @@ func (k *Kafka) bounds(ctx context.Context, cl *kgo.Client, r Range) (from, end 
 
 // Read implements [Source]: every partition from its first offset in the
 // range to its last, a fetch at a time. The range ends at the partition's
-// end offset when Read starts; a range that ends on offsets no fetch
-// returns (compacted away, control records of transactions) fails after
-// Idle instead of waiting for ever.
+// end offset when Read starts. Records are read uncommitted, as an
+// idemkafka consumer reads them; transaction markers are skipped. A range
+// that ends on offsets compacted away fails after Idle instead of waiting
+// for ever.
 func (k *Kafka) Read(ctx context.Context, r Range, page func([]Candidate) error) error {
 	if len(k.Brokers) == 0 || k.Topic == "" {
 		return errors.New("reconcile: Kafka needs Brokers and Topic")
@@ -164,7 +165,10 @@ func (k *Kafka) Read(ctx context.Context, r Range, page func([]Candidate) error)
 		return nil
 	}
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(k.Brokers...)}, append(k.Options,
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{k.Topic: offsets}))...)...)
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{k.Topic: offsets}),
+		// The markers of transactions take offsets too: seen, they show a
+		// partition's end.
+		kgo.KeepControlRecords())...)...)
 	if err != nil {
 		return fmt.Errorf("reconcile: kafka client: %w", err)
 	}
@@ -189,7 +193,7 @@ func (k *Kafka) Read(ctx context.Context, r Range, page func([]Candidate) error)
 					waiting = append(waiting, fmt.Sprintf("%d (end %d)", p, end[p]))
 				}
 			}
-			return fmt.Errorf("reconcile: reading topic %s: no record for %s from partitions %v: their range ends on offsets no fetch returns (compacted away, or control records of transactions)", k.Topic, idle, waiting)
+			return fmt.Errorf("reconcile: reading topic %s: no record for %s from partitions %v: their range ends on offsets no fetch returns (compacted away)", k.Topic, idle, waiting)
 		}
 		var ferr error
 		fs.EachError(func(_ string, p int32, err error) {
@@ -209,6 +213,9 @@ func (k *Kafka) Read(ctx context.Context, r Range, page func([]Candidate) error)
 			}
 			if rec.Offset+1 >= end[p] {
 				done[p] = true
+			}
+			if rec.Attrs.IsControl() {
+				return
 			}
 			c := k.candidate(rec)
 			if k.Offsets == nil && !r.Contains(rec.Timestamp) {

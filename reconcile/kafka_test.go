@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemkafka"
 	"github.com/idemkit/idem/internal/kafkatest"
@@ -101,5 +103,38 @@ func TestReconcileKafkaTopic(t *testing.T) {
 	}
 	if rows, distinct := d.effects(t); rows != n || distinct != n {
 		t.Fatalf("effects: %d rows for %d messages, want %d once each", rows, distinct, n)
+	}
+}
+
+// TestReconcileKafkaTransactionalTail: a topic whose range ends on the
+// marker of a committed transaction is read to its end (the marker shows
+// it), and the transaction's records are judged like any other.
+func TestReconcileKafkaTransactionalTail(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := newDB(t)
+	k := kafkatest.NewCluster(t)
+	brokers := k.ListenAddrs()
+	kafkatest.CreateTopics(t, brokers, 1, "events")
+	cl := kafkatest.Client(t, brokers, kgo.TransactionalID("reconcile-test"), kgo.DefaultProduceTopic("events"))
+	if err := cl.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		rec := &kgo.Record{Value: []byte("x"), Headers: []kgo.RecordHeader{{Key: idemkafka.DefaultIDHeader, Value: fmt.Appendf(nil, "tx-%d", i)}}}
+		if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Fatal(err)
+	}
+	proc := d.processor(t, idem.ByMessageID)
+	rep, err := reconcile.Check(ctx, &reconcile.Kafka{Brokers: brokers, Topic: "events", Idle: 2 * time.Minute}, proc, reconcile.Range{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := missingIDs(&rep); rep.Checked != 3 || !slices.Equal(got, []string{"tx-0", "tx-1", "tx-2"}) {
+		t.Fatalf("checked %d, missing %v: want the 3 records of the transaction", rep.Checked, got)
 	}
 }
