@@ -250,26 +250,28 @@ type reconcileRun struct {
 	Audit    *int64              `json:"audit_id,omitempty"`
 }
 
-// MarshalJSON writes the report's fields with the repair's beside them
-// (the report's own MarshalJSON would otherwise be the run's).
+// MarshalJSON writes the report's fields, in order, with the repair's
+// after them (the report's own MarshalJSON would otherwise be the run's).
 func (r reconcileRun) MarshalJSON() ([]byte, error) {
 	b, err := json.Marshal(r.Report)
 	if err != nil {
 		return nil, err
 	}
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, err
+	if r.Repaired == nil && r.Audit == nil {
+		return b, nil
 	}
+	b = b[:len(b)-1] // the closing brace
 	if r.Repaired != nil {
-		if m["repaired"], err = json.Marshal(r.Repaired); err != nil {
+		rb, err := json.Marshal(r.Repaired)
+		if err != nil {
 			return nil, err
 		}
+		b = append(append(b, `,"repaired":`...), rb...)
 	}
 	if r.Audit != nil {
-		m["audit_id"] = json.RawMessage(fmt.Sprint(*r.Audit))
+		b = fmt.Appendf(b, `,"audit_id":%d`, *r.Audit)
 	}
-	return json.Marshal(m)
+	return append(b, '}'), nil
 }
 
 func runReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) error {
