@@ -43,11 +43,61 @@ func (p *Processor[TTx]) Predict(ctx context.Context, msg Message) (Result, erro
 	if err != nil {
 		return Result{MessageID: msg.ID, Key: it.res.Key}, err
 	}
+	p.judgeMarker(it, m, ok)
+	return it.res, nil
+}
+
+// PredictBatch is [Processor.Predict] for many messages at once: the same
+// answers, in msgs' order, with the markers of all their keys read in one
+// lookup in one rolled-back transaction instead of one transaction per
+// message. An error means the inbox could not be read: nothing is
+// predicted.
+func (p *Processor[TTx]) PredictBatch(ctx context.Context, msgs []Message) ([]Result, error) {
+	if err := p.ready(ctx, false); err != nil {
+		return nil, err
+	}
+	items := make([]*item, len(msgs))
+	var keys []string
+	seen := make(map[string]bool, len(msgs))
+	for i, msg := range msgs {
+		it := new(item)
+		p.admit(it, msg, true)
+		items[i] = it
+		if it.res.Outcome != 0 {
+			continue
+		}
+		if p.cfg.Natural {
+			it.res.Outcome = Applied
+			continue
+		}
+		if !seen[it.claim.Key] {
+			seen[it.claim.Key] = true
+			keys = append(keys, it.claim.Key)
+		}
+	}
+	markers, err := p.lookupMarkers(ctx, keys)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Result, len(msgs))
+	for i, it := range items {
+		if it.res.Outcome == 0 {
+			m, ok := markers[it.claim.Key]
+			p.judgeMarker(it, m, ok)
+		}
+		out[i] = it.res
+	}
+	return out, nil
+}
+
+// judgeMarker completes the prediction of an admitted item from its key's
+// marker (ok: one was found).
+func (p *Processor[TTx]) judgeMarker(it *item, m idemstore.Marker, ok bool) {
 	if ok {
 		it.res.Outcome = Duplicate
 		it.res.First = &m
 		it.res.Conflict = !bytes.Equal(m.BodySHA256, it.claim.BodySHA256)
-		return it.res, nil
+		return
 	}
 	it.res.Outcome = Applied
 	if p.needsLateCheck(it) {
@@ -55,7 +105,6 @@ func (p *Processor[TTx]) Predict(ctx context.Context, msg Message) (Result, erro
 			it.res.PrunedOn = day
 		}
 	}
-	return it.res, nil
 }
 
 // Refresh reads the inbox's stored settings and pruned-key summaries now,
@@ -68,6 +117,20 @@ func (p *Processor[TTx]) Refresh(ctx context.Context) error {
 // lookupMarker reads key's marker in a transaction of its own, which it
 // rolls back: it writes nothing and holds no lock past its return.
 func (p *Processor[TTx]) lookupMarker(ctx context.Context, key string) (idemstore.Marker, bool, error) {
+	ms, err := p.lookupMarkers(ctx, []string{key})
+	if err != nil {
+		return idemstore.Marker{}, false, err
+	}
+	m, ok := ms[key]
+	return m, ok, nil
+}
+
+// lookupMarkers reads the markers of keys in a transaction of its own,
+// which it rolls back: it writes nothing and holds no lock past its return.
+func (p *Processor[TTx]) lookupMarkers(ctx context.Context, keys []string) (map[string]idemstore.Marker, error) {
+	if len(keys) == 0 {
+		return map[string]idemstore.Marker{}, nil
+	}
 	if p.cfg.TxTimeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, p.cfg.TxTimeout)
@@ -75,13 +138,15 @@ func (p *Processor[TTx]) lookupMarker(ctx context.Context, key string) (idemstor
 	}
 	tx, err := p.store.Begin(ctx)
 	if err != nil {
-		return idemstore.Marker{}, false, wrapStep(stepBegin, err)
+		return nil, wrapStep(stepBegin, err)
 	}
 	defer func() { _ = p.store.Rollback(context.WithoutCancel(ctx), tx) }()
-	ms, err := p.store.Lookup(ctx, tx, p.cfg.Consumer, []string{key})
+	ms, err := p.store.Lookup(ctx, tx, p.cfg.Consumer, keys)
 	if err != nil {
-		return idemstore.Marker{}, false, wrapStep(stepLookup, fmt.Errorf("key %q: %w", key, err))
+		if len(keys) == 1 {
+			err = fmt.Errorf("key %q: %w", keys[0], err)
+		}
+		return nil, wrapStep(stepLookup, err)
 	}
-	m, ok := ms[key]
-	return m, ok, nil
+	return ms, nil
 }

@@ -183,6 +183,16 @@ func testPredict[TTx any](t *testing.T, env predictEnv[TTx]) {
 		if err != nil {
 			t.Fatalf("%s: predict: %v", name, err)
 		}
+		// PredictBatch gives the same answer, for each copy in a batch.
+		bs, err := p.PredictBatch(ctx, []idem.Message{m, m})
+		if err != nil {
+			t.Fatalf("%s: predict batch: %v", name, err)
+		}
+		for i, b := range bs {
+			if b.Outcome != pr.Outcome || b.Key != pr.Key || !b.PrunedOn.Equal(pr.PrunedOn) || (b.Err == nil) != (pr.Err == nil) || (b.First == nil) != (pr.First == nil) {
+				t.Errorf("%s: batch copy %d predicted %s key %q (%v), Predict %s key %q (%v)", name, i, b.Outcome, b.Key, b.Err, pr.Outcome, pr.Key, pr.Err)
+			}
+		}
 		if n := env.markers(t); n != before {
 			t.Fatalf("%s: predict changed the inbox: %d markers, %d before", name, n, before)
 		}

@@ -42,3 +42,11 @@ func (o *Outbox[TTx]) Retry(ctx context.Context, f RetryFilter) (int64, error) {
 func (o *Outbox[TTx]) ParkedRows(ctx context.Context, limit int) ([]ParkedRow, error) {
 	return o.parkedRows(ctx, limit)
 }
+
+// SentRows lists the rows the broker confirmed that f selects, oldest
+// sequence first, with their payload as the relay published it: what a
+// reconciliation (package reconcile) checks each consumer for, and
+// redelivers from.
+func (o *Outbox[TTx]) SentRows(ctx context.Context, f SentFilter) ([]Record, error) {
+	return o.sentRows(ctx, f)
+}

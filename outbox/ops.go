@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -218,6 +219,68 @@ func (c *core) parkedRows(ctx context.Context, limit int) ([]ParkedRow, error) {
 	})
 	if err != nil {
 		return nil, c.wrap("listing the parked rows", err)
+	}
+	return out, nil
+}
+
+// SentFilter selects sent rows for [Outbox.SentRows].
+type SentFilter struct {
+	// From and To bound the rows' event time: From <= event time < To.
+	// A zero From means from the start; a zero To means up to now and
+	// beyond.
+	From, To time.Time
+	// Destination keeps the rows of one topic or exchange; empty: all.
+	Destination string
+	// AfterSeq lists rows after this sequence number, to page through a
+	// range: pass the last Seq of the previous page.
+	AfterSeq int64
+	// Limit bounds the rows returned; 0 means 1000.
+	Limit int
+}
+
+// farFuture bounds a SentFilter without To.
+var farFuture = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// sentRows lists the rows the broker confirmed that f selects, in seq
+// order, as the relay published them: for a reconciliation, which checks
+// that each reached its consumer.
+func (c *core) sentRows(ctx context.Context, f SentFilter) ([]Record, error) {
+	if f.Limit <= 0 {
+		f.Limit = 1000
+	}
+	from, to := f.From, f.To
+	if from.IsZero() {
+		from = never
+	}
+	if to.IsZero() {
+		to = farFuture
+	}
+	var out []Record
+	err := c.drv.Read(ctx, func(conn inboxdb.Conn) error {
+		return conn.Query(ctx, c.s.sent, func(rw inboxdb.Row) error {
+			var r Record
+			var headers sql.NullString
+			var eventTime any
+			var shard int
+			if err := rw.Scan(&r.Seq, &r.ID, &r.Destination, &r.RoutingKey, &r.Key, &headers, &r.Body, &eventTime, &r.Attempts, &shard); err != nil {
+				return err
+			}
+			t, err := c.s.scanTime(eventTime)
+			if err != nil {
+				return err
+			}
+			r.EventTime = t.UTC()
+			if headers.Valid {
+				if err := json.Unmarshal([]byte(headers.String), &r.Headers); err != nil {
+					return fmt.Errorf("row %d: decoding headers: %w", r.Seq, err)
+				}
+			}
+			out = append(out, r)
+			return nil
+		}, f.AfterSeq, c.s.timeArg(from.UTC()), c.s.timeArg(to.UTC()), f.Destination, f.Limit)
+	})
+	if err != nil {
+		return nil, c.wrap("listing the sent rows", err)
 	}
 	return out, nil
 }

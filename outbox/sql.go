@@ -61,6 +61,7 @@ type statements struct {
 	prunable  string // $1 cutoff → count
 	unpark    string // $1 destination ("" any), $2 key ("" any), $3 id ("" any) → rows
 	parked    string // $1 limit → seq, id, destination, key, attempts, parked_at, reason
+	sent      string // $1 after seq, $2 from, $3 to, $4 destination ("" any), $5 limit → rows as read
 	dbNow     string // → now
 	shardsNow string // → the shard count stored
 }
@@ -169,12 +170,15 @@ FROM ` + q + ` GROUP BY destination ORDER BY destination`
 	s.unpark = `UPDATE ` + q + ` SET parked_at = NULL, parked_reason = NULL, attempts = 0, available_at = NULL
 WHERE parked_at IS NOT NULL AND sent_at IS NULL AND ($1 = '' OR destination = $1) AND ($2 = '' OR key = $2) AND ($3 = '' OR id = $3)`
 	s.parked = `SELECT seq, id, destination, key, attempts, parked_at, parked_reason FROM ` + q + ` WHERE parked_at IS NOT NULL AND sent_at IS NULL ORDER BY seq LIMIT $1`
+	s.sent = `SELECT seq, id, destination, routing_key, key, headers, body, event_time, attempts, shard FROM ` + q + `
+WHERE seq > $1 AND sent_at IS NOT NULL AND event_time >= $2 AND event_time < $3 AND ($4 = '' OR destination = $4)
+ORDER BY seq LIMIT $5`
 	s.dbNow = `SELECT ` + now
 
 	if dialect == "sqlite" {
 		for _, p := range []*string{&s.insert, &s.readMeta, &s.insertMeta, &s.updateMeta, &s.insertLease,
 			&s.read, &s.readStrict, &s.validLeases, &s.markSent, &s.markRefused, &s.presence, &s.absent, &s.forget,
-			&s.liveRelays, &s.claim, &s.renew, &s.release, &s.prune, &s.prunable, &s.unpark, &s.parked} {
+			&s.liveRelays, &s.claim, &s.renew, &s.release, &s.prune, &s.prunable, &s.unpark, &s.parked, &s.sent} {
 			*p = dollarParam.ReplaceAllString(*p, "?$1")
 		}
 	}

@@ -65,6 +65,7 @@ var imports = map[string]string{
 	"jetstream":    "github.com/nats-io/nats.go/jetstream",
 	"nats":         "github.com/nats-io/nats.go",
 	"pgxinbox":     "github.com/idemkit/idem/pgxinbox",
+	"reconcile":    "github.com/idemkit/idem/reconcile",
 	"retention":    "github.com/idemkit/idem/retention",
 	"sqlinbox":     "github.com/idemkit/idem/sqlinbox",
 	"sqliteinbox":  "github.com/idemkit/idem/sqliteinbox",
