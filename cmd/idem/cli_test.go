@@ -791,3 +791,24 @@ func TestMigrateWindowHelp(t *testing.T) {
 		t.Errorf("idem inbox prune -h lost its --window help:\n%s", r.stdout)
 	}
 }
+
+// TestCommandsNameTheirDatabase pins that a command that touched a database
+// names it on stderr, once, and that a failing one keeps its one error line.
+func TestCommandsNameTheirDatabase(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "named.db")
+	args := []string{"inbox", "migrate", "--sqlite", file}
+	cli(t, args...).expect(t, 0, args)
+	args = []string{"inbox", "stats", "--sqlite", file}
+	r := cli(t, args...)
+	r.expect(t, 0, args)
+	if want := "idem inbox stats: database: SQLite " + file + "\n"; r.stderr != want {
+		t.Fatalf("stderr %q, want %q", r.stderr, want)
+	}
+	args = []string{"inbox", "stats", "--sqlite", file, "--json"}
+	r = cli(t, args...)
+	r.expect(t, 0, args)
+	if r.stderr != "" {
+		t.Fatalf("--json: stderr %q, want nothing beside the JSON", r.stderr)
+	}
+}
