@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/audit"
-	"github.com/idemkit/idem/console"
+	"github.com/idemkit/idem/cmd/idem/internal/console"
 	"github.com/idemkit/idem/dlq"
 )
 
