@@ -15,13 +15,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/idem/idemkafka"
 	"github.com/idemkit/idem/idemrabbitmq"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
+
+	"github.com/idemkit/idem/internal/kafkatest"
 )
 
 // dlqRun runs `idem dlq args...` and fails the test unless it exits with
@@ -332,11 +333,7 @@ func TestDLQUsage(t *testing.T) {
 func TestDLQCommandsKafka(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := kafkatest.NewCluster(t)
 	brokers := strings.Join(c.ListenAddrs(), ",")
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ProducerLinger(0))
 	if err != nil {
@@ -499,11 +496,7 @@ func TestDLQJSONOneDocumentOnFailure(t *testing.T) {
 func TestDLQKafkaLetterThatStaysExits1(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := kafkatest.NewCluster(t)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ProducerLinger(0))
 	if err != nil {
 		t.Fatal(err)
