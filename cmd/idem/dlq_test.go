@@ -23,6 +23,8 @@ import (
 	"github.com/idemkit/idem/pgxinbox"
 
 	"github.com/idemkit/idem/internal/kafkatest"
+
+	"github.com/idemkit/idem/internal/amqptest"
 )
 
 // dlqRun runs `idem dlq args...` and fails the test unless it exits with
@@ -38,12 +40,7 @@ func dlqRun(t *testing.T, want int, args ...string) (stdout, stderr string) {
 	return out.String(), errb.String()
 }
 
-func testAMQPURL() string {
-	if u := os.Getenv("IDEM_AMQP_URL"); u != "" {
-		return u
-	}
-	return defaultAMQPURL
-}
+func testAMQPURL() string { return amqptest.URL() }
 
 func suffix() string {
 	b := make([]byte, 4)
@@ -587,4 +584,15 @@ func TestDLQShowBodyAndPosition(t *testing.T) {
 		t.Fatalf("show --at #2:\n%s", out)
 	}
 	dlqRun(t, 1, append([]string{"show", "--at", "#3"}, q...)...)
+	// The selectors of list and redrive select for show and list too: a
+	// letter without an ID is shown by its reason.
+	out, _ = dlqRun(t, 0, append([]string{"show", "--reason", "no id"}, q...)...)
+	if !strings.Contains(out, `{"no":"id"}`) || !strings.Contains(out, "message     -") {
+		t.Fatalf("show --reason:\n%s", out)
+	}
+	dlqRun(t, 1, append([]string{"show", "--reason", "no such reason"}, q...)...)
+	out, _ = dlqRun(t, 0, "list", "--queue", e.topo.DeadLetterQueue, "--reason", "no id")
+	if !strings.Contains(out, ": 1 dead letters") || strings.Contains(out, "too big") {
+		t.Fatalf("list --reason:\n%s", out)
+	}
 }
