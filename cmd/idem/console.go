@@ -193,7 +193,7 @@ func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if ip := net.ParseIP(host); (ip == nil || !ip.IsLoopback()) && host != "localhost" {
 		fmt.Fprintf(stderr, "idem console: warning: --listen %s is not a loopback address: anyone who reaches it sees the dead letters' bodies\n", *listen)
 	}
-	fmt.Fprintf(stdout, "idem console: serving http://%s/ (%s)\n", ln.Addr(), mode)
+	fmt.Fprintf(stdout, "idem console: serving http://%s/ (%s); database: PostgreSQL %s\n", ln.Addr(), mode, redactURL(databaseURL(f.db.database)))
 	srv := &http.Server{Handler: c, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
