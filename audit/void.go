@@ -85,84 +85,26 @@ type VoidResult struct {
 // facts. Running it again once done changes nothing: voided rows are no
 // longer live, so no group is left with extras.
 func (a *Auditor) Void(ctx context.Context, opt VoidOptions) (*VoidResult, error) {
-	if a.p.status == nil {
-		return nil, fmt.Errorf("%w: voiding marks rows by their status column, and the spec names none", ErrInvalidSpec)
-	}
-	if a.p.id == nil {
-		return nil, fmt.Errorf("%w: voiding names every row it voids by its id column, and the spec names none", ErrInvalidSpec)
-	}
-	if opt.Apply && (strings.TrimSpace(opt.Reason) == "" || strings.TrimSpace(opt.Actor) == "") {
-		return nil, fmt.Errorf("%w: a void that writes needs a reason and an actor (who is voiding)", ErrInvalidSpec)
+	if err := a.checkVoid(opt); err != nil {
+		return nil, err
 	}
 	if opt.LockTimeout == 0 {
 		opt.LockTimeout = 10 * time.Second
 	}
-	var added []string
-	if opt.Apply && opt.AddColumns && a.d.ddlCommits() {
-		// DDL would commit the transaction half-way: add the columns
-		// first, on their own. They stay if the void then fails; they are
-		// nullable and a later void uses them.
-		ti, err := a.inspect(ctx, a.db, true)
-		if err != nil {
-			return nil, err
-		}
-		if missing := a.missingAuditColumns(ti); len(missing) > 0 {
-			if _, err := a.db.exec(ctx, a.d.addColumns(a.p, missing)); err != nil {
-				return nil, fmt.Errorf("adding audit columns to %s: %w", a.p.table, err)
-			}
-			added = identNames(missing)
-		}
-	}
-	mode := readOnly
-	if opt.Apply {
-		mode = readWrite
-	}
-	tx, err := a.db.begin(ctx, mode)
+	added, err := a.addColumnsFirst(ctx, opt)
 	if err != nil {
-		return nil, fmt.Errorf("beginning void transaction: %w", err)
+		return nil, err
+	}
+	tx, err := a.beginVoid(ctx, opt)
+	if err != nil {
+		return nil, err
 	}
 	defer func() { _ = tx.rollback(context.WithoutCancel(ctx)) }()
-	if opt.LockTimeout > 0 {
-		if _, err := tx.exec(ctx, a.d.setLockTimeout(), a.d.lockTimeoutArg(opt.LockTimeout)); err != nil {
-			return nil, fmt.Errorf("setting lock timeout: %w", err)
-		}
-	}
-	ti, err := a.inspect(ctx, tx, true)
-	if err != nil {
-		return nil, err
-	}
 	res := &VoidResult{Table: a.p.table.String(), KeyColumns: a.p.keyNames(), Forced: opt.Force, AddedColumns: added}
-	if missing := a.missingAuditColumns(ti); len(missing) > 0 {
-		if !opt.AddColumns {
-			return nil, fmt.Errorf("%w: table %s has no column %s",
-				ErrMissingColumns, a.p.table, strings.Join(identNames(missing), ", "))
-		}
-		res.AddedColumns = identNames(missing)
-		if opt.Apply {
-			if _, err := tx.exec(ctx, a.d.addColumns(a.p, missing)); err != nil {
-				return nil, fmt.Errorf("adding audit columns to %s: %w", a.p.table, err)
-			}
-		}
-	}
-	// Reads lock on an engine that voids at SERIALIZABLE: a lock wait or
-	// deadlock there is a concurrent change too.
-	sum, err := a.summary(ctx, tx)
-	if err != nil {
-		return nil, a.classifyVoidErr(err)
-	}
-	res.Groups, res.Activity = sum.Groups, sum.Activity
-	unpaid, paid, err := a.extraRows(ctx, tx)
-	if err != nil {
-		return nil, a.classifyVoidErr(err)
-	}
-	res.Voided, res.Refund = unpaid, paid
-	if opt.IncludePaid {
-		res.Voided = append(append([]Row(nil), unpaid...), paid...)
-	}
-	if res.VoidedAmount, err = a.total(res.Voided); err != nil {
+	if err := a.voidColumns(ctx, tx, opt, res); err != nil {
 		return nil, err
 	}
-	if res.RefundAmount, err = a.total(res.Refund); err != nil {
+	if err := a.listVoid(ctx, tx, opt, res); err != nil {
 		return nil, err
 	}
 	if len(res.Voided) > 0 && res.Activity.StillBeingCreated && !opt.Force {
@@ -182,6 +124,118 @@ func (a *Auditor) Void(ctx context.Context, opt VoidOptions) (*VoidResult, error
 	}
 	res.Applied = true
 	return res, nil
+}
+
+// checkVoid refuses, wrapping [ErrInvalidSpec], a void the spec cannot
+// carry out (no status or id column) and one that writes without a reason
+// and an actor.
+func (a *Auditor) checkVoid(opt VoidOptions) error {
+	if a.p.status == nil {
+		return fmt.Errorf("%w: voiding marks rows by their status column, and the spec names none", ErrInvalidSpec)
+	}
+	if a.p.id == nil {
+		return fmt.Errorf("%w: voiding names every row it voids by its id column, and the spec names none", ErrInvalidSpec)
+	}
+	if opt.Apply && (strings.TrimSpace(opt.Reason) == "" || strings.TrimSpace(opt.Actor) == "") {
+		return fmt.Errorf("%w: a void that writes needs a reason and an actor (who is voiding)", ErrInvalidSpec)
+	}
+	return nil
+}
+
+// addColumnsFirst adds the missing audit columns before the void's
+// transaction, on an engine where DDL would commit that transaction
+// half-way, and returns the names it added. The columns stay if the void
+// then fails; they are nullable and a later void uses them. Elsewhere it
+// adds nothing: the void's transaction adds them.
+func (a *Auditor) addColumnsFirst(ctx context.Context, opt VoidOptions) ([]string, error) {
+	if !opt.Apply || !opt.AddColumns || !a.d.ddlCommits() {
+		return nil, nil
+	}
+	ti, err := a.inspect(ctx, a.db, true)
+	if err != nil {
+		return nil, err
+	}
+	missing := a.missingAuditColumns(ti)
+	if len(missing) == 0 {
+		return nil, nil
+	}
+	if _, err := a.db.exec(ctx, a.d.addColumns(a.p, missing)); err != nil {
+		return nil, fmt.Errorf("adding audit columns to %s: %w", a.p.table, err)
+	}
+	return identNames(missing), nil
+}
+
+// beginVoid begins the void's transaction, read-only for a dry run, with
+// every lock wait bounded by opt.LockTimeout (unless negative).
+func (a *Auditor) beginVoid(ctx context.Context, opt VoidOptions) (txConn, error) {
+	mode := readOnly
+	if opt.Apply {
+		mode = readWrite
+	}
+	t, err := a.db.begin(ctx, mode)
+	if err != nil {
+		return nil, fmt.Errorf("beginning void transaction: %w", err)
+	}
+	if opt.LockTimeout > 0 {
+		if _, err := t.exec(ctx, a.d.setLockTimeout(), a.d.lockTimeoutArg(opt.LockTimeout)); err != nil {
+			_ = t.rollback(context.WithoutCancel(ctx))
+			return nil, fmt.Errorf("setting lock timeout: %w", err)
+		}
+	}
+	return t, nil
+}
+
+// voidColumns checks, inside the transaction, that the audit columns are
+// there: missing ones are refused with [ErrMissingColumns] unless
+// opt.AddColumns, which reports them in res and, with opt.Apply, adds
+// them in the transaction.
+func (a *Auditor) voidColumns(ctx context.Context, t txConn, opt VoidOptions, res *VoidResult) error {
+	ti, err := a.inspect(ctx, t, true)
+	if err != nil {
+		return err
+	}
+	missing := a.missingAuditColumns(ti)
+	if len(missing) == 0 {
+		return nil
+	}
+	if !opt.AddColumns {
+		return fmt.Errorf("%w: table %s has no column %s",
+			ErrMissingColumns, a.p.table, strings.Join(identNames(missing), ", "))
+	}
+	res.AddedColumns = identNames(missing)
+	if opt.Apply {
+		if _, err := t.exec(ctx, a.d.addColumns(a.p, missing)); err != nil {
+			return fmt.Errorf("adding audit columns to %s: %w", a.p.table, err)
+		}
+	}
+	return nil
+}
+
+// listVoid fills res with the duplicate groups, the activity, the rows to
+// void (the unpaid extras, and the paid ones with opt.IncludePaid), the
+// paid extras to refund, and their totals, all read in the transaction's
+// one snapshot.
+func (a *Auditor) listVoid(ctx context.Context, t txConn, opt VoidOptions, res *VoidResult) error {
+	// Reads lock on an engine that voids at SERIALIZABLE: a lock wait or
+	// deadlock there is a concurrent change too.
+	sum, err := a.summary(ctx, t)
+	if err != nil {
+		return a.classifyVoidErr(err)
+	}
+	res.Groups, res.Activity = sum.Groups, sum.Activity
+	unpaid, paid, err := a.extraRows(ctx, t)
+	if err != nil {
+		return a.classifyVoidErr(err)
+	}
+	res.Voided, res.Refund = unpaid, paid
+	if opt.IncludePaid {
+		res.Voided = append(append([]Row(nil), unpaid...), paid...)
+	}
+	if res.VoidedAmount, err = a.total(res.Voided); err != nil {
+		return err
+	}
+	res.RefundAmount, err = a.total(res.Refund)
+	return err
 }
 
 func (a *Auditor) update(ctx context.Context, tx conn, opt VoidOptions, want []Row) error {

@@ -490,200 +490,314 @@ func Replay(ctx context.Context, src Source, in *Inbox, sel Selection, r Retirem
 	return walk(ctx, src, in, sel, "replay", &r)
 }
 
-func walk(ctx context.Context, src Source, in *Inbox, sel Selection, op string, ret *Retirement) (Result, error) {
-	res := Result{DLQ: src.Name(), DryRun: !sel.Apply, Items: []Item{}}
-	pace := newPacer(sel.Rate)
-	byLetter := map[*Letter]int{}
+// walker is one redrive, purge or replay over a source: the state a walk
+// keeps between letters, and the steps that decide each one.
+type walker struct {
+	ctx  context.Context
+	src  Source
+	in   *Inbox
+	sel  Selection
+	op   string
+	ret  *Retirement
+	res  Result
+	pace *pacer
+	// byLetter: the index in res.Items of each letter handed back to the
+	// source to send or drop, so that done can report how it ended.
+	byLetter map[*Letter]int
 	// replayed: the (consumer, key) pairs whose marker this replay retired
 	// (or, in a dry run, would retire): a second copy of the message is
 	// redriven plainly, and the consumer acks it as a duplicate of the
 	// first.
-	replayed := map[[2]string]bool{}
+	replayed map[[2]string]bool
 	// read: when each consumer's settings and pruned-key summaries were
 	// last read for this walk. Its first judgment reads them, and a send
 	// is judged with them read at most freshFor before.
-	read := map[string]time.Time{}
-	var expiredWarned, invalidWarned bool
-	consumerOf := func(l *Letter) string {
-		if l.Consumer == "" && in != nil {
-			return in.cfg.Consumer
-		}
-		return l.Consumer
+	read                         map[string]time.Time
+	expiredWarned, invalidWarned bool
+}
+
+// step is what a walk does with one letter: the item it reports, the
+// action it hands the source, whether a replay retires the letter's marker
+// first (retire) and records its (consumer, key) as replayed (mark), and
+// the warning it calls for ("expired", "invalid" or none).
+type step struct {
+	it     Item
+	act    Action
+	retire bool
+	mark   bool
+	warn   string
+}
+
+func walk(ctx context.Context, src Source, in *Inbox, sel Selection, op string, ret *Retirement) (Result, error) {
+	w := &walker{
+		ctx: ctx, src: src, in: in, sel: sel, op: op, ret: ret,
+		res:      Result{DLQ: src.Name(), DryRun: !sel.Apply, Items: []Item{}},
+		pace:     newPacer(sel.Rate),
+		byLetter: map[*Letter]int{},
+		replayed: map[[2]string]bool{},
+		read:     map[string]time.Time{},
 	}
-	judge := func(l *Letter) (Judgement, error) {
-		c := consumerOf(l)
-		at, ok := read[c]
-		fresh := !ok || time.Since(at) > freshFor
-		if fresh {
-			read[c] = time.Now()
-		}
-		return in.judgeLetter(ctx, l, fresh)
-	}
-	// classify decides what to do with l under its judgement j; mark says
-	// to record its (consumer, key) as replayed, warn which warning it
-	// calls for.
-	classify := func(l *Letter, j Judgement) (it Item, act Action, retire, mark bool, warn string, err error) {
-		it = Item{ID: l.ID, Position: l.Position, Target: l.Target, Judgement: j, Action: op}
-		consumer := consumerOf(l)
-		pair := [2]string{consumer, j.InboxKey}
-		act = Send
-		switch {
-		case op == "purge":
-			act = Drop
-		case l.Target == "":
-			it.Action, it.Why, act = "refuse", "the letter names no origin to redrive to", Keep
-		case j.Verdict == Unknown && in != nil:
-			it.Action, it.Why, act = "refuse", "unknown: "+j.Why+"; without a verdict it is not sent (name the consumer of letters that name none)", Keep
-		case j.Verdict == Expire && !sel.Expired:
-			it.Action, it.Why, act = "refuse", "expired: "+j.Why+"; redrive it with the expired flag to send it anyway (the consumer expires it again unless its horizon applies expired messages)", Keep
-		case j.Verdict == Expire:
-			warn = "expired"
-		case j.Verdict == Invalid && !sel.Invalid:
-			it.Action, it.Why, act = "refuse", "invalid: "+j.Why+"; the consumer would dead-letter it again", Keep
-		case j.Verdict == Invalid:
-			warn = "invalid"
-		case op == "replay" && replayed[pair]:
-			it.Action = "redrive"
-			it.Why = "another copy of a message this replay replays: redriven without retiring anything, so the consumer applies the message once (the first copy) and acks this one as a duplicate"
-		case j.Verdict == Duplicate && op == "replay":
-			prior, err := in.replayedBefore(ctx, consumer, j.InboxKey, l.ID, j.Marker)
-			if err != nil {
-				return it, Keep, false, false, "", err
-			}
-			if prior != nil {
-				it.Action, act = "refuse", Keep
-				it.Why = fmt.Sprintf("already replayed: audit row %d retired the marker of key %q for a replay of %q on %s (by %s), and the marker there now was written after it, by that replay: this letter is a copy left in the DLQ; redrive or purge it (to apply the message yet again, retire the marker on purpose first)",
-					prior.ID, j.InboxKey, l.ID, prior.RetiredAt.UTC().Format(time.RFC3339), prior.RetiredBy)
-				break
-			}
-			retire, mark = true, true
-			it.Why = "marker retired to the audit table, then redriven: the consumer applies it once more"
-		case j.Verdict == Duplicate:
-			it.Why = "its key has a marker: the consumer acks it as a duplicate without an effect (replay it to apply it once more)"
-		case op == "replay" && j.InboxKey != "":
-			// Applied by the first copy redriven; later copies are its
-			// duplicates.
-			mark = true
-		}
-		return it, act, retire, mark, warn, nil
-	}
-	decide := func(l *Letter) (Action, error) {
-		if !sel.Match(l) {
-			return Keep, nil
-		}
-		res.Matched++
-		j, err := judge(l)
-		if err != nil {
-			return Keep, err
-		}
-		it, act, retire, mark, warn, err := classify(l, j)
-		if err != nil {
-			return Keep, err
-		}
-		if act == Send && sel.Apply {
-			if err := pace.wait(ctx); err != nil {
-				return Keep, err
-			}
-			if time.Since(read[consumerOf(l)]) > freshFor {
-				// The rate limit held it: judge it again on settings and
-				// summaries read now, right before it is sent.
-				if j, err = judge(l); err != nil {
-					return Keep, err
-				}
-				if it, act, retire, mark, warn, err = classify(l, j); err != nil {
-					return Keep, err
-				}
-			}
-		}
-		if mark {
-			replayed[[2]string{consumerOf(l), j.InboxKey}] = true
-		}
-		switch {
-		case warn == "expired" && !expiredWarned:
-			expiredWarned = true
-			res.Warnings = append(res.Warnings, "redriving expired messages: they are older than the inbox window, so their markers may be gone and the consumer cannot prove them new; it expires them again unless its horizon applies expired messages (idem.Horizon.ApplyExpired)")
-		case warn == "invalid" && !invalidWarned:
-			invalidWarned = true
-			res.Warnings = append(res.Warnings, "redriving messages without a valid ID or key: the consumer dead-letters them again unless its key function changed")
-		}
-		if act == Send && sel.Apply && retire {
-			r, err := in.retireJudged(ctx, consumerOf(l), j.InboxKey, l.ID, j.Marker, *ret)
-			switch {
-			case errors.Is(err, ErrMarkerChanged):
-				// Another replay of this letter got there first, or the
-				// marker is now a replay's own effect: sending it would
-				// apply the message once more than asked.
-				delete(replayed, [2]string{consumerOf(l), j.InboxKey})
-				it.Action, act = "refuse", Keep
-				it.Why = "not replayed: " + err.Error() + " (another replay of it, running at the same time, retired the marker first, or a replay of it wrote the marker there now): this letter is a copy; redrive or purge it"
-			case err != nil:
-				return Keep, fmt.Errorf("retiring the marker of %q: %w", l.ID, err)
-			default:
-				it.Retired = &r
-			}
-		}
-		if act == Keep {
-			res.Refused++
-		}
-		if act == Keep || !sel.Apply {
-			res.Items = append(res.Items, it)
-			if sel.Progress != nil {
-				sel.Progress(len(res.Items), res.Matched)
-			}
-			return Keep, nil
-		}
-		byLetter[l] = len(res.Items)
-		res.Items = append(res.Items, it)
-		if sel.Progress != nil {
-			// Here, not once the letter left: Kafka settles only when the
-			// walk ends.
-			sel.Progress(len(res.Items), res.Matched)
-		}
-		return act, nil
-	}
-	done := func(l *Letter, a Action, removed bool) {
-		i, ok := byLetter[l]
-		if !ok {
-			return
-		}
-		it := &res.Items[i]
-		it.Sent = a == Send
-		it.Done = removed
-		switch {
-		case removed:
-			res.Done++
-		case a == Send && it.Retired != nil:
-			it.Why = strings.TrimPrefix(it.Why+"; ", "; ") + "sent, but still in the DLQ (behind a letter that stays, or its removal failed): a later replay of it is refused, as its marker is this replay's; redrive or purge it"
-		case a == Send:
-			it.Why = strings.TrimPrefix(it.Why+"; ", "; ") + "sent, but still in the DLQ (behind a letter that stays, or its removal failed): a later redrive sends it again, which the inbox absorbs"
-		default:
-			it.Why = strings.TrimPrefix(it.Why+"; ", "; ") + "still in the DLQ (behind a letter that stays, or its removal failed)"
-		}
-	}
-	err := src.Walk(ctx, sel.Limit, decide, done)
+	err := src.Walk(ctx, sel.Limit, w.decide, w.done)
 	if err != nil {
-		// A marker retired for a republish that did not happen is put
-		// back: the key stays guarded, and the audit table says so.
-		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), restoreTimeout)
-		defer cancel()
-		for i := range res.Items {
-			it := &res.Items[i]
-			if it.Retired == nil || it.Sent {
-				continue
-			}
-			r, ok, rerr := in.restore(bctx, it.Retired.ID, *ret, "the replay's republish failed: "+err.Error())
-			switch {
-			case rerr != nil:
-				err = errors.Join(err, fmt.Errorf("the marker of %q stays retired (audit row %d): %w", it.ID, it.Retired.ID, rerr))
-			case ok:
-				it.Restored = &r
-				it.Why = strings.TrimPrefix(it.Why+"; ", "; ") + fmt.Sprintf("not sent: its marker was put back (audit row %d)", r.ID)
-			default:
-				it.Why = strings.TrimPrefix(it.Why+"; ", "; ") + "not confirmed, and the key has a marker again: the republish may have gone through and been applied"
-			}
+		err = w.restoreUnsent(err)
+	}
+	return w.res, err
+}
+
+// consumerOf is the consumer whose inbox judges l: the one the letter
+// names, else the inbox's own.
+func (w *walker) consumerOf(l *Letter) string {
+	if l.Consumer == "" && w.in != nil {
+		return w.in.cfg.Consumer
+	}
+	return l.Consumer
+}
+
+// judge judges l, reading its consumer's settings and summaries again when
+// this walk has not read them yet or read them more than freshFor ago.
+func (w *walker) judge(l *Letter) (Judgement, error) {
+	c := w.consumerOf(l)
+	at, ok := w.read[c]
+	fresh := !ok || time.Since(at) > freshFor
+	if fresh {
+		w.read[c] = time.Now()
+	}
+	return w.in.judgeLetter(w.ctx, l, fresh)
+}
+
+// judgeAndClassify judges l and decides its step under that judgement.
+func (w *walker) judgeAndClassify(l *Letter) (step, Judgement, error) {
+	j, err := w.judge(l)
+	if err != nil {
+		return step{act: Keep}, j, err
+	}
+	s, err := w.classify(l, j)
+	return s, j, err
+}
+
+// classify decides the step for l under its judgement j: a purge drops
+// every letter; a letter that cannot or may not be sent is kept (refused,
+// with why); everything else is sent, and for a replay the duplicates'
+// markers are retired first.
+func (w *walker) classify(l *Letter, j Judgement) (step, error) {
+	s := step{
+		it:  Item{ID: l.ID, Position: l.Position, Target: l.Target, Judgement: j, Action: w.op},
+		act: Send,
+	}
+	if w.op == "purge" {
+		s.act = Drop
+		return s, nil
+	}
+	if why := w.refusal(l, j); why != "" {
+		s.it.Action, s.it.Why, s.act = "refuse", why, Keep
+		return s, nil
+	}
+	switch j.Verdict {
+	case Expire:
+		s.warn = "expired"
+		return s, nil
+	case Invalid:
+		s.warn = "invalid"
+		return s, nil
+	}
+	return s, w.classifyKeyed(&s, l, j)
+}
+
+// refusal says why l is not sent under j, or "" when it may be: it names
+// no origin, its verdict is unknown, or it is expired or invalid and the
+// selection does not allow those.
+func (w *walker) refusal(l *Letter, j Judgement) string {
+	switch {
+	case l.Target == "":
+		return "the letter names no origin to redrive to"
+	case j.Verdict == Unknown && w.in != nil:
+		return "unknown: " + j.Why + "; without a verdict it is not sent (name the consumer of letters that name none)"
+	case j.Verdict == Expire && !w.sel.Expired:
+		return "expired: " + j.Why + "; redrive it with the expired flag to send it anyway (the consumer expires it again unless its horizon applies expired messages)"
+	case j.Verdict == Invalid && !w.sel.Invalid:
+		return "invalid: " + j.Why + "; the consumer would dead-letter it again"
+	}
+	return ""
+}
+
+// classifyKeyed completes s for a letter that is sent and neither expired
+// nor invalid: within a replay, one copy per (consumer, key) retires the
+// marker and later copies are sent plainly as its duplicates; a copy a
+// replay already applied is refused.
+func (w *walker) classifyKeyed(s *step, l *Letter, j Judgement) error {
+	consumer := w.consumerOf(l)
+	switch {
+	case w.op == "replay" && w.replayed[[2]string{consumer, j.InboxKey}]:
+		s.it.Action = "redrive"
+		s.it.Why = "another copy of a message this replay replays: redriven without retiring anything, so the consumer applies the message once (the first copy) and acks this one as a duplicate"
+	case j.Verdict == Duplicate && w.op == "replay":
+		prior, err := w.in.replayedBefore(w.ctx, consumer, j.InboxKey, l.ID, j.Marker)
+		if err != nil {
+			*s = step{it: s.it, act: Keep}
+			return err
+		}
+		if prior != nil {
+			s.it.Action, s.act = "refuse", Keep
+			s.it.Why = fmt.Sprintf("already replayed: audit row %d retired the marker of key %q for a replay of %q on %s (by %s), and the marker there now was written after it, by that replay: this letter is a copy left in the DLQ; redrive or purge it (to apply the message yet again, retire the marker on purpose first)",
+				prior.ID, j.InboxKey, l.ID, prior.RetiredAt.UTC().Format(time.RFC3339), prior.RetiredBy)
+			return nil
+		}
+		s.retire, s.mark = true, true
+		s.it.Why = "marker retired to the audit table, then redriven: the consumer applies it once more"
+	case j.Verdict == Duplicate:
+		s.it.Why = "its key has a marker: the consumer acks it as a duplicate without an effect (replay it to apply it once more)"
+	case w.op == "replay" && j.InboxKey != "":
+		// Applied by the first copy redriven; later copies are its
+		// duplicates.
+		s.mark = true
+	}
+	return nil
+}
+
+// decide is the source's decision for one letter: Keep for a letter the
+// selection does not match or the walk refuses, or in a dry run; Send or
+// Drop otherwise, after pacing, a fresh judgment when the pace held it,
+// and, for a replay, the marker retired. Every matched letter gets one
+// item.
+func (w *walker) decide(l *Letter) (Action, error) {
+	if !w.sel.Match(l) {
+		return Keep, nil
+	}
+	w.res.Matched++
+	s, j, err := w.judgeAndClassify(l)
+	if err != nil {
+		return Keep, err
+	}
+	if s.act == Send && w.sel.Apply {
+		if s, j, err = w.paced(l, s, j); err != nil {
+			return Keep, err
 		}
 	}
-	return res, err
+	if s.mark {
+		w.replayed[[2]string{w.consumerOf(l), j.InboxKey}] = true
+	}
+	w.warnOnce(s.warn)
+	if s.act == Send && w.sel.Apply && s.retire {
+		if err := w.retire(l, j, &s); err != nil {
+			return Keep, err
+		}
+	}
+	return w.record(l, s), nil
+}
+
+// paced waits for the rate limit before l is sent; if the wait outlasted
+// freshFor, l is judged and classified again on settings and summaries
+// read now, right before it is sent.
+func (w *walker) paced(l *Letter, s step, j Judgement) (step, Judgement, error) {
+	if err := w.pace.wait(w.ctx); err != nil {
+		return s, j, err
+	}
+	if time.Since(w.read[w.consumerOf(l)]) <= freshFor {
+		return s, j, nil
+	}
+	return w.judgeAndClassify(l)
+}
+
+// warnOnce adds the result's warning for redriving expired or invalid
+// letters, once per walk each.
+func (w *walker) warnOnce(warn string) {
+	switch {
+	case warn == "expired" && !w.expiredWarned:
+		w.expiredWarned = true
+		w.res.Warnings = append(w.res.Warnings, "redriving expired messages: they are older than the inbox window, so their markers may be gone and the consumer cannot prove them new; it expires them again unless its horizon applies expired messages (idem.Horizon.ApplyExpired)")
+	case warn == "invalid" && !w.invalidWarned:
+		w.invalidWarned = true
+		w.res.Warnings = append(w.res.Warnings, "redriving messages without a valid ID or key: the consumer dead-letters them again unless its key function changed")
+	}
+}
+
+// retire retires the marker l's judgement j saw, for a replay about to
+// send it. If the marker changed since (another replay got there first,
+// or the marker is now a replay's own effect), l is refused instead:
+// sending it would apply the message once more than asked.
+func (w *walker) retire(l *Letter, j Judgement, s *step) error {
+	r, err := w.in.retireJudged(w.ctx, w.consumerOf(l), j.InboxKey, l.ID, j.Marker, *w.ret)
+	switch {
+	case errors.Is(err, ErrMarkerChanged):
+		delete(w.replayed, [2]string{w.consumerOf(l), j.InboxKey})
+		s.it.Action, s.act = "refuse", Keep
+		s.it.Why = "not replayed: " + err.Error() + " (another replay of it, running at the same time, retired the marker first, or a replay of it wrote the marker there now): this letter is a copy; redrive or purge it"
+	case err != nil:
+		return fmt.Errorf("retiring the marker of %q: %w", l.ID, err)
+	default:
+		s.it.Retired = &r
+	}
+	return nil
+}
+
+// record adds s's item to the result and returns the action handed to the
+// source: Keep for a refused letter or in a dry run (counted as refused
+// when kept on purpose), else s's action, remembered for done.
+func (w *walker) record(l *Letter, s step) Action {
+	if s.act == Keep {
+		w.res.Refused++
+	}
+	act := s.act
+	if act == Keep || !w.sel.Apply {
+		act = Keep
+	} else {
+		w.byLetter[l] = len(w.res.Items)
+	}
+	w.res.Items = append(w.res.Items, s.it)
+	if w.sel.Progress != nil {
+		// Here, not once the letter left: Kafka settles only when the
+		// walk ends.
+		w.sel.Progress(len(w.res.Items), w.res.Matched)
+	}
+	return act
+}
+
+// done records how a letter handed back to send or drop ended: removed
+// from the DLQ (Done), or sent and still there, or still there.
+func (w *walker) done(l *Letter, a Action, removed bool) {
+	i, ok := w.byLetter[l]
+	if !ok {
+		return
+	}
+	it := &w.res.Items[i]
+	it.Sent = a == Send
+	it.Done = removed
+	switch {
+	case removed:
+		w.res.Done++
+	case a == Send && it.Retired != nil:
+		it.Why = strings.TrimPrefix(it.Why+"; ", "; ") + "sent, but still in the DLQ (behind a letter that stays, or its removal failed): a later replay of it is refused, as its marker is this replay's; redrive or purge it"
+	case a == Send:
+		it.Why = strings.TrimPrefix(it.Why+"; ", "; ") + "sent, but still in the DLQ (behind a letter that stays, or its removal failed): a later redrive sends it again, which the inbox absorbs"
+	default:
+		it.Why = strings.TrimPrefix(it.Why+"; ", "; ") + "still in the DLQ (behind a letter that stays, or its removal failed)"
+	}
+}
+
+// restoreUnsent puts back each marker retired for a republish that did
+// not happen, after the walk failed with err: the key stays guarded, and
+// the audit table says so. It returns err joined with any marker that
+// stays retired.
+func (w *walker) restoreUnsent(err error) error {
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), restoreTimeout)
+	defer cancel()
+	for i := range w.res.Items {
+		it := &w.res.Items[i]
+		if it.Retired == nil || it.Sent {
+			continue
+		}
+		r, ok, rerr := w.in.restore(bctx, it.Retired.ID, *w.ret, "the replay's republish failed: "+err.Error())
+		switch {
+		case rerr != nil:
+			err = errors.Join(err, fmt.Errorf("the marker of %q stays retired (audit row %d): %w", it.ID, it.Retired.ID, rerr))
+		case ok:
+			it.Restored = &r
+			it.Why = strings.TrimPrefix(it.Why+"; ", "; ") + fmt.Sprintf("not sent: its marker was put back (audit row %d)", r.ID)
+		default:
+			it.Why = strings.TrimPrefix(it.Why+"; ", "; ") + "not confirmed, and the key has a marker again: the republish may have gone through and been applied"
+		}
+	}
+	return err
 }
 
 // freshFor is how long a walk judges with a consumer's settings and

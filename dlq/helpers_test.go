@@ -5,7 +5,6 @@ import (
 	crand "crypto/rand"
 	"encoding/hex"
 	"errors"
-	"os"
 	"regexp"
 	"strings"
 	"sync"
@@ -21,14 +20,12 @@ import (
 	"github.com/idemkit/idem/idemrabbitmq"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
+
+	"github.com/idemkit/idem/internal/amqptest"
 )
 
-func amqpURL() string {
-	if u := os.Getenv("IDEM_AMQP_URL"); u != "" {
-		return u
-	}
-	return "amqp://guest:guest@127.0.0.1:5672/"
-}
+// amqpURL is the test broker: see [amqptest.URL].
+func amqpURL() string { return amqptest.URL() }
 
 var unsafeName = regexp.MustCompile(`[^a-z0-9]+`)
 

@@ -13,13 +13,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemkafka"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
+
+	"github.com/idemkit/idem/internal/kafkatest"
 )
 
 type outcomes struct {
@@ -65,11 +66,7 @@ func TestKafkaListShowRedrive(t *testing.T) {
 func kafkaListShowRedrive(t *testing.T, conns int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := kafkatest.NewCluster(t)
 	brokers := c.ListenAddrs()
 	b := make([]byte, 4)
 	_, _ = crand.Read(b)
@@ -258,11 +255,7 @@ func TestKafkaCrashBetweenProduceAndCommit(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := kafkatest.NewCluster(t)
 	brokers := c.ListenAddrs()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(0))
 	if err != nil {
@@ -324,11 +317,7 @@ func TestKafkaListWarnsOfDeletedLetters(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := kafkatest.NewCluster(t)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ProducerLinger(0))
 	if err != nil {
 		t.Fatal(err)
@@ -376,11 +365,7 @@ func TestKafkaInterruptedRedriveSettles(t *testing.T) {
 	t.Parallel()
 	ctx, cancelAll := context.WithTimeout(context.Background(), time.Minute)
 	defer cancelAll()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := kafkatest.NewCluster(t)
 	brokers := c.ListenAddrs()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(0))
 	if err != nil {
@@ -439,11 +424,7 @@ func TestKafkaReadingMovesNoOffset(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := kafkatest.NewCluster(t)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ProducerLinger(0))
 	if err != nil {
 		t.Fatal(err)

@@ -223,6 +223,12 @@ type kept struct {
 	n int
 }
 
+// walk is Walk with each letter's delivery handed to decide too: one
+// round of the queue's first n letters (its depth when the round starts),
+// each taken once and settled once (acknowledged after its copy or
+// republish is confirmed, or left unacknowledged for the broker to give
+// back), in order. After a decide error or a failed republish no letter
+// is decided on: the rest are copied back as they are.
 func (r *RabbitMQ) walk(ctx context.Context, limit int, decide func(*amqp.Delivery, *Letter) (Action, error), done func(*Letter, Action, bool)) error {
 	// The letters there are now: the copies go behind them, and a round
 	// ends before it reaches them.
@@ -237,61 +243,19 @@ func (r *RabbitMQ) walk(ctx context.Context, limit int, decide func(*amqp.Delive
 	// Closing the channel gives back a letter taken and not yet settled
 	// (after an error only).
 	defer ch.Close()
-	pub, err := r.conn.Channel()
+	rd, err := r.newRound(ctx)
 	if err != nil {
-		return fmt.Errorf("opening the publishing channel: %w", err)
+		return err
 	}
-	defer pub.Close()
-	if err := pub.Confirm(false); err != nil {
-		return fmt.Errorf("enabling publisher confirms: %w", err)
-	}
-	// Room for a return of every copy in flight: the library blocks its
-	// reader on a full channel, and the confirms come behind the returns.
-	returns := pub.NotifyReturn(make(chan amqp.Return, copyBatch+1))
-	var pending []kept
-	// flush waits for the confirms of the copies in flight, and
-	// acknowledges each letter whose copy the queue holds.
-	flush := func() error {
-		defer func() { pending = pending[:0] }()
-		for _, k := range pending {
-			// Waited for even when ctx ends: a copy the broker took
-			// without its letter acknowledged is a letter held twice.
-			if err := r.confirmed(context.WithoutCancel(ctx), k.c, returns, r.cfg.Queue); err != nil {
-				// This letter and those after it are unacknowledged: the
-				// broker gives them back when the channel closes.
-				return fmt.Errorf("copying letter #%d back to %s (it stays): %w", k.n, r.cfg.Queue, err)
-			}
-			if r.afterCopy != nil {
-				r.afterCopy(k.n)
-			}
-			if err := k.d.Ack(false); err != nil {
-				return fmt.Errorf("acknowledging letter #%d of %s after its copy was confirmed (both stay: a listing shows it once): %w", k.n, r.cfg.Queue, err)
-			}
-		}
-		return nil
-	}
-	// keep copies a letter back behind the others.
-	keep := func(d *amqp.Delivery, i int) error {
-		// Not cancelled with ctx: the letter is held, and a copy spends
-		// no delivery where giving it back would.
-		c, err := pub.PublishWithDeferredConfirmWithContext(context.WithoutCancel(ctx), "", r.cfg.Queue, true, false, copyOf(d))
-		if err != nil {
-			return errors.Join(fmt.Errorf("copying letter #%d back to %s (it stays): %w", i, r.cfg.Queue, err), flush())
-		}
-		pending = append(pending, kept{d: d, c: c, n: i})
-		if len(pending) >= copyBatch {
-			return flush()
-		}
-		return nil
-	}
+	defer rd.pub.Close()
 	var decideErr error
 	for i := 1; i <= n; i++ {
 		if err := ctx.Err(); err != nil {
-			return errors.Join(err, flush())
+			return errors.Join(err, rd.flush())
 		}
 		d, ok, err := ch.Get(r.cfg.Queue, false)
 		if err != nil {
-			return errors.Join(fmt.Errorf("reading %s: %w", r.cfg.Queue, err), flush())
+			return errors.Join(fmt.Errorf("reading %s: %w", r.cfg.Queue, err), rd.flush())
 		}
 		if !ok {
 			// Fewer than counted: another reader holds the rest.
@@ -305,52 +269,137 @@ func (r *RabbitMQ) walk(ctx context.Context, limit int, decide func(*amqp.Delive
 				act = Keep
 			}
 		}
-		switch act {
-		case Keep:
-			if err := keep(&d, i); err != nil {
-				return err
-			}
-			continue
-		case Drop:
-			if err := d.Ack(false); err != nil {
-				return errors.Join(fmt.Errorf("acknowledging %q in %s (it stays): %w", l.ID, r.cfg.Queue, err), flush())
-			}
-			report(done, &l, act, true)
-			continue
-		}
-		// A return read after the confirm of a republish must be its own:
-		// the copies in flight are settled first.
-		if err := flush(); err != nil {
+		sendErr, err := rd.settle(&d, &l, i, act, done)
+		if err != nil {
 			return err
 		}
-		if l.Target == "" {
-			decideErr = fmt.Errorf("letter %q names no origin queue to redrive to", l.ID)
-		} else if err := r.republish(ctx, pub, returns, &d, &l); err != nil {
-			decideErr = err
+		if sendErr != nil {
+			decideErr = sendErr
 		}
-		if decideErr != nil {
-			// Not sent (or not known to be): the letter stays, copied
-			// back in its place in the round, and the round goes on.
-			if err := keep(&d, i); err != nil {
-				return errors.Join(decideErr, err)
-			}
-			continue
-		}
-		if r.afterConfirm != nil {
-			r.afterConfirm(&l)
-		}
-		if err := d.Ack(false); err != nil {
-			// Republished and still in the DLQ: a later redrive sends it
-			// again, and the inbox absorbs the second copy.
-			report(done, &l, act, false)
-			return fmt.Errorf("acknowledging %q in %s after its republish was confirmed (it stays in the DLQ; the consumer's inbox absorbs a second redrive, and a second replay of it is refused as already replayed): %w", l.ID, r.cfg.Queue, err)
-		}
-		report(done, &l, act, true)
 	}
-	if err := flush(); err != nil {
+	if err := rd.flush(); err != nil {
 		return errors.Join(decideErr, err)
 	}
 	return decideErr
+}
+
+// round is the publishing side of one walk: a confirming channel, its
+// returns, and the copies in flight whose letters are not yet
+// acknowledged.
+type round struct {
+	r       *RabbitMQ
+	ctx     context.Context
+	pub     *amqp.Channel
+	returns chan amqp.Return
+	pending []kept
+}
+
+// newRound opens the publishing channel of a walk, in confirm mode.
+func (r *RabbitMQ) newRound(ctx context.Context) (*round, error) {
+	pub, err := r.conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("opening the publishing channel: %w", err)
+	}
+	if err := pub.Confirm(false); err != nil {
+		pub.Close()
+		return nil, fmt.Errorf("enabling publisher confirms: %w", err)
+	}
+	// Room for a return of every copy in flight: the library blocks its
+	// reader on a full channel, and the confirms come behind the returns.
+	returns := pub.NotifyReturn(make(chan amqp.Return, copyBatch+1))
+	return &round{r: r, ctx: ctx, pub: pub, returns: returns}, nil
+}
+
+// flush waits for the confirms of the copies in flight, and acknowledges
+// each letter whose copy the queue holds; at the first failure, that
+// letter and those after it stay unacknowledged, for the broker to give
+// back when the channel closes. Nothing is in flight after it.
+func (rd *round) flush() error {
+	r := rd.r
+	defer func() { rd.pending = rd.pending[:0] }()
+	for _, k := range rd.pending {
+		// Waited for even when ctx ends: a copy the broker took
+		// without its letter acknowledged is a letter held twice.
+		if err := r.confirmed(context.WithoutCancel(rd.ctx), k.c, rd.returns, r.cfg.Queue); err != nil {
+			return fmt.Errorf("copying letter #%d back to %s (it stays): %w", k.n, r.cfg.Queue, err)
+		}
+		if r.afterCopy != nil {
+			r.afterCopy(k.n)
+		}
+		if err := k.d.Ack(false); err != nil {
+			return fmt.Errorf("acknowledging letter #%d of %s after its copy was confirmed (both stay: a listing shows it once): %w", k.n, r.cfg.Queue, err)
+		}
+	}
+	return nil
+}
+
+// keep copies letter i back behind the others; its acknowledgement waits
+// for the copy's confirm, at most copyBatch copies at a time.
+func (rd *round) keep(d *amqp.Delivery, i int) error {
+	r := rd.r
+	// Not cancelled with ctx: the letter is held, and a copy spends
+	// no delivery where giving it back would.
+	c, err := rd.pub.PublishWithDeferredConfirmWithContext(context.WithoutCancel(rd.ctx), "", r.cfg.Queue, true, false, copyOf(d))
+	if err != nil {
+		return errors.Join(fmt.Errorf("copying letter #%d back to %s (it stays): %w", i, r.cfg.Queue, err), rd.flush())
+	}
+	rd.pending = append(rd.pending, kept{d: d, c: c, n: i})
+	if len(rd.pending) >= copyBatch {
+		return rd.flush()
+	}
+	return nil
+}
+
+// settle carries out act on letter i: Keep copies it back, Drop
+// acknowledges it, Send republishes it. sendErr is a republish that
+// failed, the letter kept: it stops the decisions, not the round; err
+// ends the round.
+func (rd *round) settle(d *amqp.Delivery, l *Letter, i int, act Action, done func(*Letter, Action, bool)) (sendErr, err error) {
+	switch act {
+	case Keep:
+		return nil, rd.keep(d, i)
+	case Drop:
+		if err := d.Ack(false); err != nil {
+			return nil, errors.Join(fmt.Errorf("acknowledging %q in %s (it stays): %w", l.ID, rd.r.cfg.Queue, err), rd.flush())
+		}
+		report(done, l, act, true)
+		return nil, nil
+	}
+	return rd.send(d, l, i, act, done)
+}
+
+// send republishes letter i to its target and acknowledges it in the DLQ
+// once the republish is confirmed. A letter not sent (or not known to be)
+// stays, copied back in its place in the round, and sendErr says why.
+func (rd *round) send(d *amqp.Delivery, l *Letter, i int, act Action, done func(*Letter, Action, bool)) (sendErr, err error) {
+	r := rd.r
+	// A return read after the confirm of a republish must be its own:
+	// the copies in flight are settled first.
+	if err := rd.flush(); err != nil {
+		return nil, err
+	}
+	if l.Target == "" {
+		sendErr = fmt.Errorf("letter %q names no origin queue to redrive to", l.ID)
+	} else {
+		sendErr = r.republish(rd.ctx, rd.pub, rd.returns, d, l)
+	}
+	if sendErr != nil {
+		if err := rd.keep(d, i); err != nil {
+			return sendErr, errors.Join(sendErr, err)
+		}
+		return sendErr, nil
+	}
+	if r.afterConfirm != nil {
+		r.afterConfirm(l)
+	}
+	if err := d.Ack(false); err != nil {
+		// Republished and still in the DLQ: a later redrive sends it
+		// again, and the inbox absorbs the second copy.
+		report(done, l, act, false)
+		return nil, fmt.Errorf("acknowledging %q in %s after its republish was confirmed (it stays in the DLQ; the consumer's inbox absorbs a second redrive, and a second replay of it is refused as already replayed): %w", l.ID, r.cfg.Queue, err)
+	}
+	report(done, l, act, true)
+	return nil, nil
 }
 
 // copyOf is the copy of a letter a read puts back: the same properties,

@@ -903,7 +903,11 @@ func TestKillMidRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer src.Close()
-	// The letters the dead connection held come back a moment later.
+	// The letters the dead connection held come back a moment later: the
+	// listing is read once one of them is back beside its copy.
+	for deadline := time.Now().Add(30 * time.Second); readyDepth(t, conn, q) < len(ids)+1 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
 	var ls Listing
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		if ls, err = List(ctx, src, 0); err != nil {

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
-	"os"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -28,20 +27,15 @@ import (
 	"github.com/idemkit/idem/internal/netfault"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
-)
 
-// defaultAMQPURL is the broker the tests use when IDEM_AMQP_URL is unset.
-const defaultAMQPURL = "amqp://guest:guest@127.0.0.1:5672/"
+	"github.com/idemkit/idem/internal/amqptest"
+)
 
 // amqpFixHint is the command that brings the test broker up.
 const amqpFixHint = "start it with: rabbitmq-server -detached && rabbitmqctl await_startup (or run make test), or set IDEM_AMQP_URL"
 
-func amqpURL() string {
-	if u := os.Getenv("IDEM_AMQP_URL"); u != "" {
-		return u
-	}
-	return defaultAMQPURL
-}
+// amqpURL is the test broker: see [amqptest.URL].
+func amqpURL() string { return amqptest.URL() }
 
 func randomHex(n int) string {
 	b := make([]byte, n)

@@ -10,17 +10,8 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/inboxdb"
+	"github.com/idemkit/idem/internal/migrator"
 )
-
-// mysqlMigrateLock is the named lock that serializes migrators of one
-// database. Lock names are the server's, not a database's, and at most 64
-// characters: the name carries a hash of the database.
-const mysqlMigrateLock = `CONCAT('idem.migrate.', SHA1(DATABASE()))`
-
-// mysqlLockPoll is how long one GET_LOCK waits before the migrator looks at
-// its context again: short, so that neither a cancelled caller nor the
-// driver's read timeout is outlived by a lock wait.
-const mysqlLockPoll = 1
 
 // mysqlDriver is the database/sql driver of package inboxdb with what MySQL
 // needs besides:
@@ -53,31 +44,12 @@ func (m mysqlDriver) BeginMigration(ctx context.Context) (inboxdb.Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	for {
-		var got sql.NullInt64
-		var noDB bool
-		if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(`+mysqlMigrateLock+`, ?), DATABASE() IS NULL`, mysqlLockPoll).Scan(&got, &noDB); err != nil {
-			_ = conn.Close()
-			return nil, fmt.Errorf("taking the migration lock: %w", err)
+	if err := migrator.GetMySQLLock(ctx, conn); err != nil {
+		_ = conn.Close()
+		if errors.Is(err, migrator.ErrMySQLNoDatabase) {
+			return nil, fmt.Errorf("%w: %w", idem.ErrConfig, err)
 		}
-		// GET_LOCK answers NULL at once, without waiting, when the name is
-		// NULL (no database selected: SHA1(NULL) is NULL) or the session
-		// was killed; polling again would spin until the context ends.
-		if noDB {
-			_ = conn.Close()
-			return nil, fmt.Errorf("%w: taking the migration lock: the connection has no database selected (name one in the DSN: user@tcp(host:3306)/database)", idem.ErrConfig)
-		}
-		if !got.Valid {
-			_ = conn.Close()
-			return nil, errors.New("taking the migration lock: GET_LOCK returned NULL (the session was killed, or the lock name is invalid)")
-		}
-		if got.Int64 == 1 {
-			break
-		}
-		if err := ctx.Err(); err != nil {
-			_ = conn.Close()
-			return nil, fmt.Errorf("waiting for the migration lock, held by another migrator: %w", err)
-		}
+		return nil, err
 	}
 	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
@@ -104,7 +76,7 @@ func (m mysqlDriver) BeginMigration(ctx context.Context) (inboxdb.Tx, error) {
 // connection that may still hold the lock is discarded instead, which
 // ends its session and so the lock.
 func (m mysqlDriver) release(conn *sql.Conn) {
-	if _, err := conn.ExecContext(context.Background(), `DO RELEASE_LOCK(`+mysqlMigrateLock+`)`); err != nil {
+	if err := migrator.ReleaseMySQLLock(conn); err != nil {
 		_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 	}
 	_ = conn.Close()

@@ -357,6 +357,8 @@ func auditVoid(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	f.fs.BoolVar(&opt.AddColumns, "add-columns", false, "add the missing reason/by/at/previous-status columns (text, text, timestamptz, text) in the same transaction")
 	limit := f.fs.Int("limit", 50, "list at most this many rows of each kind in the text output (0: all); --json lists all")
 	f.fs.DurationVar(&opt.LockTimeout, "lock-timeout", 10*time.Second, "give up when a lock is not granted within this time (0: the server's setting)")
+	// --why, as idem dlq replay says it.
+	f.fs.alias("why", "reason")
 	if err := f.parse(args); err != nil {
 		return err
 	}

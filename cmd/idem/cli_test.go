@@ -791,3 +791,59 @@ func TestMigrateWindowHelp(t *testing.T) {
 		t.Errorf("idem inbox prune -h lost its --window help:\n%s", r.stdout)
 	}
 }
+
+// TestCommandsNameTheirDatabase pins that a command that touched a database
+// names it on stderr, once, and that a failing one keeps its one error line.
+func TestCommandsNameTheirDatabase(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "named.db")
+	args := []string{"inbox", "migrate", "--sqlite", file}
+	cli(t, args...).expect(t, 0, args)
+	args = []string{"inbox", "stats", "--sqlite", file}
+	r := cli(t, args...)
+	r.expect(t, 0, args)
+	if want := "idem inbox stats: database: SQLite " + file + "\n"; r.stderr != want {
+		t.Fatalf("stderr %q, want %q", r.stderr, want)
+	}
+	args = []string{"inbox", "stats", "--sqlite", file, "--json"}
+	r = cli(t, args...)
+	r.expect(t, 0, args)
+	if r.stderr != "" {
+		t.Fatalf("--json: stderr %q, want nothing beside the JSON", r.stderr)
+	}
+}
+
+// TestDeprecatedSpellings pins that an old flag name is still taken, as the
+// flag it now spells, and that the help lists only the new one.
+func TestDeprecatedSpellings(t *testing.T) {
+	t.Parallel()
+	// A port that was just closed: the flags parse, and the command fails
+	// connecting (exit 3), not on its flags (exit 2).
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	args := []string{"audit", "void", "--table", "t", "--key", "k", "--apply", "--why", "refunded", "--by", "ops", "--database", "postgres://postgres@" + addr + "/test?sslmode=disable"}
+	cli(t, args...).expect(t, 3, args)
+	args = []string{"audit", "void", "--table", "t", "--key", "k", "--apply", "--by", "ops"}
+	if r := cli(t, args...); r.code != 2 || !strings.Contains(r.stderr, "--apply needs --reason and --by") {
+		t.Fatalf("void without a reason: exit %d, %q", r.code, r.stderr)
+	}
+	for _, c := range []struct {
+		args     []string
+		new, old string
+	}{
+		{[]string{"demo", "-h"}, "--database", "--postgres"},
+		{[]string{"demo", "-h"}, "--amqp", "--rabbitmq"},
+		{[]string{"demo", "-h"}, "--brokers", "--kafka"},
+		{[]string{"audit", "void", "-h"}, "--reason", "--why"},
+	} {
+		r := cli(t, c.args...)
+		r.expect(t, 0, c.args)
+		if !strings.Contains(r.stdout, "  "+c.new+" ") || strings.Contains(r.stdout, "  "+c.old+" ") {
+			t.Errorf("idem %s: want %s listed and %s not:\n%s", strings.Join(c.args, " "), c.new, c.old, r.stdout)
+		}
+	}
+}

@@ -13,8 +13,9 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/audit"
-	"github.com/idemkit/idem/console"
+	"github.com/idemkit/idem/cmd/idem/internal/console"
 	"github.com/idemkit/idem/dlq"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 func init() {
@@ -91,55 +92,88 @@ func (l *listFlag) Set(v string) error {
 }
 
 func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f := &dlqFlags{inbox: true}
-	f.fs = newCmdFlags("console", "[--queue Q,...] [--topic T,...] [--guard table:key,...] [--token T | $IDEM_CONSOLE_TOKEN] [flags]", consoleDoc, stdout)
-	fs := f.fs
-	var queues, topics listFlag
-	var guards guardFlag
-	var hosts listFlag
-	fs.Var(&queues, "queue", "RabbitMQ dead-letter queue to show, comma-separated or repeated")
-	fs.Var(&topics, "topic", "Kafka dead-letter topic to show, comma-separated or repeated (needs --brokers)")
-	f.addSource()
-	f.addInbox("inbox table, optionally schema-qualified")
-	fs.Var(&guards, "guard", "guarded table whose audit check is shown, table:key[,key] with audit check's column defaults (id, created_at, status), or table:key;status=-;id=-;time=C;void=V; repeatable")
-	fs.Var(&hosts, "allow-host", "host name the console answers to besides IP addresses and localhost (a proxy's), comma-separated or repeated; any other Host is refused")
-	listen := fs.String("listen", "127.0.0.1:8080", "address to serve on; anything but a loopback address exposes the console to the network")
-	token := fs.String("token", "", "token that allows actions (default $IDEM_CONSOLE_TOKEN; none: the console only reads)")
-	readOnly := fs.Bool("read-only", false, "refuse every action, even with a token")
-	cacheFor := fs.Duration("cache", 5*time.Second, "how long a read of a DLQ is shown before the next page reads it again (a read spends no delivery, but a RabbitMQ read goes round the whole queue)")
-	rate := fs.Float64("rate", 100, "republishes per second at most in a redrive (0: no limit)")
-	if err := fs.parse(args, false); err != nil {
-		return err
-	}
-	switch {
-	case len(topics) > 0 && f.brokerList() == nil:
-		return fs.usagef("--topic needs --brokers (or IDEM_KAFKA_BROKERS)")
-	case *cacheFor < 0:
-		return fs.usagef("--cache must not be negative")
-	case *rate < 0:
-		return fs.usagef("--rate must not be negative (0: no limit)")
-	}
-	if err := f.checkInbox(); err != nil {
-		return err
-	}
-	host, _, err := net.SplitHostPort(*listen)
+	o, err := parseConsole(args, stdout)
 	if err != nil {
-		return fs.usagef("--listen %q: want host:port (127.0.0.1:8080)", *listen)
+		return err
 	}
-	if *token == "" {
-		*token = os.Getenv("IDEM_CONSOLE_TOKEN")
-	}
-	pool, err := f.db.pool(ctx)
+	pool, err := o.f.db.pool(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	in, err := dlq.NewInbox(pool, &dlq.InboxConfig{Table: f.table, Consumer: f.consumer, Key: f.keyFunc, MaxAhead: f.ahead, RefuseUntimed: f.untimed})
+	c, err := o.open(ctx, pool, stderr)
 	if err != nil {
 		return err
 	}
+	defer c.Close()
+	return o.serve(ctx, c, stdout, stderr)
+}
+
+// consoleOpts are idem console's flags, parsed and checked.
+type consoleOpts struct {
+	f                     *dlqFlags
+	queues, topics, hosts listFlag
+	guards                guardFlag
+	listen, host, token   string
+	readOnly              bool
+	cacheFor              time.Duration
+	rate                  float64
+}
+
+// parseConsole parses and checks idem console's flags; the token defaults
+// to $IDEM_CONSOLE_TOKEN.
+func parseConsole(args []string, stdout io.Writer) (*consoleOpts, error) {
+	o := &consoleOpts{f: &dlqFlags{inbox: true}}
+	f := o.f
+	f.fs = newCmdFlags("console", "[--queue Q,...] [--topic T,...] [--guard table:key,...] [--token T | $IDEM_CONSOLE_TOKEN] [flags]", consoleDoc, stdout)
+	fs := f.fs
+	fs.Var(&o.queues, "queue", "RabbitMQ dead-letter queue to show, comma-separated or repeated")
+	fs.Var(&o.topics, "topic", "Kafka dead-letter topic to show, comma-separated or repeated (needs --brokers)")
+	f.addSource()
+	f.addInbox("inbox table, optionally schema-qualified")
+	fs.Var(&o.guards, "guard", "guarded table whose audit check is shown, table:key[,key] with audit check's column defaults (id, created_at, status), or table:key;status=-;id=-;time=C;void=V; repeatable")
+	fs.Var(&o.hosts, "allow-host", "host name the console answers to besides IP addresses and localhost (a proxy's), comma-separated or repeated; any other Host is refused")
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve on; anything but a loopback address exposes the console to the network")
+	fs.StringVar(&o.token, "token", "", "token that allows actions (default $IDEM_CONSOLE_TOKEN; none: the console only reads)")
+	fs.BoolVar(&o.readOnly, "read-only", false, "refuse every action, even with a token")
+	fs.DurationVar(&o.cacheFor, "cache", 5*time.Second, "how long a read of a DLQ is shown before the next page reads it again (a read spends no delivery, but a RabbitMQ read goes round the whole queue)")
+	fs.Float64Var(&o.rate, "rate", 100, "republishes per second at most in a redrive (0: no limit)")
+	if err := fs.parse(args, false); err != nil {
+		return nil, err
+	}
+	switch {
+	case len(o.topics) > 0 && f.brokerList() == nil:
+		return nil, fs.usagef("--topic needs --brokers (or IDEM_KAFKA_BROKERS)")
+	case o.cacheFor < 0:
+		return nil, fs.usagef("--cache must not be negative")
+	case o.rate < 0:
+		return nil, fs.usagef("--rate must not be negative (0: no limit)")
+	}
+	if err := f.checkInbox(); err != nil {
+		return nil, err
+	}
+	host, _, err := net.SplitHostPort(o.listen)
+	if err != nil {
+		return nil, fs.usagef("--listen %q: want host:port (127.0.0.1:8080)", o.listen)
+	}
+	o.host = host
+	if o.token == "" {
+		o.token = os.Getenv("IDEM_CONSOLE_TOKEN")
+	}
+	return o, nil
+}
+
+// open makes the console over pool: the inbox (whose settings must read),
+// a source per DLQ and an auditor per guarded table. The console closes
+// the sources; on an error, open does.
+func (o *consoleOpts) open(ctx context.Context, pool *pgxpool.Pool, stderr io.Writer) (*console.Server, error) {
+	f := o.f
+	in, err := dlq.NewInbox(pool, &dlq.InboxConfig{Table: f.table, Consumer: f.consumer, Key: f.keyFunc, MaxAhead: f.ahead, RefuseUntimed: f.untimed})
+	if err != nil {
+		return nil, err
+	}
 	if _, err := in.Settings(ctx); err != nil {
-		return err
+		return nil, err
 	}
 	var srcs []dlq.Source
 	defer func() {
@@ -147,53 +181,59 @@ func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			_ = s.Close()
 		}
 	}()
-	for _, q := range queues {
+	for _, q := range o.queues {
 		f.queue, f.topic = q, ""
 		s, err := f.source(ctx)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		srcs = append(srcs, s)
 	}
-	for _, tp := range topics {
+	for _, tp := range o.topics {
 		f.queue, f.topic = "", tp
 		s, err := f.source(ctx)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		srcs = append(srcs, s)
 	}
 	var auditors []*audit.Auditor
-	for _, sp := range guards.specs {
+	for _, sp := range o.guards.specs {
 		a, err := audit.New(pool, sp)
 		if err != nil {
-			return fs.usagef("--guard %s: %s", sp.Table, auditFlagTerms(err.Error()))
+			return nil, f.fs.usagef("--guard %s: %s", sp.Table, auditFlagTerms(err.Error()))
 		}
 		auditors = append(auditors, a)
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
-	c, err := console.New(console.Config{Inbox: in, DB: pool, Sources: srcs, Guards: auditors, Token: *token, ReadOnly: *readOnly,
-		Hosts: hosts, CacheFor: *cacheFor, Rate: *rate, Logger: logger})
+	c, err := console.New(console.Config{Inbox: in, DB: pool, Sources: srcs, Guards: auditors, Token: o.token, ReadOnly: o.readOnly,
+		Hosts: o.hosts, CacheFor: o.cacheFor, Rate: o.rate, Logger: logger})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	srcs = nil // the console closes them
-	defer c.Close()
-	ln, err := net.Listen("tcp", *listen)
+	return c, nil
+}
+
+// serve serves c on --listen until ctx ends, then shuts the server down,
+// giving requests in flight 10 seconds. The serving line says the address,
+// whether actions are allowed, and the database.
+func (o *consoleOpts) serve(ctx context.Context, c *console.Server, stdout, stderr io.Writer) error {
+	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
-		return fmt.Errorf("listening on %s: %w", *listen, err)
+		return fmt.Errorf("listening on %s: %w", o.listen, err)
 	}
 	mode := "actions allowed with the token"
 	switch {
-	case *readOnly:
+	case o.readOnly:
 		mode = "read-only (--read-only)"
-	case *token == "":
+	case o.token == "":
 		mode = "read-only (no --token or IDEM_CONSOLE_TOKEN)"
 	}
-	if ip := net.ParseIP(host); (ip == nil || !ip.IsLoopback()) && host != "localhost" {
-		fmt.Fprintf(stderr, "idem console: warning: --listen %s is not a loopback address: anyone who reaches it sees the dead letters' bodies\n", *listen)
+	if ip := net.ParseIP(o.host); (ip == nil || !ip.IsLoopback()) && o.host != "localhost" {
+		fmt.Fprintf(stderr, "idem console: warning: --listen %s is not a loopback address: anyone who reaches it sees the dead letters' bodies\n", o.listen)
 	}
-	fmt.Fprintf(stdout, "idem console: serving http://%s/ (%s)\n", ln.Addr(), mode)
+	fmt.Fprintf(stdout, "idem console: serving http://%s/ (%s); database: PostgreSQL %s\n", ln.Addr(), mode, redactURL(databaseURL(o.f.db.database)))
 	srv := &http.Server{Handler: c, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
@@ -204,8 +244,5 @@ func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		return err
-	}
-	return nil
+	return srv.Shutdown(sctx)
 }

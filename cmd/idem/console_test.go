@@ -65,6 +65,9 @@ func TestConsoleServes(t *testing.T) {
 	for deadline := time.Now().Add(time.Minute); base == ""; {
 		if m := regexp.MustCompile(`serving (http://[^/]+)/ \(actions allowed with the token\)`).FindStringSubmatch(out.String()); m != nil {
 			base = m[1]
+			if !strings.Contains(out.String(), "; database: PostgreSQL postgres") {
+				t.Errorf("the serving line names no database: %s", out.String())
+			}
 			break
 		}
 		select {

@@ -45,16 +45,20 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		quiet   bool
 		renewal int
 	)
-	f.StringVar(&opts.Postgres, "postgres", "", "PostgreSQL URL; the demo recreates the schemas idem_demo_naive and idem_demo_idem there and keeps them (default: SQLite)")
+	f.StringVar(&opts.Postgres, "database", "", "PostgreSQL URL; the demo recreates the schemas idem_demo_naive and idem_demo_idem there and keeps them (default: SQLite)")
 	f.StringVar(&opts.MySQL, "mysql", "", "MySQL or MariaDB DSN, the driver's form user:password@tcp(host:3306)/database (as mysqlinbox.Open takes); the demo recreates the databases idem_demo_naive and idem_demo_idem on that server and keeps them (default: SQLite)")
-	f.StringVar(&opts.SQLiteDir, "sqlite-dir", "", "without --postgres or --mysql: keep the SQLite files naive.db and idem.db in this directory, replacing them (default: a temporary directory removed at exit)")
-	f.StringVar(&opts.RabbitMQ, "rabbitmq", "", "RabbitMQ URL, e.g. amqp://guest:guest@127.0.0.1:5672/ (default: Kafka in process)")
-	f.StringVar(&kafka, "kafka", "", "comma-separated Kafka brokers of a real cluster (default: Kafka in process)")
+	f.StringVar(&opts.SQLiteDir, "sqlite-dir", "", "without --database or --mysql: keep the SQLite files naive.db and idem.db in this directory, replacing them (default: a temporary directory removed at exit)")
+	f.StringVar(&opts.RabbitMQ, "amqp", "", "RabbitMQ URL, e.g. amqp://guest:guest@127.0.0.1:5672/ (default: Kafka in process)")
+	f.StringVar(&kafka, "brokers", "", "comma-separated Kafka seed brokers of a real cluster (default: Kafka in process)")
 	f.DurationVar(&opts.ConnectTimeout, "connect-timeout", defaultConnectTimeout, "give up when PostgreSQL, MySQL or RabbitMQ has not accepted and answered a connection within this time (0: no limit)")
 	f.IntVar(&renewal, "events", 3100, "SubscriptionRenewed events, one customer each, from 10 to 1,000,000; half as many orders come with them")
 	f.Int64Var(&opts.Seed, "seed", 1, "random seed of the generated events and of which of them are republished, any whole number (0 is a seed like the others); the redelivery counts still vary with timing")
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON")
 	f.BoolVar(&quiet, "quiet", false, "no progress bar")
+	// The spellings of before the commands shared one vocabulary.
+	f.alias("postgres", "database")
+	f.alias("rabbitmq", "amqp")
+	f.alias("kafka", "brokers")
 	if err := f.parse(args, false); err != nil {
 		return err
 	}

@@ -242,20 +242,22 @@ func (f *dlqFlags) openInbox(ctx context.Context) (*dlq.Inbox, func(), error) {
 }
 
 func dlqList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f := newDLQFlags("list", "(--queue Q | --topic T) [flags]", "Reads the dead letters, leaving them where they are, and groups them by reason (message\nIDs in it written <id>) and consumer: how many, the oldest and newest event time, the\nattempts. Show one with: idem dlq show --id ID.", stdout, false)
-	limit := f.fs.Int("limit", 0, "read at most this many letters (0: all)")
+	f := newDLQFlags("list", "(--queue Q | --topic T) [selectors] [flags]", "Reads the dead letters, leaving them where they are, and groups them by reason (message\nIDs in it written <id>) and consumer: how many, the oldest and newest event time, the\nattempts. The selectors are those of redrive and purge. Show one with: idem dlq show --id ID.", stdout, false)
+	var sels dlqSelectors
+	sels.add(f.fs)
 	if err := f.parse(args); err != nil {
 		return err
 	}
-	if *limit < 0 {
-		return f.fs.usagef("--limit must not be negative (0: all)")
+	flt, err := sels.filter(f, time.Now())
+	if err != nil {
+		return err
 	}
 	src, err := f.source(ctx)
 	if err != nil {
 		return err
 	}
 	defer src.Close()
-	ls, err := dlq.List(ctx, src, *limit)
+	ls, err := listMatching(ctx, src, sels.limit, flt)
 	if err != nil {
 		return err
 	}
@@ -287,15 +289,20 @@ func dlqList(ctx context.Context, args []string, stdout, stderr io.Writer) error
 }
 
 func dlqShow(ctx context.Context, args []string, stdout io.Writer) error {
-	f := newDLQFlags("show", "(--id ID | --at POSITION) [--key K] (--queue Q | --topic T) [flags]", "Shows one dead letter (the first with the message ID, or the one at a position): its\nreason, consumer, attempts, origin, headers and body, and what a redrive would do,\njudged from the inbox: apply (no marker for its key), duplicate (its key has a marker:\nthe consumer acks it without an effect; idem dlq replay applies it once more), expire\n(older than the inbox's window) or invalid (no ID). The body is cut at "+strconv.Itoa(bodyShown)+" bytes unless\n--full (--json prints it whole). Exit 1 when no letter has the ID or the position.", stdout, true)
-	id := f.fs.String("id", "", "message ID of the letter")
+	f := newDLQFlags("show", "(--id ID | --at POSITION | selectors) [--key K] (--queue Q | --topic T) [flags]", "Shows one dead letter (the first the selectors select: --id, --reason, --consumer,\n--since, --until, as for list and redrive; or the one at a position, for a letter\nwithout a message ID): its reason, consumer, attempts, origin, headers and body, and\nwhat a redrive would do, judged from the inbox: apply (no marker for its key),\nduplicate (its key has a marker: the consumer acks it without an effect; idem dlq\nreplay applies it once more), expire (older than the inbox's window) or invalid (no\nID). The body is cut at "+strconv.Itoa(bodyShown)+" bytes unless --full (--json prints it whole).\nExit 1 when no letter matches.", stdout, true)
+	var sels dlqSelectors
+	sels.add(f.fs)
 	at := f.fs.String("at", "", "position of the letter, as a listing or a redrive says it (RabbitMQ: #3, the third in the queue; Kafka: partition/offset): for a letter without a message ID")
 	full := f.fs.Bool("full", false, "print the whole body, however long")
 	if err := f.parse(args); err != nil {
 		return err
 	}
-	if (*id == "") == (*at == "") {
-		return f.fs.usagef("give --id or --at, one of them")
+	if sels.given(f) == (*at != "") {
+		return f.fs.usagef("give --at or selectors (--id, --reason, --consumer, --since, --until), one of them")
+	}
+	flt, err := sels.filter(f, time.Now())
+	if err != nil {
+		return err
 	}
 	src, err := f.source(ctx)
 	if err != nil {
@@ -307,15 +314,10 @@ func dlqShow(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	defer closeDB()
-	var sh dlq.Shown
-	if *at != "" {
-		sh, err = showAt(ctx, src, in, *at)
-	} else {
-		sh, err = dlq.Show(ctx, src, in, *id)
-	}
+	sh, err := showFirst(ctx, src, in, *at, sels.limit, flt)
 	if errors.Is(err, dlq.ErrNotFound) {
 		if f.jsonOut {
-			_ = printJSON(stdout, map[string]any{"found": false, "id": *id, "at": *at, "dlq": src.Name()})
+			_ = printJSON(stdout, map[string]any{"found": false, "id": sels.ids, "at": *at, "dlq": src.Name()})
 		}
 		return &exitError{code: exitFindings, msg: err.Error()}
 	}
@@ -380,19 +382,55 @@ func dlqShow(ctx context.Context, args []string, stdout io.Writer) error {
 // body of megabytes must not flood the terminal.
 const bodyShown = 4096
 
-// showAt finds the letter at position at and judges its redrive.
-func showAt(ctx context.Context, src dlq.Source, in *dlq.Inbox, at string) (dlq.Shown, error) {
-	ls, err := src.Peek(ctx, 0)
+// showFirst finds the first letter at position at, or, without at, the
+// first flt selects among the first limit letters (0: all), and judges its
+// redrive.
+func showFirst(ctx context.Context, src dlq.Source, in *dlq.Inbox, at string, limit int, flt dlq.Filter) (dlq.Shown, error) {
+	if at == "" && limit == 0 && len(flt.IDs) == 1 && idsOnly(flt) {
+		return dlq.Show(ctx, src, in, flt.IDs[0])
+	}
+	ls, err := src.Peek(ctx, limit)
 	if err != nil {
 		return dlq.Shown{}, err
 	}
 	for i := range ls {
-		if ls[i].Position == at {
+		if at != "" && ls[i].Position == at || at == "" && flt.Match(&ls[i]) {
 			j, err := in.Judge(ctx, &ls[i])
 			return dlq.Shown{Letter: ls[i], Judgement: j}, err
 		}
 	}
-	return dlq.Shown{}, fmt.Errorf("%w: none at %s in %s", dlq.ErrNotFound, at, src.Name())
+	if at != "" {
+		return dlq.Shown{}, fmt.Errorf("%w: none at %s in %s", dlq.ErrNotFound, at, src.Name())
+	}
+	return dlq.Shown{}, fmt.Errorf("%w: no letter matches in %s", dlq.ErrNotFound, src.Name())
+}
+
+// idsOnly reports whether flt selects by message ID alone, if at all.
+func idsOnly(flt dlq.Filter) bool {
+	return flt.Reason == "" && flt.Consumer == "" && flt.Since.IsZero() && flt.Until.IsZero()
+}
+
+// listMatching groups the first limit letters (0: all) that flt selects,
+// as dlq.List groups them all.
+func listMatching(ctx context.Context, src dlq.Source, limit int, flt dlq.Filter) (dlq.Listing, error) {
+	if idsOnly(flt) && len(flt.IDs) == 0 {
+		return dlq.List(ctx, src, limit)
+	}
+	ls, err := src.Peek(ctx, limit)
+	if err != nil {
+		return dlq.Listing{}, err
+	}
+	kept := ls[:0]
+	for i := range ls {
+		if flt.Match(&ls[i]) {
+			kept = append(kept, ls[i])
+		}
+	}
+	out := dlq.Summarize(src.Name(), kept)
+	if w, ok := src.(interface{ Warnings() []string }); ok {
+		out.Warnings = append(out.Warnings, w.Warnings()...)
+	}
+	return out, nil
 }
 
 func dlqDDL(args []string, stdout io.Writer) error {
@@ -427,27 +465,109 @@ func timeFlag(f *cmdFlags, name, v string, now time.Time) (time.Time, error) {
 	return time.Time{}, f.usagef("--%s %s: want an RFC 3339 time (2026-09-01T00:00:00Z) or a duration back from now (24h)", name, v)
 }
 
+// dlqSelectors are the flags that select letters, the same for list, show,
+// redrive, purge and replay.
+type dlqSelectors struct {
+	reason, consumer, since, until, ids string
+	limit                               int
+}
+
+// add adds the selector flags to f.
+func (s *dlqSelectors) add(f *cmdFlags) {
+	f.StringVar(&s.reason, "reason", "", "select letters whose reason contains this")
+	f.StringVar(&s.consumer, "consumer", "", "select letters of this consumer")
+	f.StringVar(&s.since, "since", "", "select letters with an event time at or after this (RFC 3339, or a duration back from now)")
+	f.StringVar(&s.until, "until", "", "select letters with an event time before this (RFC 3339, or a duration back from now)")
+	f.StringVar(&s.ids, "id", "", "select these message IDs, comma-separated")
+	f.IntVar(&s.limit, "limit", 0, "read at most this many letters (0: all)")
+}
+
+// given reports whether any selector but --limit was on the command line.
+func (s *dlqSelectors) given(f *dlqFlags) bool {
+	for _, n := range []string{"reason", "consumer", "since", "until", "id"} {
+		if f.given(n) {
+			return true
+		}
+	}
+	return false
+}
+
+// filter checks the selector flags and returns the filter they make. A
+// filter given empty (an unset shell variable: --id "$ID") is refused: it
+// would select every letter.
+func (s *dlqSelectors) filter(f *dlqFlags, now time.Time) (dlq.Filter, error) {
+	if s.limit < 0 {
+		return dlq.Filter{}, f.fs.usagef("--limit must not be negative (0: all)")
+	}
+	for _, fl := range []struct {
+		name string
+		v    string
+	}{{"id", strings.ReplaceAll(s.ids, ",", "")}, {"reason", s.reason}, {"consumer", s.consumer}} {
+		if f.given(fl.name) && strings.TrimSpace(fl.v) == "" {
+			return dlq.Filter{}, f.fs.usagef("--%s is empty: an empty filter would select every letter (leave the flag out to select them all)", fl.name)
+		}
+	}
+	flt := dlq.Filter{Reason: s.reason, Consumer: s.consumer}
+	var err error
+	if flt.Since, err = timeFlag(f.fs, "since", s.since, now); err != nil {
+		return dlq.Filter{}, err
+	}
+	if flt.Until, err = timeFlag(f.fs, "until", s.until, now); err != nil {
+		return dlq.Filter{}, err
+	}
+	for _, id := range strings.Split(s.ids, ",") {
+		if id = strings.TrimSpace(id); id != "" {
+			flt.IDs = append(flt.IDs, id)
+		}
+	}
+	return flt, nil
+}
+
+// dlqActDocs are the help texts of the acting subcommands.
+var dlqActDocs = map[string]string{
+	"redrive": "Sends the selected letters back to their origin queue or topic, with their message ID,\nproperties and headers, minus the dead-letter headers, plus x-idem-redriven. Each is\njudged first: apply and duplicate letters are sent (a duplicate is acked by the\nconsumer without an effect); expired ones only with --expired, invalid ones only with\n--invalid, with a warning; otherwise they are refused and stay (exit 1). A letter\nleaves the DLQ only after the broker confirmed the republish. A dry run unless --apply.",
+	"purge":   "Removes the selected letters for good. A dry run unless --apply.",
+	"replay":  "Applies again messages whose keys have markers (a handler bug made a wrong effect that\nwas compensated by hand): for each --id, moves its marker to the audit table\nidem_inbox_retired with --by and --why, in one transaction, then redrives it, and the\nconsumer applies it once more. A letter without a marker is redriven as by redrive.\nA second copy of the message in the DLQ is redriven without retiring anything (the\nconsumer acks it as a duplicate of the first); a copy whose key's marker was written\nby an earlier replay of the same message is refused. If the republish fails, the\nmarker is put back and the audit table says so. A dry run unless --apply.",
+}
+
+// dlqActSynopsis is the synopsis of an acting subcommand.
+func dlqActSynopsis(op string) string {
+	switch op {
+	case "redrive":
+		return "[--key K] (--queue Q | --topic T) [selectors] [--apply] [flags]"
+	case "replay":
+		return "--id ID[,ID] --why WHY [--key K] (--queue Q | --topic T) [--apply] [flags]"
+	}
+	return "(--queue Q | --topic T) [selectors] [--apply] [flags]"
+}
+
+// dlqAction is one redrive, purge or replay as the command line asked
+// for it: its flags parsed and checked, its selection and, for a replay,
+// who retires the markers and why.
+type dlqAction struct {
+	op  string
+	f   *dlqFlags
+	sel dlq.Selection
+	ret dlq.Retirement
+}
+
+// dlqAct runs idem dlq redrive, purge or replay: parse, act, report.
 func dlqAct(ctx context.Context, op string, args []string, stdout, stderr io.Writer) error {
-	docs := map[string]string{
-		"redrive": "Sends the selected letters back to their origin queue or topic, with their message ID,\nproperties and headers, minus the dead-letter headers, plus x-idem-redriven. Each is\njudged first: apply and duplicate letters are sent (a duplicate is acked by the\nconsumer without an effect); expired ones only with --expired, invalid ones only with\n--invalid, with a warning; otherwise they are refused and stay (exit 1). A letter\nleaves the DLQ only after the broker confirmed the republish. A dry run unless --apply.",
-		"purge":   "Removes the selected letters for good. A dry run unless --apply.",
-		"replay":  "Applies again messages whose keys have markers (a handler bug made a wrong effect that\nwas compensated by hand): for each --id, moves its marker to the audit table\nidem_inbox_retired with --by and --why, in one transaction, then redrives it, and the\nconsumer applies it once more. A letter without a marker is redriven as by redrive.\nA second copy of the message in the DLQ is redriven without retiring anything (the\nconsumer acks it as a duplicate of the first); a copy whose key's marker was written\nby an earlier replay of the same message is refused. If the republish fails, the\nmarker is put back and the audit table says so. A dry run unless --apply.",
+	a, err := parseDLQAction(op, args, stdout)
+	if err != nil {
+		return err
 	}
-	synopsis := "(--queue Q | --topic T) [filters] [--apply] [flags]"
-	if op == "redrive" {
-		synopsis = "--key K (--queue Q | --topic T) [filters] [--apply] [flags]"
-	}
-	if op == "replay" {
-		synopsis = "--id ID[,ID] --why WHY --key K (--queue Q | --topic T) [--apply] [flags]"
-	}
-	f := newDLQFlags(op, synopsis, docs[op], stdout, op != "purge")
-	reason := f.fs.String("reason", "", "select letters whose reason contains this")
-	consumer := f.fs.String("consumer", "", "select letters of this consumer")
-	since := f.fs.String("since", "", "select letters with an event time at or after this (RFC 3339, or a duration back from now)")
-	until := f.fs.String("until", "", "select letters with an event time before this (RFC 3339, or a duration back from now)")
-	ids := f.fs.String("id", "", "select these message IDs, comma-separated")
+	res, err := a.run(ctx, stderr)
+	return a.report(res, err, stdout, stderr)
+}
+
+// parseDLQAction parses and checks the flags of op: every selector is the
+// same as list's and show's; a replay names its IDs and says why.
+func parseDLQAction(op string, args []string, stdout io.Writer) (*dlqAction, error) {
+	f := newDLQFlags(op, dlqActSynopsis(op), dlqActDocs[op], stdout, op != "purge")
+	var sels dlqSelectors
+	sels.add(f.fs)
 	apply := f.fs.Bool("apply", false, "carry it out (default: a dry run that changes nothing)")
-	limit := f.fs.Int("limit", 0, "read at most this many letters (0: all)")
 	var rate float64
 	var expired, invalid bool
 	var by, why string
@@ -461,107 +581,103 @@ func dlqAct(ctx context.Context, op string, args []string, stdout, stderr io.Wri
 		f.fs.StringVar(&why, "why", "", "why, kept in the audit table (an incident, a ticket); required")
 	}
 	if err := f.parse(args); err != nil {
-		return err
+		return nil, err
 	}
-	if *limit < 0 {
-		return f.fs.usagef("--limit must not be negative (0: all)")
-	}
-	// A filter given empty (an unset shell variable: --id "$ID") would
-	// select every letter.
-	for _, fl := range []struct {
-		name string
-		v    string
-	}{{"id", strings.ReplaceAll(*ids, ",", "")}, {"reason", *reason}, {"consumer", *consumer}} {
-		if f.given(fl.name) && strings.TrimSpace(fl.v) == "" {
-			return f.fs.usagef("--%s is empty: an empty filter would select every letter (leave the flag out to select them all)", fl.name)
-		}
+	flt, err := sels.filter(f, time.Now())
+	if err != nil {
+		return nil, err
 	}
 	if rate < 0 {
-		return f.fs.usagef("--rate must not be negative (0: no limit)")
+		return nil, f.fs.usagef("--rate must not be negative (0: no limit)")
 	}
-	now := time.Now()
-	sel := dlq.Selection{Filter: dlq.Filter{Reason: *reason, Consumer: *consumer}, Apply: *apply, Rate: rate, Expired: expired, Invalid: invalid, Limit: *limit}
-	var err error
-	if sel.Since, err = timeFlag(f.fs, "since", *since, now); err != nil {
-		return err
-	}
-	if sel.Until, err = timeFlag(f.fs, "until", *until, now); err != nil {
-		return err
-	}
-	for _, id := range strings.Split(*ids, ",") {
-		if id = strings.TrimSpace(id); id != "" {
-			sel.IDs = append(sel.IDs, id)
-		}
-	}
-	var ret dlq.Retirement
+	a := &dlqAction{op: op, f: f, sel: dlq.Selection{Filter: flt, Apply: *apply, Rate: rate, Expired: expired, Invalid: invalid, Limit: sels.limit}}
 	if op == "replay" {
-		if len(sel.IDs) == 0 {
-			return f.fs.usagef("--id is required: a replay names the messages it applies again")
+		if a.ret, err = replayRetirement(f.fs, len(flt.IDs), by, why); err != nil {
+			return nil, err
 		}
-		if strings.TrimSpace(why) == "" {
-			return f.fs.usagef("--why is required: it is kept in the audit table with the retired marker")
-		}
-		if by == "" {
-			by = os.Getenv("USER")
-			if u, err := user.Current(); err == nil && u.Username != "" {
-				by = u.Username
-			}
-		}
-		if by == "" {
-			return f.fs.usagef("--by is required (no user name found)")
-		}
-		ret = dlq.Retirement{By: by, Why: why}
 	}
-	src, err := f.source(ctx)
+	return a, nil
+}
+
+// replayRetirement checks a replay's --id, --why and --by (default: the
+// user running idem): all three are required, and kept in the audit table.
+func replayRetirement(fs *cmdFlags, ids int, by, why string) (dlq.Retirement, error) {
+	if ids == 0 {
+		return dlq.Retirement{}, fs.usagef("--id is required: a replay names the messages it applies again")
+	}
+	if strings.TrimSpace(why) == "" {
+		return dlq.Retirement{}, fs.usagef("--why is required: it is kept in the audit table with the retired marker")
+	}
+	if by == "" {
+		by = os.Getenv("USER")
+		if u, err := user.Current(); err == nil && u.Username != "" {
+			by = u.Username
+		}
+	}
+	if by == "" {
+		return dlq.Retirement{}, fs.usagef("--by is required (no user name found)")
+	}
+	return dlq.Retirement{By: by, Why: why}, nil
+}
+
+// run opens the DLQ and, but for a purge, the inbox that judges, and
+// carries out the action; progress goes to stderr every 100 letters when
+// it applies without --json.
+func (a *dlqAction) run(ctx context.Context, stderr io.Writer) (dlq.Result, error) {
+	src, err := a.f.source(ctx)
 	if err != nil {
-		return err
+		return dlq.Result{}, err
 	}
 	defer src.Close()
 	var in *dlq.Inbox
-	if op != "purge" {
+	if a.op != "purge" {
 		var closeDB func()
-		if in, closeDB, err = f.openInbox(ctx); err != nil {
-			return err
+		if in, closeDB, err = a.f.openInbox(ctx); err != nil {
+			return dlq.Result{}, err
 		}
 		defer closeDB()
 	}
-	if *apply && !f.jsonOut {
-		sel.Progress = func(done, matched int) {
+	if a.sel.Apply && !a.f.jsonOut {
+		a.sel.Progress = func(done, matched int) {
 			if done%100 == 0 {
-				fmt.Fprintf(stderr, "%s: %d letters…\n", op, done)
+				fmt.Fprintf(stderr, "%s: %d letters…\n", a.op, done)
 			}
 		}
 	}
-	var res dlq.Result
-	switch op {
+	switch a.op {
 	case "redrive":
-		res, err = dlq.Redrive(ctx, src, in, sel)
+		return dlq.Redrive(ctx, src, in, a.sel)
 	case "purge":
-		res, err = dlq.Purge(ctx, src, in, sel)
-	case "replay":
-		res, err = dlq.Replay(ctx, src, in, sel, ret)
+		return dlq.Purge(ctx, src, in, a.sel)
+	default:
+		return dlq.Replay(ctx, src, in, a.sel, a.ret)
 	}
+}
+
+// report prints the result of a run that ended with err and returns the
+// command's error: on a failure, what was done before it is told (the
+// operator must know which letters were sent; with --json, in the one
+// error object on stdout); exit 1 when letters were refused or stayed in
+// the DLQ.
+func (a *dlqAction) report(res dlq.Result, err error, stdout, stderr io.Writer) error {
 	if err != nil {
-		// What was done before the failure is told: the operator must
-		// know which letters were sent. With --json, in the one error
-		// object on stdout.
 		if res.DLQ == "" {
 			return err
 		}
-		if f.jsonOut {
+		if a.f.jsonOut {
 			return fmt.Errorf("%w (before it: %s)", err, partial(res))
 		}
-		_ = printResult(stdout, op, res, false)
+		_ = printResult(stdout, a.op, res, false)
 		return err
 	}
 	for _, w := range res.Warnings {
-		fmt.Fprintf(stderr, "idem dlq %s: warning: %s\n", op, w)
+		fmt.Fprintf(stderr, "idem dlq %s: warning: %s\n", a.op, w)
 	}
-	if err := printResult(stdout, op, res, f.jsonOut); err != nil {
+	if err := printResult(stdout, a.op, res, a.f.jsonOut); err != nil {
 		return err
 	}
 	stayed := 0
-	if *apply {
+	if a.sel.Apply {
 		stayed = res.Matched - res.Refused - res.Done
 	}
 	switch {

@@ -15,13 +15,16 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/idem/idemkafka"
 	"github.com/idemkit/idem/idemrabbitmq"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
+
+	"github.com/idemkit/idem/internal/kafkatest"
+
+	"github.com/idemkit/idem/internal/amqptest"
 )
 
 // dlqRun runs `idem dlq args...` and fails the test unless it exits with
@@ -37,12 +40,7 @@ func dlqRun(t *testing.T, want int, args ...string) (stdout, stderr string) {
 	return out.String(), errb.String()
 }
 
-func testAMQPURL() string {
-	if u := os.Getenv("IDEM_AMQP_URL"); u != "" {
-		return u
-	}
-	return defaultAMQPURL
-}
+func testAMQPURL() string { return amqptest.URL() }
 
 func suffix() string {
 	b := make([]byte, 4)
@@ -332,11 +330,7 @@ func TestDLQUsage(t *testing.T) {
 func TestDLQCommandsKafka(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := kafkatest.NewCluster(t)
 	brokers := strings.Join(c.ListenAddrs(), ",")
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ProducerLinger(0))
 	if err != nil {
@@ -499,11 +493,7 @@ func TestDLQJSONOneDocumentOnFailure(t *testing.T) {
 func TestDLQKafkaLetterThatStaysExits1(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := kafkatest.NewCluster(t)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ProducerLinger(0))
 	if err != nil {
 		t.Fatal(err)
@@ -594,4 +584,15 @@ func TestDLQShowBodyAndPosition(t *testing.T) {
 		t.Fatalf("show --at #2:\n%s", out)
 	}
 	dlqRun(t, 1, append([]string{"show", "--at", "#3"}, q...)...)
+	// The selectors of list and redrive select for show and list too: a
+	// letter without an ID is shown by its reason.
+	out, _ = dlqRun(t, 0, append([]string{"show", "--reason", "no id"}, q...)...)
+	if !strings.Contains(out, `{"no":"id"}`) || !strings.Contains(out, "message     -") {
+		t.Fatalf("show --reason:\n%s", out)
+	}
+	dlqRun(t, 1, append([]string{"show", "--reason", "no such reason"}, q...)...)
+	out, _ = dlqRun(t, 0, "list", "--queue", e.topo.DeadLetterQueue, "--reason", "no id")
+	if !strings.Contains(out, ": 1 dead letters") || strings.Contains(out, "too big") {
+		t.Fatalf("list --reason:\n%s", out)
+	}
 }

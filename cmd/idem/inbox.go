@@ -27,7 +27,6 @@ import (
 	"github.com/idemkit/idem/pgxinbox"
 	"github.com/idemkit/idem/retention"
 	"github.com/idemkit/idem/sqlinbox"
-	"github.com/idemkit/idem/sqliteinbox"
 )
 
 func init() {
@@ -321,7 +320,7 @@ func (f *inboxFlags) sqliteStore(ctx context.Context) (*sqlinbox.Store, func(), 
 		}
 		return nil, nil, fmt.Errorf("opening SQLite file %s: %w", f.sqlite, err)
 	}
-	db, err := sqliteinbox.Open(f.sqlite)
+	db, err := openSQLite(ctx, f.sqlite)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -714,7 +713,7 @@ func inboxMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		if l != pgxinbox.Plain {
 			return f.fs.usagef("--layout partitioned is for PostgreSQL; SQLite inboxes have the plain layout")
 		}
-		db, err := sqliteinbox.Open(f.sqlite)
+		db, err := openSQLite(ctx, f.sqlite)
 		if err != nil {
 			return err
 		}
@@ -890,6 +889,7 @@ func openMySQL(ctx context.Context, dsn string, d *dbFlags) (*sql.DB, error) {
 		}
 		return nil, fmt.Errorf("connecting to %s: %w", mysqlWhere(cfg), err)
 	}
+	noteDatabase(ctx, mysqlWhere(cfg))
 	return db, nil
 }
 

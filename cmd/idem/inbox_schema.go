@@ -19,7 +19,6 @@ import (
 	"github.com/idemkit/idem/pgxinbox"
 	"github.com/idemkit/idem/retention"
 	"github.com/idemkit/idem/sqlinbox"
-	"github.com/idemkit/idem/sqliteinbox"
 )
 
 const ddlDoc = `Prints the SQL that 'idem inbox migrate' runs, for a migration tool to run instead:
@@ -316,7 +315,7 @@ func inboxCheck(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		if _, err := os.Stat(f.sqlite); err != nil {
 			return fmt.Errorf("opening SQLite inbox: %w", err)
 		}
-		db, err := sqliteinbox.Open(f.sqlite)
+		db, err := openSQLite(ctx, f.sqlite)
 		if err != nil {
 			return err
 		}

@@ -207,6 +207,7 @@ func openPool(ctx context.Context, dbURL string, timeout time.Duration, override
 		}
 		return nil, fmt.Errorf("connecting to %s: %s", redactURL(dbURL), connectReason(err))
 	}
+	noteDatabase(ctx, "PostgreSQL "+redactURL(dbURL))
 	return pool, nil
 }
 
@@ -242,6 +243,17 @@ type cmdFlags struct {
 	synopsis string // after the name: "[flags]", "--table T --key c1,c2 [flags]"
 	doc      string
 	stdout   io.Writer
+	hidden   map[string]bool // deprecated spellings, not listed
+}
+
+// alias defines old as a deprecated spelling of the flag named name: the
+// same value, accepted as before and not listed in the help.
+func (f *cmdFlags) alias(old, name string) {
+	f.Var(f.Lookup(name).Value, old, "deprecated: the same as --"+name)
+	if f.hidden == nil {
+		f.hidden = map[string]bool{}
+	}
+	f.hidden[old] = true
 }
 
 // newCmdFlags returns the flag set of `idem <name>`.
@@ -328,6 +340,9 @@ func (f *cmdFlags) flagError(err error) string {
 // printFlags lists the flags as they are typed, with two dashes.
 func (f *cmdFlags) printFlags(w io.Writer) {
 	f.VisitAll(func(fl *flag.Flag) {
+		if f.hidden[fl.Name] {
+			return
+		}
 		typ, usage := flag.UnquoteUsage(fl)
 		line := "  --" + fl.Name
 		if typ != "" {
@@ -408,7 +423,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return report(stdout, stderr, jsonOut, "", &usageError{msg: fmt.Sprintf("unknown command %q", args[0])})
 	}
+	var note *databaseNote
+	if !jsonOut && c.name != "migrate" {
+		// migrate names its database itself, in its report.
+		ctx, note = withDatabaseNote(ctx, stderr, commandPath(args))
+	}
 	err := c.run(ctx, args[1:], stdout, stderr)
+	var findings *exitError
+	if note != nil && (err == nil || errors.As(err, &findings)) {
+		note.print()
+	}
 	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		// SIGINT or SIGTERM: say so rather than "context canceled".
 		err = fmt.Errorf("interrupted: %w", err)

@@ -14,7 +14,7 @@ import (
 	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/pgxinbox"
 	"github.com/idemkit/idem/retention"
-	"github.com/idemkit/idem/sqliteinbox"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 func init() {
@@ -88,10 +88,8 @@ func (c *componentFlags) config() (*idemmigrate.Config, error) {
 
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newCmdFlags("migrate", "[flags]", migrateDoc, stdout)
-	var db dbFlags
-	db.add(fs.FlagSet)
-	sqlitePath := fs.String("sqlite", "", "SQLite database file, instead of --database")
-	mysqlDSN := fs.String("mysql", "", mysqlFlagHelp)
+	var t migrateTarget
+	t.add(fs)
 	versions := fs.Bool("versions", false, "print each table's schema version and this build's, and migrate nothing")
 	jsonOut := fs.Bool("json", false, "print JSON")
 	var c componentFlags
@@ -103,99 +101,147 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	switch {
-	case *sqlitePath != "" && (db.database != "" || *mysqlDSN != ""), *mysqlDSN != "" && db.database != "":
-		return fs.usagef("--database, --sqlite and --mysql name three databases: give one")
-	case looksLikeMySQL(db.database):
-		return fs.usagef("--database takes a PostgreSQL URL; for MySQL or MariaDB give the DSN with --mysql (%s)", mysqlForm)
-	}
-	if err := db.validate(); err != nil {
+	if err := t.validate(fs); err != nil {
 		return err
 	}
-	var (
-		m     *idemmigrate.Migrator
-		where string
-	)
+	if err := t.open(ctx, fs, cfg); err != nil {
+		return err
+	}
+	defer t.close()
+	if *versions {
+		rs, err := t.m.GetVersion(ctx)
+		if err != nil {
+			return fmt.Errorf("reading the schema versions in %s: %w", t.where, err)
+		}
+		return printMigrated(stdout, *jsonOut, t.where, rs, true, 0)
+	}
+	partitions := 0
+	if t.pool != nil {
+		if err := t.keepLayout(ctx, cfg, c.layoutGiven); err != nil {
+			return err
+		}
+	}
+	rs, err := t.m.Migrate(ctx)
+	if err != nil {
+		return fmt.Errorf("migrating %s: %w", t.where, err)
+	}
+	if t.pool != nil && cfg.InboxLayout == idemstore.LayoutPartitioned && slices.Contains(t.m.Components(), idemmigrate.Inbox) {
+		if partitions, err = t.createPartitions(ctx, cfg); err != nil {
+			return err
+		}
+	}
+	return printMigrated(stdout, *jsonOut, t.where, rs, false, partitions)
+}
+
+// migrateTarget is the database idem migrate works on: one of --database
+// (PostgreSQL), --sqlite and --mysql, its migrator once opened, and where
+// it is, said with any password redacted.
+type migrateTarget struct {
+	db     dbFlags
+	sqlite string
+	mysql  string
+	m      *idemmigrate.Migrator
+	where  string
+	pool   *pgxpool.Pool // PostgreSQL only
+	closes []func()
+}
+
+// add adds the flags that name the database.
+func (t *migrateTarget) add(fs *cmdFlags) {
+	t.db.add(fs.FlagSet)
+	fs.StringVar(&t.sqlite, "sqlite", "", "SQLite database file, instead of --database")
+	fs.StringVar(&t.mysql, "mysql", "", mysqlFlagHelp)
+}
+
+// validate checks that the flags name one database, a MySQL one with
+// --mysql.
+func (t *migrateTarget) validate(fs *cmdFlags) error {
 	switch {
-	case *sqlitePath != "":
-		sdb, err := sqliteinbox.Open(*sqlitePath)
+	case t.sqlite != "" && (t.db.database != "" || t.mysql != ""), t.mysql != "" && t.db.database != "":
+		return fs.usagef("--database, --sqlite and --mysql name three databases: give one")
+	case looksLikeMySQL(t.db.database):
+		return fs.usagef("--database takes a PostgreSQL URL; for MySQL or MariaDB give the DSN with --mysql (%s)", mysqlForm)
+	}
+	return t.db.validate()
+}
+
+// open connects to the database and makes its migrator for cfg; close
+// releases what it opened, even when it failed.
+func (t *migrateTarget) open(ctx context.Context, fs *cmdFlags, cfg *idemmigrate.Config) error {
+	switch {
+	case t.sqlite != "":
+		sdb, err := openSQLite(ctx, t.sqlite)
 		if err != nil {
 			return err
 		}
-		defer sdb.Close()
-		where = "SQLite " + *sqlitePath
-		m, err = newSQLMigrator(sdb, idemmigrate.SQLite, cfg, fs)
-		if err != nil {
-			return err
-		}
-	case *mysqlDSN != "":
-		parsed, err := checkMySQL(*mysqlDSN)
+		t.closes = append(t.closes, func() { sdb.Close() })
+		t.where = "SQLite " + t.sqlite
+		t.m, err = newSQLMigrator(sdb, idemmigrate.SQLite, cfg, fs)
+		return err
+	case t.mysql != "":
+		parsed, err := checkMySQL(t.mysql)
 		if err != nil {
 			return fs.usagef("%s", err)
 		}
-		mdb, err := openMySQL(ctx, *mysqlDSN, &db)
+		mdb, err := openMySQL(ctx, t.mysql, &t.db)
 		if err != nil {
 			return err
 		}
-		defer mdb.Close()
-		where = mysqlWhere(parsed)
-		m, err = newSQLMigrator(mdb, idemmigrate.MySQL, cfg, fs)
-		if err != nil {
-			return err
-		}
-	default:
-		pool, err := db.pool(ctx)
-		if err != nil {
-			return err
-		}
-		defer pool.Close()
-		where = "PostgreSQL " + redactURL(databaseURL(db.database))
-		if m, err = idemmigrate.NewPgx(pool, cfg); err != nil {
-			return fs.usagef("%v", err)
-		}
-		if !*versions && slices.Contains(m.Components(), idemmigrate.Inbox) && !c.layoutGiven {
-			// An existing inbox keeps its layout, so that the same command
-			// runs on every deploy.
-			f := &inboxFlags{table: cfg.InboxTable}
-			if has, err := f.existingLayout(ctx, pool); err != nil {
-				return err
-			} else if has != nil && *has == pgxinbox.Partitioned {
-				cfg.InboxLayout = idemstore.LayoutPartitioned
-				if m, err = idemmigrate.NewPgx(pool, cfg); err != nil {
-					return err
-				}
-			}
-		}
-		if !*versions && cfg.InboxLayout == idemstore.LayoutPartitioned && slices.Contains(m.Components(), idemmigrate.Inbox) {
-			// The partitions are the store's: its migrate (a no-op on the
-			// schema by then) creates those the window needs.
-			rs, err := m.Migrate(ctx)
-			if err != nil {
-				return fmt.Errorf("migrating %s: %w", where, err)
-			}
-			store, err := pgxinbox.New(pool, &pgxinbox.Config{Table: cfg.InboxTable, Layout: pgxinbox.Partitioned})
-			if err != nil {
-				return err
-			}
-			rep, err := store.MigrateReport(ctx)
-			if err != nil {
-				return fmt.Errorf("creating the partitions of %s in %s: %w", cfg.InboxTable, where, err)
-			}
-			return printMigrated(stdout, *jsonOut, where, rs, false, rep.Partitions)
-		}
+		t.closes = append(t.closes, func() { mdb.Close() })
+		t.where = mysqlWhere(parsed)
+		t.m, err = newSQLMigrator(mdb, idemmigrate.MySQL, cfg, fs)
+		return err
 	}
-	if *versions {
-		rs, err := m.GetVersion(ctx)
-		if err != nil {
-			return fmt.Errorf("reading the schema versions in %s: %w", where, err)
-		}
-		return printMigrated(stdout, *jsonOut, where, rs, true, 0)
-	}
-	rs, err := m.Migrate(ctx)
+	pool, err := t.db.pool(ctx)
 	if err != nil {
-		return fmt.Errorf("migrating %s: %w", where, err)
+		return err
 	}
-	return printMigrated(stdout, *jsonOut, where, rs, false, 0)
+	t.closes = append(t.closes, pool.Close)
+	t.pool = pool
+	t.where = "PostgreSQL " + redactURL(databaseURL(t.db.database))
+	if t.m, err = idemmigrate.NewPgx(pool, cfg); err != nil {
+		return fs.usagef("%v", err)
+	}
+	return nil
+}
+
+// close closes what open opened.
+func (t *migrateTarget) close() {
+	for _, c := range slices.Backward(t.closes) {
+		c()
+	}
+}
+
+// keepLayout makes an existing partitioned PostgreSQL inbox keep its
+// layout when --layout was not given, so that the same command runs on
+// every deploy: the migrator is made again for it.
+func (t *migrateTarget) keepLayout(ctx context.Context, cfg *idemmigrate.Config, layoutGiven bool) error {
+	if layoutGiven || !slices.Contains(t.m.Components(), idemmigrate.Inbox) {
+		return nil
+	}
+	f := &inboxFlags{table: cfg.InboxTable}
+	has, err := f.existingLayout(ctx, t.pool)
+	if err != nil || has == nil || *has != pgxinbox.Partitioned {
+		return err
+	}
+	cfg.InboxLayout = idemstore.LayoutPartitioned
+	t.m, err = idemmigrate.NewPgx(t.pool, cfg)
+	return err
+}
+
+// createPartitions creates the daily partitions a partitioned inbox's
+// window needs, once the schema is migrated: the partitions are the
+// store's, and its migrate (a no-op on the schema by then) creates them.
+func (t *migrateTarget) createPartitions(ctx context.Context, cfg *idemmigrate.Config) (int, error) {
+	store, err := pgxinbox.New(t.pool, &pgxinbox.Config{Table: cfg.InboxTable, Layout: pgxinbox.Partitioned})
+	if err != nil {
+		return 0, err
+	}
+	rep, err := store.MigrateReport(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("creating the partitions of %s in %s: %w", cfg.InboxTable, t.where, err)
+	}
+	return rep.Partitions, nil
 }
 
 func newSQLMigrator(db *sql.DB, e idemmigrate.Engine, cfg *idemmigrate.Config, fs *cmdFlags) (*idemmigrate.Migrator, error) {

@@ -12,7 +12,6 @@ import (
 
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/sqlinbox"
-	"github.com/idemkit/idem/sqliteinbox"
 )
 
 func init() {
@@ -119,7 +118,7 @@ func (f *outboxFlags) open(ctx context.Context, create bool, shards int) (outbox
 			}
 			return nil, nil, fmt.Errorf("opening SQLite file %s: %w", f.sqlite, err)
 		}
-		db, err := sqliteinbox.Open(f.sqlite)
+		db, err := openSQLite(ctx, f.sqlite)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/url"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -21,6 +20,8 @@ import (
 	"github.com/idemkit/idem/idemrabbitmq"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
+
+	"github.com/idemkit/idem/internal/amqptest"
 )
 
 // rabbitScript is the script that runs the 3-node cluster.
@@ -339,12 +340,7 @@ func rabbitDial(t testing.TB, urls ...string) *amqp.Connection {
 }
 
 // rabbitSingleURL is the machine's single broker, for the smoke case.
-func rabbitSingleURL() string {
-	if u := os.Getenv("IDEM_AMQP_URL"); u != "" {
-		return u
-	}
-	return "amqp://guest:guest@127.0.0.1:5672/"
-}
+func rabbitSingleURL() string { return amqptest.URL() }
 
 func rabbitHost(t testing.TB, raw string) string {
 	t.Helper()

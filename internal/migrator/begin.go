@@ -113,7 +113,7 @@ func BeginSQL(ctx context.Context, db *sql.DB, e Engine) (Tx, error) {
 		}
 		return &sqlTx{SQLConn: SQLConn{Q: conn}, conn: conn, commit: func() error { return end("COMMIT") }, rollback: func() error { return end("ROLLBACK") }}, nil
 	case MySQL:
-		if err := getLock(ctx, conn); err != nil {
+		if err := GetMySQLLock(ctx, conn); err != nil {
 			_ = conn.Close()
 			return nil, err
 		}
@@ -129,7 +129,7 @@ func BeginSQL(ctx context.Context, db *sql.DB, e Engine) (Tx, error) {
 			err = nil
 		}
 		if e == MySQL {
-			if _, rerr := conn.ExecContext(context.Background(), `DO RELEASE_LOCK(`+MySQLLock+`)`); rerr != nil {
+			if rerr := ReleaseMySQLLock(conn); rerr != nil {
 				discard()
 				return err
 			}
@@ -139,9 +139,15 @@ func BeginSQL(ctx context.Context, db *sql.DB, e Engine) (Tx, error) {
 	return &sqlTx{SQLConn: SQLConn{Q: tx}, conn: conn, commit: func() error { return end(tx.Commit) }, rollback: func() error { return end(tx.Rollback) }}, nil
 }
 
-// getLock waits for the MySQL migration lock, a second at a time so that a
-// cancelled context is noticed.
-func getLock(ctx context.Context, conn *sql.Conn) error {
+// ErrMySQLNoDatabase is why [GetMySQLLock] fails on a connection without a
+// database selected: the lock's name is derived from the database's.
+var ErrMySQLNoDatabase = errors.New("the connection has no database selected (name one in the DSN: user@tcp(host:3306)/database)")
+
+// GetMySQLLock waits on conn's session for the MySQL/MariaDB migration lock
+// ([MySQLLock]), a second at a time so that a cancelled context is noticed
+// and no lock wait outlives the driver's read timeout. It returns nil only
+// once the session holds the lock; release it with [ReleaseMySQLLock].
+func GetMySQLLock(ctx context.Context, conn *sql.Conn) error {
 	for {
 		var got sql.NullInt64
 		var noDB bool
@@ -150,9 +156,9 @@ func getLock(ctx context.Context, conn *sql.Conn) error {
 		}
 		switch {
 		case noDB:
-			// GET_LOCK answers NULL at once when the name is NULL: polling
-			// would spin.
-			return errors.New("taking the migration lock: the connection has no database selected (name one in the DSN: user@tcp(host:3306)/database)")
+			// GET_LOCK answers NULL at once when the name is NULL
+			// (SHA1(NULL) is NULL): polling would spin.
+			return fmt.Errorf("taking the migration lock: %w", ErrMySQLNoDatabase)
 		case !got.Valid:
 			return errors.New("taking the migration lock: GET_LOCK returned NULL (the session was killed, or the lock name is invalid)")
 		case got.Int64 == 1:
@@ -162,6 +168,14 @@ func getLock(ctx context.Context, conn *sql.Conn) error {
 			return fmt.Errorf("waiting for the migration lock, held by another migrator: %w", err)
 		}
 	}
+}
+
+// ReleaseMySQLLock gives up the migration lock conn's session holds. On
+// an error the session may still hold it: the caller must discard the
+// connection (end its session) rather than give it back to the pool.
+func ReleaseMySQLLock(conn *sql.Conn) error {
+	_, err := conn.ExecContext(context.Background(), `DO RELEASE_LOCK(`+MySQLLock+`)`)
+	return err
 }
 
 // SQLQuerier is a *sql.DB, *sql.Conn or *sql.Tx.

@@ -4,7 +4,6 @@ import (
 	crand "crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,16 +14,14 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/outbox/amqppub"
+
+	"github.com/idemkit/idem/internal/amqptest"
 )
 
 const fixHint = "start it with: rabbitmq-server -detached && rabbitmqctl await_startup (or run make test), or set IDEM_AMQP_URL"
 
-func amqpURL() string {
-	if u := os.Getenv("IDEM_AMQP_URL"); u != "" {
-		return u
-	}
-	return "amqp://guest:guest@127.0.0.1:5672/"
-}
+// amqpURL is the test broker: see [amqptest.URL].
+func amqpURL() string { return amqptest.URL() }
 
 func dial(t testing.TB, url string) *amqp.Connection {
 	t.Helper()

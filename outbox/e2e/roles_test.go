@@ -26,6 +26,8 @@ import (
 	"github.com/idemkit/idem/outbox/amqppub"
 	"github.com/idemkit/idem/outbox/kafkapub"
 	"github.com/idemkit/idem/pgxinbox"
+
+	"github.com/idemkit/idem/internal/amqptest"
 )
 
 // The test binary runs again as one part of the pipeline when roleEnv is
@@ -55,12 +57,8 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func amqpURL() string {
-	if u := os.Getenv(amqpURLEnv); u != "" {
-		return u
-	}
-	return "amqp://guest:guest@127.0.0.1:5672/"
-}
+// amqpURL is the test broker: see [amqptest.URL].
+func amqpURL() string { return amqptest.URL() }
 
 // rejected says which input messages consumer A's handler fails with a
 // permanent error after it applied its effect and enqueued its event: the

@@ -6,13 +6,14 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
-	"os"
 	"strings"
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem/internal/pgtest"
+
+	"github.com/idemkit/idem/internal/amqptest"
 )
 
 // checkReport asserts what the demo promises: the idem side exact, the naive
@@ -79,12 +80,8 @@ func TestDemoSQLiteKfake(t *testing.T) {
 	}
 }
 
-func amqpURL() string {
-	if u := os.Getenv("IDEM_AMQP_URL"); u != "" {
-		return u
-	}
-	return "amqp://guest:guest@127.0.0.1:5672/"
-}
+// amqpURL is the test broker: see [amqptest.URL].
+func amqpURL() string { return amqptest.URL() }
 
 func TestDemoPostgresRabbitMQ(t *testing.T) {
 	t.Parallel()

@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"os"
 	"regexp"
 	"strings"
 	"sync/atomic"
@@ -28,14 +27,12 @@ import (
 	"github.com/idemkit/idem/idemrabbitmq"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
+
+	"github.com/idemkit/idem/internal/amqptest"
 )
 
-func amqpURL() string {
-	if u := os.Getenv("IDEM_AMQP_URL"); u != "" {
-		return u
-	}
-	return "amqp://guest:guest@127.0.0.1:5672/"
-}
+// amqpURL is the test broker: see [amqptest.URL].
+func amqpURL() string { return amqptest.URL() }
 
 var unsafeName = regexp.MustCompile(`[^a-z0-9]+`)
 

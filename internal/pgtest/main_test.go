@@ -1,0 +1,12 @@
+package pgtest
+
+import (
+	"os"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/internal/leakcheck"
+)
+
+// TestMain fails the run when a test left a goroutine running.
+func TestMain(m *testing.M) { os.Exit(leakcheck.Main(m, 30*time.Second)) }
