@@ -12,7 +12,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/idemkit/idem/idemrabbitmq"
 )
 
@@ -111,7 +111,7 @@ func NewRabbitMQ(cfg RabbitMQConfig) (*RabbitMQ, error) {
 	}
 	conn, err := amqp.DialConfig(cfg.URL, amqp.Config{Dial: amqp.DefaultDial(10 * time.Second), Properties: amqp.Table{"connection_name": "idem-dlq"}})
 	if err != nil {
-		return nil, fmt.Errorf("connecting to RabbitMQ: %w", idem.RedactError(err, cfg.URL))
+		return nil, fmt.Errorf("connecting to RabbitMQ: %w", idembroker.RedactError(err, cfg.URL))
 	}
 	r := &RabbitMQ{cfg: cfg, conn: conn}
 	if _, err := r.depth(); err != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -33,7 +34,7 @@ type Consumer[TTx any] struct {
 	stats    counters
 
 	running atomic.Bool
-	health  *idem.HealthState
+	health  *idembroker.HealthState
 	lag     lagTracker
 	marks   commitMarks
 	pending pendingCommits
@@ -79,7 +80,7 @@ func NewConsumer[TTx any](cl *kgo.Client, proc *idem.Processor[TTx], cfg *Config
 		cl: cl, dlq: dlq, proc: proc, cfg: c, hooks: append(slices.Clip(proc.Hooks()), c.Hooks...),
 		backoff: idem.RetryPolicy{InitialBackoff: c.InitialBackoff, MaxBackoff: c.MaxBackoff},
 		crashed: make(chan struct{}),
-		health:  idem.NewHealthState(proc.Consumer(), topicsOf(cl)),
+		health:  idembroker.NewHealthState(proc.Consumer(), topicsOf(cl)),
 	}
 	cons.health.LogTo(c.Logger) // the end of an outage's hold
 	cons.dlTopics = deadLetterTopics{cl: dlq, name: c.DeadLetterTopic, create: c.CreateDeadLetterTopics, known: map[string]bool{}}

@@ -16,6 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 )
 
 // Consumer consumes one RabbitMQ queue into a [idem.Processor]: it acks a
@@ -42,7 +43,7 @@ type Consumer[TTx any] struct {
 	stats struct {
 		delivered, redelivered, applied, duplicates, requeued, held, deadLettered, reconnects atomic.Uint64
 	}
-	health   *idem.HealthState
+	health   *idembroker.HealthState
 	inFlight atomic.Int64 // deliveries of the current session not settled
 }
 
@@ -83,7 +84,7 @@ func NewConsumer[TTx any](proc *idem.Processor[TTx], cfg *Config) (*Consumer[TTx
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	health := idem.NewHealthState(proc.Consumer(), c.Queue)
+	health := idembroker.NewHealthState(proc.Consumer(), c.Queue)
 	health.LogTo(c.Logger.With(slog.String("queue", c.Queue))) // the end of an outage's hold
 	return &Consumer[TTx]{
 		proc: proc, cfg: c, hooks: append(slices.Clip(proc.Hooks()), c.Hooks...),
@@ -259,7 +260,7 @@ func (c *Consumer[TTx]) dial(url, name string) (*amqp.Connection, net.Conn, erro
 	conn, err := amqp.DialConfig(url, ac)
 	if err != nil {
 		// A URI that does not parse is quoted whole in the error.
-		return nil, nil, idem.RedactError(err, url)
+		return nil, nil, idembroker.RedactError(err, url)
 	}
 	return conn, sock, nil
 }
