@@ -9,17 +9,18 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 
 	"github.com/idemkit/idem/internal/logfmt"
 )
 
 // DefaultIDHeader is the record header that carries the producer-assigned
 // message ID when [Config.IDHeader] and [Config.ID] are unset.
-const DefaultIDHeader = "idem-message-id"
+const DefaultIDHeader = idembroker.HeaderMessageID
 
 // DefaultTimeHeader is the record header that carries the producer's event
 // time when [Config.TimeHeader] is unset.
-const DefaultTimeHeader = "x-event-time"
+const DefaultTimeHeader = idembroker.HeaderEventTime
 
 // ErrConfig is wrapped by every configuration error from [NewConsumer] and
 // [New].

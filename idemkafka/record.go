@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -54,7 +55,7 @@ func (c *Consumer[TTx]) message(r *kgo.Record, attempt int) (m idem.Message, noI
 	var header time.Time
 	if v, ok := m.Headers[c.cfg.TimeHeader]; ok {
 		if _, fromID := idem.TimeFromUUIDv7(m.ID); !fromID {
-			if header, err = parseTime(v); err != nil {
+			if header, err = idembroker.ParseEventTime(v); err != nil {
 				return m, nil, fmt.Errorf("%w %s: %w", ErrBadTime, c.cfg.TimeHeader, err)
 			}
 		}
@@ -81,15 +82,4 @@ func (c *Consumer[TTx]) id(r *kgo.Record) (id string, err error) {
 		return "", fmt.Errorf("%w: extracting ID: %w", idem.ErrNoMessageID, err)
 	}
 	return id, nil
-}
-
-func parseTime(v string) (time.Time, error) {
-	if ms, err := strconv.ParseInt(v, 10, 64); err == nil {
-		return time.UnixMilli(ms), nil
-	}
-	t, err := time.Parse(time.RFC3339Nano, v)
-	if err != nil {
-		return time.Time{}, fmt.Errorf("parsing %q as RFC 3339 or Unix milliseconds: %w", v, err)
-	}
-	return t, nil
 }

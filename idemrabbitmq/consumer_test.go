@@ -18,6 +18,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/idemkit/idem/idemrabbitmq"
 	"github.com/idemkit/idem/internal/netfault"
 )
@@ -198,9 +199,9 @@ func TestPoisonMessageGoesToDLQWithReason(t *testing.T) {
 			})
 			reasons := map[string]string{}
 			for _, m := range dead {
-				reasons[m.MessageId], _ = m.Headers[idemrabbitmq.HeaderReason].(string)
-				if m.Headers[idemrabbitmq.HeaderConsumer] != "billing-invoice" || m.Headers[idemrabbitmq.HeaderOrigin] != topo.Queue ||
-					m.Headers[idemrabbitmq.HeaderOutcome] != "dead_lettered" || m.Headers[idemrabbitmq.HeaderAttempts] == nil {
+				reasons[m.MessageId], _ = m.Headers[idembroker.HeaderReason].(string)
+				if m.Headers[idembroker.HeaderConsumer] != "billing-invoice" || m.Headers[idembroker.HeaderOrigin] != topo.Queue ||
+					m.Headers[idembroker.HeaderOutcome] != "dead_lettered" || m.Headers[idembroker.HeaderAttempts] == nil {
 					t.Errorf("dead letter headers %v", m.Headers)
 				}
 			}
@@ -267,7 +268,7 @@ func TestMissingMessageIDIsDeadLettered(t *testing.T) {
 		dead = append(dead, drain(t, conn, topo.DeadLetterQueue)...)
 		return len(dead) > 0
 	})
-	if reason, _ := dead[0].Headers[idemrabbitmq.HeaderReason].(string); string(dead[0].Body) != "no identity" || !strings.Contains(reason, idem.ErrNoMessageID.Error()) {
+	if reason, _ := dead[0].Headers[idembroker.HeaderReason].(string); string(dead[0].Body) != "no identity" || !strings.Contains(reason, idem.ErrNoMessageID.Error()) {
 		t.Fatalf("dead letter %q with reason %q", dead[0].Body, reason)
 	}
 }
@@ -373,7 +374,7 @@ func TestTerminatedBackendsNeverAckWithoutCommit(t *testing.T) {
 	t.Logf("terminated %d backends; stats %+v", killed.Load(), c.Stats())
 	// A terminated backend is an outage, never the message's fault.
 	if dl := drain(t, conn, topo.DeadLetterQueue); len(dl) != 0 {
-		t.Errorf("%d healthy messages dead-lettered; first %s: %v", len(dl), dl[0].MessageId, dl[0].Headers[idemrabbitmq.HeaderReason])
+		t.Errorf("%d healthy messages dead-lettered; first %s: %v", len(dl), dl[0].MessageId, dl[0].Headers[idembroker.HeaderReason])
 	}
 	if killed.Load() == 0 {
 		t.Fatal("no backend was terminated: the test proved nothing")
@@ -557,7 +558,7 @@ func TestFailingMessageFirstDoesNotSinkItsNeighbours(t *testing.T) {
 		}
 		t.Fatalf("dead-lettered %v, want only %s", ids, msgID(0))
 	}
-	t.Logf("x-idem-attempts %v", dead[0].Headers[idemrabbitmq.HeaderAttempts])
+	t.Logf("x-idem-attempts %v", dead[0].Headers[idembroker.HeaderAttempts])
 	if rows, distinct := d.effects(t); rows != healthy || distinct != healthy {
 		t.Fatalf("effects %d (%d distinct), want the %d healthy messages once each", rows, distinct, healthy)
 	}
@@ -1000,7 +1001,7 @@ func TestRepublishWithAnotherTimestampIsADuplicate(t *testing.T) {
 		}
 	}
 	if err := pub.Publish(ctx, "", topo.Queue, amqp.Publishing{MessageId: "inv-timed-by-header", Timestamp: stale,
-		Headers: amqp.Table{idemrabbitmq.HeaderEventTime: now.UTC().Format(time.RFC3339)}, Body: []byte(`{}`)}); err != nil {
+		Headers: amqp.Table{idembroker.HeaderEventTime: now.UTC().Format(time.RFC3339)}, Body: []byte(`{}`)}); err != nil {
 		t.Fatal(err)
 	}
 	rec.waitUntil(t, 30*time.Second, "every delivery settled", func() bool {

@@ -98,7 +98,7 @@
 // redelivered flag is copied to [idem.Message].Redelivered and counted
 // ([RedeliveredQueueHook], idem.RedeliveredHook), never used to decide; a quorum queue's
 // x-delivery-count becomes [idem.Message].Attempt. The event time is the
-// time inside a UUIDv7 ID, else the producer's [HeaderEventTime] header,
+// time inside a UUIDv7 ID, else the producer's [idembroker.HeaderEventTime] header,
 // else the AMQP timestamp ([idem.EventTime]). See [Message].
 //
 // # Connection loss

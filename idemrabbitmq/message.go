@@ -8,19 +8,12 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 )
 
 // deliveryCountHeader is set by quorum queues on redelivery: how many times
 // the message was delivered and returned before.
 const deliveryCountHeader = "x-delivery-count"
-
-// HeaderEventTime is the producer's event-time header: when the event
-// happened, as an RFC 3339 string ("2026-09-01T02:14:11Z", fractions
-// allowed) or as Unix milliseconds (an integer, or a string of digits).
-// [Message] reads it when the message ID is not a UUIDv7, ahead of the AMQP
-// timestamp property, which a republish refreshes. A value it cannot read
-// is ignored.
-const HeaderEventTime = "x-event-time"
 
 // Message converts a delivery from queue into the processor's message.
 // idHeader names the header carrying the identity; empty means the AMQP
@@ -31,7 +24,7 @@ const HeaderEventTime = "x-event-time"
 //
 // Time is the event time, from the most stable source the message has
 // ([idem.EventTime]): the time inside a UUIDv7 ID, then the
-// [HeaderEventTime] header, then the AMQP timestamp property; TimeSource
+// [idembroker.HeaderEventTime] header, then the AMQP timestamp property; TimeSource
 // says which.
 //
 // Attempt is x-delivery-count + 1 when the broker sets that header (quorum
@@ -57,7 +50,7 @@ func Message(d *amqp.Delivery, queue, idHeader string) idem.Message {
 			m.Headers[k] = headerString(v)
 		}
 	}
-	m.Time, m.TimeSource = idem.EventTime(m.ID, headerTime(d.Headers[HeaderEventTime]), d.Timestamp)
+	m.Time, m.TimeSource = idem.EventTime(m.ID, headerTime(d.Headers[idembroker.HeaderEventTime]), d.Timestamp)
 	if n, ok := deliveryCount(d.Headers[deliveryCountHeader]); ok {
 		m.Attempt = n + 1
 	} else if !d.Redelivered {
