@@ -203,7 +203,7 @@ func crashBeforeAck(t *testing.T, h Harness, p path) {
 	e.wantNoDeadLetters()
 }
 
-// The adapter reports a settlement (idem.SettleHook) only for what it told
+// The adapter reports a settlement (idembroker.SettleHook) only for what it told
 // the broker: after a crash before the ack, the messages of the crashed
 // batch are settled once, when their redelivery is acked, not also when
 // the crash withheld their ack.

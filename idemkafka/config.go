@@ -99,10 +99,11 @@ type Config struct {
 	RebalanceGrace time.Duration
 	// Hooks are hooks of this consumer alone, called after the
 	// processor's (idem.Config.Hooks, which the consumer calls too): any
-	// value implementing idem's hook interfaces (idem.SettleHook for every
-	// record settled, idem.DeadLetterHook for every dead letter) or this
-	// package's [CommitHook], [RetryHook] and [DeadLetterRecordHook]. One
-	// list, optional interfaces. [Consumer.Stats] counts the same events.
+	// value implementing the broker hooks of package idembroker
+	// (idembroker.SettleHook for every record settled,
+	// idembroker.DeadLetterHook for every dead letter) or this package's
+	// [CommitHook], [DataLossHook] and [RetryHook]. One list, optional
+	// interfaces. [Consumer.Stats] counts the same events.
 	// Optional.
 	Hooks []idem.Hook
 	// Faults injects crashes between the database commit and the offset

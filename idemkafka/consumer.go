@@ -24,9 +24,11 @@ type Consumer[TTx any] struct {
 	dlq  *kgo.Client
 	proc *idem.Processor[TTx]
 	cfg  Config
-	// hooks are the processor's, then the consumer's own.
-	hooks []idem.Hook
-	owned bool // New built cl: Run closes it
+	// kit keeps health and calls the hooks: the processor's, then the
+	// consumer's own.
+	kit   *idembroker.Settler
+	hooks []idem.Hook // kit's, for this package's own hooks
+	owned bool        // New built cl: Run closes it
 	// backoff paces the tries to produce a dead letter.
 	backoff  idem.RetryPolicy
 	settler  settler
@@ -76,13 +78,14 @@ func NewConsumer[TTx any](cl *kgo.Client, proc *idem.Processor[TTx], cfg *Config
 	if err := checkDeadLetterClient(dlq); err != nil {
 		return nil, err
 	}
+	// The settler logs the end of an outage's hold.
+	kit := idembroker.NewSettler(proc.Consumer(), topicsOf(cl), append(slices.Clip(proc.Hooks()), c.Hooks...), c.Logger)
 	cons := &Consumer[TTx]{
-		cl: cl, dlq: dlq, proc: proc, cfg: c, hooks: append(slices.Clip(proc.Hooks()), c.Hooks...),
+		cl: cl, dlq: dlq, proc: proc, cfg: c, kit: kit, hooks: kit.Hooks(),
 		backoff: idem.RetryPolicy{InitialBackoff: c.InitialBackoff, MaxBackoff: c.MaxBackoff},
 		crashed: make(chan struct{}),
-		health:  idembroker.NewHealthState(proc.Consumer(), topicsOf(cl)),
+		health:  kit.Health(),
 	}
-	cons.health.LogTo(c.Logger) // the end of an outage's hold
 	cons.dlTopics = deadLetterTopics{cl: dlq, name: c.DeadLetterTopic, create: c.CreateDeadLetterTopics, known: map[string]bool{}}
 	cons.settler = settler{
 		dispose: proc.Dispose, deadLetter: cons.deadLetter, report: proc.Report,

@@ -53,8 +53,7 @@ func (c *Consumer[TTx]) deadLetter(ctx context.Context, r *kgo.Record, res idem.
 		if err == nil {
 			err = c.dlq.ProduceSync(ctx, dl).FirstErr()
 		}
-		idem.Each(c.hooks, func(h DeadLetterRecordHook) { h.OnDeadLetterRecord(r, res, err) })
-		idem.Each(c.hooks, func(h idem.DeadLetterHook) { h.OnDeadLetter(c.proc.Consumer(), dl.Topic, res, err) })
+		c.kit.DeadLetter(dl.Topic, res, err)
 		if err == nil {
 			c.cfg.Logger.Debug("dead letter produced", "consumer", c.proc.Consumer(), "origin", origin(r),
 				"message_id", res.MessageID, "dead_letter_topic", dl.Topic)

@@ -114,8 +114,8 @@
 //
 // One hook list serves the processor and the consumer: the consumer calls
 // the processor's hooks (idem.Config.Hooks) and its own ([Config.Hooks]) —
-// idem.SettleHook and idem.DeadLetterHook, which package idemprom's Metrics
-// implements, and this package's [CommitHook], [RetryHook] and
-// [DeadLetterRecordHook] for broker-side events. [Consumer.Stats] counts
+// idembroker.SettleHook and idembroker.DeadLetterHook, which package
+// idemprom's Metrics implements, and this package's [CommitHook],
+// [DataLossHook] and [RetryHook] for events only Kafka has. [Consumer.Stats] counts
 // them too.
 package idemkafka

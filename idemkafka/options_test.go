@@ -154,8 +154,8 @@ type countRetries struct {
 	attempts int // of the last dead letter
 }
 
-func (h *countRetries) OnDeadLetterRecord(r *kgo.Record, res idem.Result, err error) {
-	h.commits.OnDeadLetterRecord(r, res, err)
+func (h *countRetries) OnDeadLetter(consumer, destination string, res idem.Result, err error) {
+	h.commits.OnDeadLetter(consumer, destination, res, err)
 	h.mu.Lock()
 	h.attempts = res.Attempts
 	h.mu.Unlock()

@@ -133,11 +133,10 @@ func (s *settler) settle(ctx context.Context, recs []*kgo.Record, results []idem
 	return settled{n: len(results), done: done}
 }
 
-// onSettle tells the processor's hooks (idem.SettleHook) what was done
+// onSettle tells the settle step (idembroker.Settler) what was done
 // with r: for a record done with, once its offset commit was sent.
 func (c *Consumer[TTx]) onSettle(r *kgo.Record, d idem.Disposition, res idem.Result) {
-	c.health.Settle(d, res, time.Now())
-	idem.Each(c.hooks, func(h idem.SettleHook) { h.OnSettle(c.proc.Consumer(), source(r.Topic, r.Partition), d, res) })
+	c.kit.Settle(source(r.Topic, r.Partition), d, res, time.Now())
 }
 
 // process runs one batch through the processor, in order: when a record

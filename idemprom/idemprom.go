@@ -63,6 +63,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 )
 
 // Metrics is an idem.Observer that records to Prometheus. One Metrics can
@@ -229,12 +230,12 @@ func (m *Metrics) OnAttempt(consumer string, a idem.Attempt) {
 	m.attempts.WithLabelValues(consumer, classNames[a.Class], batch).Inc()
 }
 
-// OnSettle implements idem.SettleHook.
+// OnSettle implements idembroker.SettleHook.
 func (m *Metrics) OnSettle(consumer, _ string, d idem.Disposition, _ idem.Result) {
 	m.settled.WithLabelValues(consumer, d.Action.String()).Inc()
 }
 
-// OnDeadLetter implements idem.DeadLetterHook. The reason label is
+// OnDeadLetter implements idembroker.DeadLetterHook. The reason label is
 // [Reason] of the result.
 func (m *Metrics) OnDeadLetter(consumer, _ string, r idem.Result, err error) {
 	result := "ok"
@@ -244,7 +245,7 @@ func (m *Metrics) OnDeadLetter(consumer, _ string, r idem.Result, err error) {
 	m.deadLetters.WithLabelValues(consumer, result, Reason(r)).Inc()
 }
 
-// OnRedelivered implements idem.RedeliveredHook.
+// OnRedelivered implements idembroker.RedeliveredHook.
 func (m *Metrics) OnRedelivered(consumer, _ string) {
 	m.redelivered.WithLabelValues(consumer).Inc()
 }
@@ -275,9 +276,9 @@ func (m *Metrics) OldestMarker(table string, age time.Duration) {
 func (m *Metrics) PrunedCounter() *prometheus.CounterVec { return m.pruned }
 
 var (
-	_ idem.OutcomeHook     = (*Metrics)(nil)
-	_ idem.AttemptHook     = (*Metrics)(nil)
-	_ idem.SettleHook      = (*Metrics)(nil)
-	_ idem.DeadLetterHook  = (*Metrics)(nil)
-	_ idem.RedeliveredHook = (*Metrics)(nil)
+	_ idem.OutcomeHook           = (*Metrics)(nil)
+	_ idem.AttemptHook           = (*Metrics)(nil)
+	_ idembroker.SettleHook      = (*Metrics)(nil)
+	_ idembroker.DeadLetterHook  = (*Metrics)(nil)
+	_ idembroker.RedeliveredHook = (*Metrics)(nil)
 )

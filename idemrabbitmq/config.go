@@ -127,37 +127,15 @@ type Config struct {
 	Logger *slog.Logger
 	// Hooks are hooks of this consumer alone, called after the
 	// processor's (idem.Config.Hooks, which the consumer calls too): any
-	// value implementing idem's hook interfaces (idem.SettleHook,
-	// idem.DeadLetterHook, idem.RedeliveredHook) or this package's
-	// [SettledHook], [RedeliveredQueueHook] and [ReconnectHook]. One list,
-	// optional interfaces: package idemprom's Metrics needs no adapter.
-	// Optional.
+	// value implementing the broker hooks of package idembroker
+	// (idembroker.SettleHook, DeadLetterHook, RedeliveredHook,
+	// ReconnectHook). One list, optional interfaces: package idemprom's
+	// Metrics needs no adapter. A settlement's broker verb is
+	// [VerbFor] of its disposition's action. Optional.
 	Hooks []idem.Hook
 	// Faults injects failures at the adapter's fault points, for tests and
 	// drills. Optional; nil costs nothing.
 	Faults FaultFunc
-}
-
-// SettledHook is told the broker verb of each message once the broker was
-// told: Ack and Requeue once the frame was sent, DeadLetter once the copy
-// was confirmed at the dead-letter destination and the original acked.
-// Hold is never settled, so it is never reported here. Hooks are called
-// from the consumer's goroutines and must not block.
-type SettledHook interface {
-	Settled(queue string, verb Verb, r idem.Result)
-}
-
-// RedeliveredQueueHook is told of each delivery the broker flagged as
-// redelivered. The flag is a hint only; the inbox, not the flag, decides
-// duplicates. (idem.RedeliveredHook gets the same, by consumer.)
-type RedeliveredQueueHook interface {
-	Redelivered(queue string)
-}
-
-// ReconnectHook is told when a session ended with err and the consumer is
-// about to reconnect.
-type ReconnectHook interface {
-	Reconnecting(queue string, err error)
 }
 
 // FaultPoint names a place in the consumer where a test or a drill can

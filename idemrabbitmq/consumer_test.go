@@ -888,7 +888,7 @@ type reconnects struct {
 	errs []error
 }
 
-func (r *reconnects) Reconnecting(_ string, err error) {
+func (r *reconnects) OnReconnect(_, _ string, err error) {
 	r.mu.Lock()
 	r.errs = append(r.errs, err)
 	r.mu.Unlock()
