@@ -92,7 +92,7 @@ func TestCrashAfterDatabaseCommitBeforeOffsetCommit(t *testing.T) {
 	a, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), proc, &idemkafka.Config{
 		MaxBatch: 100,
 		Hooks:    []idem.Hook{obs},
-		Faults: func(_ context.Context, p idemkafka.FaultPoint, _ string, _ int32, _ int64) error {
+		Faults: func(_ context.Context, p idem.FaultPoint, _ string, _ int32, _ int64) error {
 			if p == idemkafka.BeforeOffsetCommit && commitsSeen.Add(1) == 4 {
 				return errors.New("kill -9")
 			}

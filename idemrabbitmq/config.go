@@ -1,7 +1,6 @@
 package idemrabbitmq
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -135,29 +134,24 @@ type Config struct {
 	Hooks []idem.Hook
 	// Faults injects failures at the adapter's fault points, for tests and
 	// drills. Optional; nil costs nothing.
-	Faults FaultFunc
+	//
+	// It is called at [BeforeSettle] with the batch's messages. A non-nil
+	// error makes the step fail there. It runs on the batch's worker and
+	// may block: a drill that holds a committed batch's acks blocks there
+	// (for as long as it likes, or until ctx, cancelled after
+	// [Config.ShutdownGrace] once Run is stopping, is done) and then
+	// returns an error to cut the connection, so the broker redelivers what
+	// committed and the inbox turns it into duplicates. While it blocks,
+	// that worker takes no other batch.
+	Faults idem.FaultFunc
 }
-
-// FaultPoint names a place in the consumer where a test or a drill can
-// inject a failure.
-type FaultPoint string
 
 // BeforeSettle: the batch's transaction has ended (committed, for the
 // Applied messages) and the broker has not been told yet. An error there
 // withholds every ack of the batch and cuts the connection, exactly as a
 // crash or a broker restart between commit and ack would: the broker
 // redelivers, and the inbox turns the redeliveries into duplicates.
-const BeforeSettle FaultPoint = "before_settle"
-
-// FaultFunc is called at every fault point with the messages concerned. A
-// non-nil error makes the step fail there. It runs on the batch's worker
-// and may block: a drill that holds a committed batch's acks blocks there
-// (for as long as it likes, or until ctx, cancelled after
-// [Config.ShutdownGrace] once Run is stopping, is done) and then returns
-// an error to cut the connection, so the broker redelivers what committed
-// and the inbox turns it into duplicates. While it blocks, that worker
-// takes no other batch.
-type FaultFunc func(ctx context.Context, point FaultPoint, msgs []idem.Message) error
+const BeforeSettle idem.FaultPoint = "before_settle"
 
 // ErrConfig is wrapped by every configuration error from [NewConsumer].
 var ErrConfig = errors.New("invalid idemrabbitmq configuration")

@@ -132,7 +132,7 @@ func (h *conformanceHarness) Consumer(t testing.TB, queue string, proc *idem.Pro
 	}
 	if opts.CrashBeforeAck {
 		var once sync.Once
-		cfg.Faults = func(_ context.Context, point idemrabbitmq.FaultPoint, _ []idem.Message) (err error) {
+		cfg.Faults = func(_ context.Context, point idem.FaultPoint, _ []idem.Message) (err error) {
 			if point == idemrabbitmq.BeforeSettle {
 				once.Do(func() { err = errors.New("process died between commit and ack") })
 			}

@@ -39,7 +39,7 @@ func TestIncidentRedeliveryAfterCut(t *testing.T) {
 	var processed atomic.Int64
 	var withheld, secondCut atomic.Bool
 	cutNow, cutDone := make(chan struct{}), make(chan struct{})
-	cfg.Faults = func(ctx context.Context, p idemrabbitmq.FaultPoint, msgs []idem.Message) error {
+	cfg.Faults = func(ctx context.Context, p idem.FaultPoint, msgs []idem.Message) error {
 		total := processed.Add(int64(len(msgs)))
 		// Once ~1,000 messages committed, withhold one batch's acks and cut
 		// the connection: exactly a restart between commit and ack.

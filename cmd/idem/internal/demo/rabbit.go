@@ -113,7 +113,7 @@ func (r *rabbitTransport) start(ctx context.Context, s *side, stream string, pro
 		MaxReconnectBackoff: time.Second,
 		ConnectionName:      "idem-demo-" + s.name + "-" + stream,
 		Logger:              r.log,
-		Faults: func(ctx context.Context, _ idemrabbitmq.FaultPoint, msgs []idem.Message) error {
+		Faults: func(ctx context.Context, _ idem.FaultPoint, msgs []idem.Message) error {
 			return o.hold(ctx, len(msgs))
 		},
 	})
