@@ -66,8 +66,12 @@ import (
 	"github.com/idemkit/idem/idembroker"
 )
 
-// Metrics is an idem.Observer that records to Prometheus. One Metrics can
-// serve every processor of a process: series are labelled by consumer.
+// Metrics records to Prometheus what the processor and the broker adapters
+// report: it implements the processor's hooks (idem.OutcomeHook,
+// idem.AttemptHook) and the broker hooks (idembroker.SettleHook,
+// DeadLetterHook, RedeliveredHook), so it goes in idem.Config.Hooks. One
+// Metrics can serve every processor of a process: series are labelled by
+// consumer.
 type Metrics struct {
 	messages    *prometheus.CounterVec
 	seconds     *prometheus.HistogramVec
@@ -212,6 +216,8 @@ func (m *Metrics) OnOutcome(consumer string, r idem.Result, elapsed time.Duratio
 
 // Observe implements idem.Observer, for processors configured with
 // Config.Observer.
+//
+// Deprecated: put m in idem.Config.Hooks; it is an idem.OutcomeHook.
 func (m *Metrics) Observe(consumer string, r idem.Result, elapsed time.Duration) {
 	m.OnOutcome(consumer, r, elapsed)
 }
