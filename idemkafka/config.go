@@ -42,8 +42,8 @@ type Config struct {
 	// time (idem.Message.Time) is taken from the most stable source a record
 	// has, as idem.EventTime orders them: the time inside a UUIDv7 ID, this
 	// header, the record timestamp; idem.Message.TimeSource says which. A
-	// header that does not parse, on a record whose ID carries no time,
-	// sends the record to the dead-letter topic.
+	// header that does not parse, on a record whose ID carries no time, is
+	// bad input: the processor dead-letters the record (idem.ErrBadTime).
 	TimeHeader string
 	// InitialBackoff paces the tries to produce a dead letter the broker
 	// refused and the pause after a fetch error; the pause doubles with each

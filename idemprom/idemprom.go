@@ -135,7 +135,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"consumer", "action"}),
 		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_dead_letters_total",
-			Help: "Dead letters written to their destination (result ok) or refused by it (result error; the message comes again), by reason (no_message_id, bad_key, untimed, no_partition_time, expired, pruned, retries_exhausted, permanent, other).",
+			Help: "Dead letters written to their destination (result ok) or refused by it (result error; the message comes again), by reason (no_message_id, bad_key, bad_time, untimed, no_partition_time, expired, pruned, retries_exhausted, permanent, other).",
 		}, []string{"consumer", "result", "reason"}),
 		pruned: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_inbox_markers_pruned_total",

@@ -1032,3 +1032,53 @@ func TestRepublishWithAnotherTimestampIsADuplicate(t *testing.T) {
 		t.Fatalf("effects %d, want 2", rows)
 	}
 }
+
+// A message whose x-event-time header is not a time, and whose ID carries
+// none, is bad input: it is dead-lettered with idem.ErrBadTime, as on Kafka,
+// and the message beside it is applied.
+func TestBadEventTimeIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	conn := broker(t)
+	topo := topology(t, conn, nil)
+	d := newDB(t, uniqueName(t))
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []amqp.Publishing{
+		{MessageId: "bad-time", Headers: amqp.Table{idembroker.HeaderEventTime: "yesterday"}, Body: []byte("bad time")},
+		{MessageId: "good-time", Headers: amqp.Table{idembroker.HeaderEventTime: time.Now().UTC().Format(time.RFC3339)}, Body: []byte("fine")},
+	} {
+		c, err := ch.PublishWithDeferredConfirm("", topo.Queue, false, false, m)
+		if err != nil || !c.Wait() {
+			t.Fatalf("publishing: %v", err)
+		}
+	}
+	cfg := config(t, topo.Queue)
+	cfg.DeadLetterExchange = topo.DeadLetterExchange
+	rec := newSettlements()
+	cfg.Hooks = []idem.Hook{rec}
+	c, err := idemrabbitmq.NewConsumer(d.processor(t, nil), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	rec.waitUntil(t, 30*time.Second, "both settled", func() bool { return rec.distinctAcked() == 1 && rec.deadLettered() == 1 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if rows, _ := d.effects(t); rows != 1 {
+		t.Fatalf("effects = %d, want only the message with a readable time", rows)
+	}
+	var dead []amqp.Delivery
+	poll(t, 10*time.Second, "the DLQ", func() bool {
+		dead = append(dead, drain(t, conn, topo.DeadLetterQueue)...)
+		return len(dead) > 0
+	})
+	if reason, _ := dead[0].Headers[idembroker.HeaderReason].(string); dead[0].MessageId != "bad-time" || !strings.Contains(reason, idem.ErrBadTime.Error()) || !strings.Contains(reason, "yesterday") {
+		t.Fatalf("dead letter %q with reason %q", dead[0].MessageId, reason)
+	}
+}

@@ -155,5 +155,8 @@ func TestMessageEventTime(t *testing.T) {
 		if !m.Time.Equal(tc.want) || m.TimeSource != tc.source {
 			t.Errorf("%s: time %v from %v, want %v from %v", tc.name, m.Time, m.TimeSource, tc.want, tc.source)
 		}
+		if bad := tc.name == "unreadable header"; (m.TimeErr != nil) != bad {
+			t.Errorf("%s: TimeErr %v; want one only for the unreadable header", tc.name, m.TimeErr)
+		}
 	}
 }
