@@ -98,8 +98,10 @@ type Config[TTx any] struct {
 	// outcomes, failed tries, settlements, dead letters. Optional; package
 	// idemprom's Metrics implements every hook. See [Hook].
 	Hooks []Hook
-	// Observer receives every result, for metrics. Optional. It is an
-	// older, narrower form of an [OutcomeHook] in Hooks.
+	// Observer receives every result, for metrics. Optional.
+	//
+	// Deprecated: put an [OutcomeHook] in Hooks; an Observer is its older,
+	// narrower form.
 	Observer Observer
 	// Faults injects failures at named points, for tests. Optional.
 	Faults FaultFunc
@@ -107,6 +109,8 @@ type Config[TTx any] struct {
 
 // Observer receives every result a processor produces, with the time its
 // transaction took (for a batch, the whole batch's time).
+//
+// Deprecated: implement [OutcomeHook] and put the value in Config.Hooks.
 type Observer interface {
 	Observe(consumer string, r Result, elapsed time.Duration)
 }

@@ -2,8 +2,10 @@ package idem
 
 import "context"
 
-// FaultPoint names a place in the processing path where a test can inject a
-// failure or a crash. Later fault suites kill processes exactly there.
+// FaultPoint names a place where a test or a drill can inject a failure or a
+// crash: the processor's points below, and the broker adapters' own
+// (idemrabbitmq.BeforeSettle, idemkafka.BeforeOffsetCommit), which are of
+// this one type. Fault suites kill processes exactly there.
 type FaultPoint string
 
 const (

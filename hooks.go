@@ -7,13 +7,16 @@ import (
 	"github.com/idemkit/idem/idemstore"
 )
 
-// Hook is any value that implements one or more of the hook interfaces
-// below: OutcomeHook, AttemptHook, TraceHook, SettleHook, DeadLetterHook,
-// RedeliveredHook (the retention hooks of package retention complete the
-// set). One value — package idemprom's Metrics implements them all — goes
-// in Config.Hooks, and every part of idem calls what it implements: the
-// processor its outcomes and attempts, the broker adapters (which take the
-// hooks from the processor) their settlements and dead letters. Hooks are
+// Hook is any value that implements one or more optional hook interfaces:
+// the processor's below (OutcomeHook, AttemptHook, TraceHook) and those of
+// the other parts of idem, declared where their events happen (the broker
+// hooks of package idembroker: settlements, dead letters, redeliveries,
+// reconnects). One value — package idemprom's Metrics implements them
+// all — goes in Config.Hooks, and every part of idem calls what it
+// implements: the processor its outcomes and attempts, the broker adapters
+// (which take the hooks from the processor) their settlements and dead
+// letters. A package with hooks of its own declares each as a small
+// interface with On-named methods and calls them with [Each]. Hooks are
 // called inline from the goroutine that did the work: they must be safe for
 // concurrent use and return quickly.
 type Hook any
@@ -77,26 +80,6 @@ type TraceHook interface {
 	StartMessage(ctx context.Context, consumer string, msg Message) (context.Context, func(Result))
 	StartBatch(ctx context.Context, consumer string, msgs []Message) (context.Context, func([]Result))
 	TraceAttempt(ctx context.Context, consumer string, a Attempt)
-}
-
-// SettleHook receives what a broker adapter told its broker about one
-// message, once the frame or commit was sent. source is the queue or
-// topic/partition.
-type SettleHook interface {
-	OnSettle(consumer, source string, d Disposition, r Result)
-}
-
-// DeadLetterHook receives each dead letter an adapter wrote, once it is
-// durable at its destination (err nil) or failed to be (err set; the
-// message is then not settled and comes again).
-type DeadLetterHook interface {
-	OnDeadLetter(consumer, destination string, r Result, err error)
-}
-
-// RedeliveredHook receives each delivery the broker flagged as seen before
-// (a hint only: the inbox decides).
-type RedeliveredHook interface {
-	OnRedelivered(consumer, source string)
 }
 
 // Hooks returns the processor's hooks (Config.Hooks, and Config.Observer

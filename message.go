@@ -43,6 +43,11 @@ type Message struct {
 	// Attempt counts deliveries of this message as the broker reports them,
 	// starting at 1 (0 when the broker does not say).
 	Attempt int
+	// TimeErr is set by an adapter when the message carries an event-time
+	// header it cannot read and its ID carries no time: the processor
+	// dead-letters the message as bad input, with an error wrapping
+	// [ErrBadTime] and TimeErr, the same on every broker.
+	TimeErr error
 }
 
 // TimeSource is where a message's event time came from, most stable first.
@@ -118,7 +123,10 @@ func JSONKey[T any](f func(T) string) KeyFunc {
 // callers can test with errors.Is.
 var (
 	ErrNoMessageID = errors.New("message has no ID")
-	ErrBadKey      = errors.New("invalid inbox key")
+	// ErrBadTime: the message's event-time header cannot be read
+	// (Message.TimeErr).
+	ErrBadTime = errors.New("invalid event time header")
+	ErrBadKey  = errors.New("invalid inbox key")
 	// ErrUntimed: the message carries no event time and the consumer
 	// refuses such messages (Config.RefuseUntimed).
 	ErrUntimed = errors.New("message has no event time")

@@ -255,6 +255,10 @@ func (p *Processor[TTx]) admit(it *item, msg Message, quiet bool) {
 		it.res.Outcome, it.res.Err = DeadLettered, err
 		return
 	}
+	if msg.TimeErr != nil {
+		it.res.Outcome, it.res.Err = DeadLettered, fmt.Errorf("%w: %w", ErrBadTime, msg.TimeErr)
+		return
+	}
 	h := p.horizon()
 	if h.ahead(it.msg.Time) {
 		// A clock gone wrong: a marker kept until then would outlive every

@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemstore"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/idemkit/idem/internal/netfault"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/pooltest"
@@ -400,7 +401,7 @@ func copiesOf(dls []DeadLetter, body string) int {
 func describe(dls []DeadLetter) string {
 	var b strings.Builder
 	for _, dl := range dls {
-		fmt.Fprintf(&b, "\n  id=%q body=%q reason=%q attempts=%q", dl.ID, dl.Body, dl.Headers[HeaderReason], dl.Headers[HeaderAttempts])
+		fmt.Fprintf(&b, "\n  id=%q body=%q reason=%q attempts=%q", dl.ID, dl.Body, dl.Headers[idembroker.HeaderReason], dl.Headers[idembroker.HeaderAttempts])
 	}
 	return b.String()
 }
@@ -410,20 +411,20 @@ func describe(dls []DeadLetter) string {
 func (e *env) wantHeaders(dl DeadLetter, outcome string, reasonHas string, attempts int) {
 	e.t.Helper()
 	h := dl.Headers
-	if r := h[HeaderReason]; r == "" || !strings.Contains(r, reasonHas) {
-		e.t.Errorf("dead letter %q: %s = %q; want it to say %q", dl.Body, HeaderReason, r, reasonHas)
+	if r := h[idembroker.HeaderReason]; r == "" || !strings.Contains(r, reasonHas) {
+		e.t.Errorf("dead letter %q: %s = %q; want it to say %q", dl.Body, idembroker.HeaderReason, r, reasonHas)
 	}
-	if got := h[HeaderOutcome]; got != outcome {
-		e.t.Errorf("dead letter %q: %s = %q; want %q", dl.Body, HeaderOutcome, got, outcome)
+	if got := h[idembroker.HeaderOutcome]; got != outcome {
+		e.t.Errorf("dead letter %q: %s = %q; want %q", dl.Body, idembroker.HeaderOutcome, got, outcome)
 	}
-	if got := h[HeaderConsumer]; got != consumerName {
-		e.t.Errorf("dead letter %q: %s = %q; want %q", dl.Body, HeaderConsumer, got, consumerName)
+	if got := h[idembroker.HeaderConsumer]; got != consumerName {
+		e.t.Errorf("dead letter %q: %s = %q; want %q", dl.Body, idembroker.HeaderConsumer, got, consumerName)
 	}
-	if got := h[HeaderOrigin]; !strings.Contains(got, e.topic) {
-		e.t.Errorf("dead letter %q: %s = %q; want it to name %s", dl.Body, HeaderOrigin, got, e.topic)
+	if got := h[idembroker.HeaderOrigin]; !strings.Contains(got, e.topic) {
+		e.t.Errorf("dead letter %q: %s = %q; want it to name %s", dl.Body, idembroker.HeaderOrigin, got, e.topic)
 	}
 	if dl.attempts() != attempts {
-		e.t.Errorf("dead letter %q: %s = %q; want %d", dl.Body, HeaderAttempts, h[HeaderAttempts], attempts)
+		e.t.Errorf("dead letter %q: %s = %q; want %d", dl.Body, idembroker.HeaderAttempts, h[idembroker.HeaderAttempts], attempts)
 	}
 }
 

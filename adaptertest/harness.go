@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 )
 
 // Harness is what a broker adapter gives the suite: a way to make a fresh
@@ -88,18 +89,9 @@ type DeadLetter struct {
 	Headers map[string]string
 }
 
-// Headers every adapter adds to a dead letter.
-const (
-	HeaderReason   = "x-idem-reason"
-	HeaderOutcome  = "x-idem-outcome"
-	HeaderConsumer = "x-idem-consumer"
-	HeaderAttempts = "x-idem-attempts"
-	HeaderOrigin   = "x-idem-origin"
-)
-
 // attempts is the dead letter's x-idem-attempts, or -1.
 func (d DeadLetter) attempts() int {
-	n, err := strconv.Atoi(d.Headers[HeaderAttempts])
+	n, err := strconv.Atoi(d.Headers[idembroker.HeaderAttempts])
 	if err != nil {
 		return -1
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemstore"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/idemkit/idem/internal/netfault"
 	"github.com/idemkit/idem/pgxinbox"
 )
@@ -203,7 +204,7 @@ func crashBeforeAck(t *testing.T, h Harness, p path) {
 	e.wantNoDeadLetters()
 }
 
-// The adapter reports a settlement (idem.SettleHook) only for what it told
+// The adapter reports a settlement (idembroker.SettleHook) only for what it told
 // the broker: after a crash before the ack, the messages of the crashed
 // batch are settled once, when their redelivery is acked, not also when
 // the crash withheld their ack.
@@ -334,8 +335,8 @@ func transientExhausted(t *testing.T, h Harness, p path) {
 		t.Errorf("the handler ran %d times for flaky; want RetryPolicy.MaxAttempts = %d", runs, maxAttempts)
 	}
 	e.wantHeaders(dl, idem.DeadLettered.String(), idem.ErrRetriesExhausted.Error(), all)
-	if !strings.Contains(dl.Headers[HeaderReason], "payment gateway timed out") {
-		t.Errorf("%s = %q; want the handler's error in it", HeaderReason, dl.Headers[HeaderReason])
+	if !strings.Contains(dl.Headers[idembroker.HeaderReason], "payment gateway timed out") {
+		t.Errorf("%s = %q; want the handler's error in it", idembroker.HeaderReason, dl.Headers[idembroker.HeaderReason])
 	}
 	e.wantEffects("n1", "n2")
 	if n := copiesOf(e.deadLetters(), "body of flaky"); n != 1 {

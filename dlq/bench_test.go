@@ -1,6 +1,8 @@
 package dlq
 
 import (
+	"github.com/idemkit/idem/idembroker"
+
 	"context"
 	"fmt"
 	"testing"
@@ -93,7 +95,7 @@ func (e *benchEnv) fill(b *testing.B, n int) {
 	for i := range n {
 		last, err = ch.PublishWithDeferredConfirmWithContext(context.Background(), "", e.dlq, false, false, amqp.Publishing{
 			MessageId: fmt.Sprintf("m-%d", i), Body: []byte(`{}`), DeliveryMode: amqp.Persistent,
-			Headers: amqp.Table{HeaderReason: "boom", HeaderConsumer: "c", HeaderOrigin: e.queue},
+			Headers: amqp.Table{idembroker.HeaderReason: "boom", idembroker.HeaderConsumer: "c", idembroker.HeaderOrigin: e.queue},
 		})
 		if err != nil {
 			b.Fatal(err)

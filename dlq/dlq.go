@@ -31,24 +31,12 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemstore"
-)
-
-// Headers of a dead letter, as idemrabbitmq and idemkafka write them.
-const (
-	HeaderReason   = "x-idem-reason"
-	HeaderOutcome  = "x-idem-outcome"
-	HeaderConsumer = "x-idem-consumer"
-	HeaderAttempts = "x-idem-attempts"
-	HeaderOrigin   = "x-idem-origin"
-	// HeaderRedriven counts the redrives of a message: a redrive removes
-	// the dead-letter headers and sets this one to one more than it was.
-	HeaderRedriven = "x-idem-redriven"
+	"github.com/idemkit/idem/idembroker"
 )
 
 // Letter is one dead letter, as read from its dead-letter queue or topic.
@@ -809,17 +797,11 @@ const freshFor = time.Second
 // runs even when the replay was interrupted.
 const restoreTimeout = 30 * time.Second
 
-// headerInt reads an integer header value.
-func headerInt(s string) int {
-	n, _ := strconv.Atoi(strings.TrimSpace(s))
-	return n
-}
-
 // deadLetterHeader reports whether a header is one a dead-lettering added,
 // which a redrive removes.
 func deadLetterHeader(k string) bool {
 	switch k {
-	case HeaderReason, HeaderOutcome, HeaderConsumer, HeaderAttempts, HeaderOrigin, HeaderRedriven,
+	case idembroker.HeaderReason, idembroker.HeaderOutcome, idembroker.HeaderConsumer, idembroker.HeaderAttempts, idembroker.HeaderOrigin, idembroker.HeaderRedriven,
 		"x-death", "x-first-death-reason", "x-first-death-queue", "x-first-death-exchange",
 		"x-last-death-reason", "x-last-death-queue", "x-last-death-exchange", "x-delivery-count":
 		return true

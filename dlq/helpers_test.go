@@ -128,7 +128,7 @@ type settled struct {
 	n    atomic.Int64
 }
 
-func (s *settled) Settled(_ string, _ idemrabbitmq.Verb, r idem.Result) {
+func (s *settled) OnSettle(_, _ string, _ idem.Disposition, r idem.Result) {
 	s.mu.Lock()
 	s.seen = append(s.seen, r)
 	s.mu.Unlock()

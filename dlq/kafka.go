@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 )
 
 // DefaultGroup is the consumer group whose committed offsets mark how far
@@ -78,10 +79,10 @@ func NewKafka(ctx context.Context, cfg KafkaConfig) (*Kafka, error) {
 		cfg.Group = DefaultGroup
 	}
 	if cfg.IDHeader == "" {
-		cfg.IDHeader = "idem-message-id"
+		cfg.IDHeader = idembroker.HeaderMessageID
 	}
 	if cfg.TimeHeader == "" {
-		cfg.TimeHeader = "x-event-time"
+		cfg.TimeHeader = idembroker.HeaderEventTime
 	}
 	opts := append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...), kgo.RequiredAcks(kgo.AllISRAcks())}, cfg.Opts...)
 	cl, err := kgo.NewClient(opts...)
@@ -245,10 +246,11 @@ func (k *Kafka) letter(r *kgo.Record) Letter {
 		}
 	}
 	t, src := idem.EventTime(id, header, r.Timestamp)
+	e := idembroker.ReadEnvelope(h)
 	l := Letter{
 		ID: id, DLQ: r.Topic, Position: strconv.Itoa(int(r.Partition)) + "/" + strconv.FormatInt(r.Offset, 10),
-		Reason: h[HeaderReason], Outcome: h[HeaderOutcome], Consumer: h[HeaderConsumer], Attempts: headerInt(h[HeaderAttempts]),
-		Origin: h[HeaderOrigin], Redriven: headerInt(h[HeaderRedriven]), Time: t, TimeSource: src, TimeFrom: src.String(),
+		Reason: e.Reason, Outcome: e.Outcome, Consumer: e.Consumer, Attempts: e.Attempts,
+		Origin: e.Origin, Redriven: e.Redriven, Time: t, TimeSource: src, TimeFrom: src.String(),
 		Key: string(r.Key), Headers: h, Body: r.Value,
 	}
 	if l.Reason == "" {
@@ -386,6 +388,6 @@ func (k *Kafka) redrive(r *kgo.Record, l *Letter) *kgo.Record {
 			h = append(h, x)
 		}
 	}
-	h = append(h, kgo.RecordHeader{Key: HeaderRedriven, Value: []byte(strconv.Itoa(l.Redriven + 1))})
+	h = append(h, kgo.RecordHeader{Key: idembroker.HeaderRedriven, Value: []byte(strconv.Itoa(l.Redriven + 1))})
 	return &kgo.Record{Topic: l.Target, Key: r.Key, Value: r.Value, Headers: h, Timestamp: r.Timestamp}
 }

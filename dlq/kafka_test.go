@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/idemkit/idem/idemkafka"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
@@ -224,7 +225,7 @@ func kafkaListShowRedrive(t *testing.T, conns int) {
 	for _, x := range rec.Headers {
 		h[x.Key] = string(x.Value)
 	}
-	if h[idemkafka.DefaultIDHeader] == "" || h[HeaderRedriven] != "1" || h[HeaderReason] != "" || h[HeaderOrigin] != "" {
+	if h[idemkafka.DefaultIDHeader] == "" || h[idembroker.HeaderRedriven] != "1" || h[idembroker.HeaderReason] != "" || h[idembroker.HeaderOrigin] != "" {
 		t.Fatalf("redriven record headers %v", h)
 	}
 }
@@ -269,7 +270,7 @@ func TestKafkaCrashBetweenProduceAndCommit(t *testing.T) {
 		}
 	}
 	r := idemkafka.NewRecord("pay.dlq", "pay-1", []byte("pay-1"), []byte(`{}`))
-	r.Headers = append(r.Headers, kgo.RecordHeader{Key: HeaderReason, Value: []byte("boom")}, kgo.RecordHeader{Key: HeaderOrigin, Value: []byte("pay/0/0")})
+	r.Headers = append(r.Headers, kgo.RecordHeader{Key: idembroker.HeaderReason, Value: []byte("boom")}, kgo.RecordHeader{Key: idembroker.HeaderOrigin, Value: []byte("pay/0/0")})
 	if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
@@ -329,7 +330,7 @@ func TestKafkaListWarnsOfDeletedLetters(t *testing.T) {
 	}
 	for _, id := range []string{"t-1", "t-2", "t-3"} {
 		r := idemkafka.NewRecord("tax.dlq", id, nil, []byte(`{}`))
-		r.Headers = append(r.Headers, kgo.RecordHeader{Key: HeaderReason, Value: []byte("boom")}, kgo.RecordHeader{Key: HeaderOrigin, Value: []byte("tax/0/0")})
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: idembroker.HeaderReason, Value: []byte("boom")}, kgo.RecordHeader{Key: idembroker.HeaderOrigin, Value: []byte("tax/0/0")})
 		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
 			t.Fatal(err)
 		}
@@ -379,7 +380,7 @@ func TestKafkaInterruptedRedriveSettles(t *testing.T) {
 	}
 	for _, id := range []string{"pay-1", "pay-2", "pay-3"} {
 		r := idemkafka.NewRecord("pay.dlq", id, []byte(id), []byte(`{}`))
-		r.Headers = append(r.Headers, kgo.RecordHeader{Key: HeaderReason, Value: []byte("boom")}, kgo.RecordHeader{Key: HeaderOrigin, Value: []byte("pay/0/0")})
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: idembroker.HeaderReason, Value: []byte("boom")}, kgo.RecordHeader{Key: idembroker.HeaderOrigin, Value: []byte("pay/0/0")})
 		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
 			t.Fatal(err)
 		}
@@ -438,7 +439,7 @@ func TestKafkaReadingMovesNoOffset(t *testing.T) {
 		// No origin: a redrive refuses them.
 		r := idemkafka.NewRecord("tax.dlq", id, nil, []byte(`{}`))
 		r.Partition = int32(i % 2)
-		r.Headers = append(r.Headers, kgo.RecordHeader{Key: HeaderReason, Value: []byte("boom")})
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: idembroker.HeaderReason, Value: []byte("boom")})
 		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
 			t.Fatal(err)
 		}

@@ -12,7 +12,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/idemkit/idem/idemrabbitmq"
 )
 
@@ -111,7 +111,7 @@ func NewRabbitMQ(cfg RabbitMQConfig) (*RabbitMQ, error) {
 	}
 	conn, err := amqp.DialConfig(cfg.URL, amqp.Config{Dial: amqp.DefaultDial(10 * time.Second), Properties: amqp.Table{"connection_name": "idem-dlq"}})
 	if err != nil {
-		return nil, fmt.Errorf("connecting to RabbitMQ: %w", idem.RedactError(err, cfg.URL))
+		return nil, fmt.Errorf("connecting to RabbitMQ: %w", idembroker.RedactError(err, cfg.URL))
 	}
 	r := &RabbitMQ{cfg: cfg, conn: conn}
 	if _, err := r.depth(); err != nil {
@@ -144,10 +144,11 @@ func (r *RabbitMQ) depth() (int, error) {
 // letter turns the n-th delivery into a letter.
 func (r *RabbitMQ) letter(d *amqp.Delivery, n int) Letter {
 	m := idemrabbitmq.Message(d, r.cfg.Queue, r.cfg.IDHeader)
+	e := idembroker.ReadEnvelope(m.Headers)
 	l := Letter{
 		ID: m.ID, DLQ: r.cfg.Queue, Position: "#" + strconv.Itoa(n),
-		Reason: m.Headers[HeaderReason], Outcome: m.Headers[HeaderOutcome], Consumer: m.Headers[HeaderConsumer],
-		Attempts: headerInt(m.Headers[HeaderAttempts]), Origin: m.Headers[HeaderOrigin], Redriven: headerInt(m.Headers[HeaderRedriven]),
+		Reason: e.Reason, Outcome: e.Outcome, Consumer: e.Consumer,
+		Attempts: e.Attempts, Origin: e.Origin, Redriven: e.Redriven,
 		Time: m.Time, TimeSource: m.TimeSource, TimeFrom: m.TimeSource.String(), Key: d.RoutingKey, Headers: m.Headers, Body: d.Body,
 	}
 	if l.Origin == "" {
@@ -484,7 +485,7 @@ func (r *RabbitMQ) republish(ctx context.Context, pub *amqp.Channel, returns cha
 			h[k] = v
 		}
 	}
-	h[HeaderRedriven] = int64(l.Redriven + 1)
+	h[idembroker.HeaderRedriven] = int64(l.Redriven + 1)
 	msg := amqp.Publishing{
 		Headers: h, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding, DeliveryMode: amqp.Persistent,
 		Priority: d.Priority, CorrelationId: d.CorrelationId, ReplyTo: d.ReplyTo, MessageId: d.MessageId,

@@ -15,6 +15,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/idemkit/idem/idemrabbitmq"
 )
 
@@ -60,7 +61,7 @@ func redrivePoisonAfterFix(t *testing.T, conns int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sh.Judgement.Verdict != Apply || sh.Letter.Target != e.topo.Queue || string(sh.Letter.Body) != `{"invoice":"inv-1"}` || sh.Letter.Headers[HeaderConsumer] != e.consumer {
+	if sh.Judgement.Verdict != Apply || sh.Letter.Target != e.topo.Queue || string(sh.Letter.Body) != `{"invoice":"inv-1"}` || sh.Letter.Headers[idembroker.HeaderConsumer] != e.consumer {
 		t.Fatalf("show: %+v", sh)
 	}
 	if _, err := Show(ctx, src, e.inbox, "inv-404"); !errors.Is(err, ErrNotFound) {
@@ -107,7 +108,7 @@ func redrivePoisonAfterFix(t *testing.T, conns int) {
 	if err != nil || !ok {
 		t.Fatalf("get: %v %v", ok, err)
 	}
-	if d.MessageId == "" || d.Headers[HeaderRedriven] != int64(1) || d.Headers[HeaderReason] != nil || d.Headers[HeaderConsumer] != nil {
+	if d.MessageId == "" || d.Headers[idembroker.HeaderRedriven] != int64(1) || d.Headers[idembroker.HeaderReason] != nil || d.Headers[idembroker.HeaderConsumer] != nil {
 		t.Fatalf("redriven copy: id %q headers %v", d.MessageId, d.Headers)
 	}
 	_ = ch.Close() // returns it
@@ -362,7 +363,7 @@ func TestRedriveUnroutableKeepsLetter(t *testing.T) {
 	// A dead letter whose origin queue is gone.
 	if err := ch.PublishWithContext(ctx, "", e.topo.DeadLetterQueue, false, false, amqp.Publishing{
 		MessageId: "inv-lost", Body: []byte("{}"), DeliveryMode: amqp.Persistent,
-		Headers: amqp.Table{HeaderReason: "boom", HeaderConsumer: e.consumer, HeaderOrigin: e.topo.Queue + ".gone", HeaderAttempts: int64(1)},
+		Headers: amqp.Table{idembroker.HeaderReason: "boom", idembroker.HeaderConsumer: e.consumer, idembroker.HeaderOrigin: e.topo.Queue + ".gone", idembroker.HeaderAttempts: int64(1)},
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -470,7 +471,7 @@ func (e *rabbitEnv) deadLetter(id, origin string, at time.Time) {
 	defer ch.Close()
 	if err := ch.PublishWithContext(context.Background(), "", e.topo.DeadLetterQueue, false, false, amqp.Publishing{
 		MessageId: id, Timestamp: at, DeliveryMode: amqp.Persistent, Body: []byte(`{"invoice":"` + id + `"}`),
-		Headers: amqp.Table{HeaderReason: "boom", HeaderConsumer: e.consumer, HeaderOrigin: origin, HeaderAttempts: int64(1)},
+		Headers: amqp.Table{idembroker.HeaderReason: "boom", idembroker.HeaderConsumer: e.consumer, idembroker.HeaderOrigin: origin, idembroker.HeaderAttempts: int64(1)},
 	}); err != nil {
 		e.t.Fatal(err)
 	}
@@ -738,7 +739,7 @@ func limitedDLQ(t *testing.T, ids ...string) (*amqp.Connection, string) {
 	for i, id := range ids {
 		c, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, true, false, amqp.Publishing{MessageId: id, DeliveryMode: amqp.Persistent,
 			Timestamp: time.Now().Add(-time.Duration(len(ids)-i) * time.Minute).Truncate(time.Second), ContentType: "application/json",
-			Body: []byte(fmt.Sprintf(`{"n":%d}`, i)), Headers: amqp.Table{HeaderReason: "boom", HeaderConsumer: "billing", HeaderAttempts: int64(5)}})
+			Body: []byte(fmt.Sprintf(`{"n":%d}`, i)), Headers: amqp.Table{idembroker.HeaderReason: "boom", idembroker.HeaderConsumer: "billing", idembroker.HeaderAttempts: int64(5)}})
 		if err != nil {
 			t.Fatal(err)
 		}

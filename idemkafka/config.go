@@ -9,17 +9,18 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 
 	"github.com/idemkit/idem/internal/logfmt"
 )
 
 // DefaultIDHeader is the record header that carries the producer-assigned
 // message ID when [Config.IDHeader] and [Config.ID] are unset.
-const DefaultIDHeader = "idem-message-id"
+const DefaultIDHeader = idembroker.HeaderMessageID
 
 // DefaultTimeHeader is the record header that carries the producer's event
 // time when [Config.TimeHeader] is unset.
-const DefaultTimeHeader = "x-event-time"
+const DefaultTimeHeader = idembroker.HeaderEventTime
 
 // ErrConfig is wrapped by every configuration error from [NewConsumer] and
 // [New].
@@ -41,8 +42,8 @@ type Config struct {
 	// time (idem.Message.Time) is taken from the most stable source a record
 	// has, as idem.EventTime orders them: the time inside a UUIDv7 ID, this
 	// header, the record timestamp; idem.Message.TimeSource says which. A
-	// header that does not parse, on a record whose ID carries no time,
-	// sends the record to the dead-letter topic.
+	// header that does not parse, on a record whose ID carries no time, is
+	// bad input: the processor dead-letters the record (idem.ErrBadTime).
 	TimeHeader string
 	// Backoff paces this consumer's own tries with the broker and the
 	// inbox: producing a dead letter the broker refused, resending an
@@ -98,10 +99,11 @@ type Config struct {
 	RebalanceGrace time.Duration
 	// Hooks are hooks of this consumer alone, called after the
 	// processor's (idem.Config.Hooks, which the consumer calls too): any
-	// value implementing idem's hook interfaces (idem.SettleHook for every
-	// record settled, idem.DeadLetterHook for every dead letter) or this
-	// package's [CommitHook], [RetryHook] and [DeadLetterRecordHook]. One
-	// list, optional interfaces. [Consumer.Stats] counts the same events.
+	// value implementing the broker hooks of package idembroker
+	// (idembroker.SettleHook for every record settled,
+	// idembroker.DeadLetterHook for every dead letter) or this package's
+	// [CommitHook], [DataLossHook] and [RetryHook]. One list, optional
+	// interfaces. [Consumer.Stats] counts the same events.
 	// Optional.
 	Hooks []idem.Hook
 	// Faults injects crashes between the database commit and the offset

@@ -172,7 +172,7 @@ func (h *conformanceHarness) Consumer(t testing.TB, topic string, proc *idem.Pro
 	}
 	if opts.CrashBeforeAck {
 		var once sync.Once
-		cfg.Faults = func(context.Context, idemkafka.FaultPoint, string, int32, int64) (err error) {
+		cfg.Faults = func(context.Context, idem.FaultPoint, string, int32, int64) (err error) {
 			once.Do(func() { err = errors.New("process died between commit and offset commit") })
 			return err
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -23,9 +24,11 @@ type Consumer[TTx any] struct {
 	dlq  *kgo.Client
 	proc *idem.Processor[TTx]
 	cfg  Config
-	// hooks are the processor's, then the consumer's own.
-	hooks []idem.Hook
-	owned bool // New built cl: Run closes it
+	// kit keeps health and calls the hooks: the processor's, then the
+	// consumer's own.
+	kit   *idembroker.Settler
+	hooks []idem.Hook // kit's, for this package's own hooks
+	owned bool        // New built cl: Run closes it
 	// backoff paces the tries to produce a dead letter.
 	backoff  idem.Backoff
 	settler  settler
@@ -33,7 +36,7 @@ type Consumer[TTx any] struct {
 	stats    counters
 
 	running atomic.Bool
-	health  *idem.HealthState
+	health  *idembroker.HealthState
 	lag     lagTracker
 	marks   commitMarks
 	pending pendingCommits
@@ -75,16 +78,17 @@ func NewConsumer[TTx any](cl *kgo.Client, proc *idem.Processor[TTx], cfg *Config
 	if err := checkDeadLetterClient(dlq); err != nil {
 		return nil, err
 	}
+	// The settler logs the end of an outage's hold.
+	kit := idembroker.NewSettler(proc.Consumer(), topicsOf(cl), append(slices.Clip(proc.Hooks()), c.Hooks...), c.Logger)
 	cons := &Consumer[TTx]{
-		cl: cl, dlq: dlq, proc: proc, cfg: c, hooks: append(slices.Clip(proc.Hooks()), c.Hooks...),
+		cl: cl, dlq: dlq, proc: proc, cfg: c, kit: kit, hooks: kit.Hooks(),
 		backoff: c.Backoff,
 		crashed: make(chan struct{}),
-		health:  idem.NewHealthState(proc.Consumer(), topicsOf(cl)),
+		health:  kit.Health(),
 	}
-	cons.health.LogTo(c.Logger) // the end of an outage's hold
 	cons.dlTopics = deadLetterTopics{cl: dlq, name: c.DeadLetterTopic, create: c.CreateDeadLetterTopics, known: map[string]bool{}}
 	cons.settler = settler{
-		dispose: proc.Dispose, deadLetter: cons.deadLetter, report: proc.Report,
+		dispose: proc.Dispose, deadLetter: cons.deadLetter,
 		minDelay: c.Backoff.Initial, stats: &cons.stats,
 	}
 	return cons, nil

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/idemkit/idem/idemkafka"
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -91,7 +92,7 @@ func TestCrashAfterDatabaseCommitBeforeOffsetCommit(t *testing.T) {
 	a, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), proc, &idemkafka.Config{
 		MaxBatch: 100,
 		Hooks:    []idem.Hook{obs},
-		Faults: func(_ context.Context, p idemkafka.FaultPoint, _ string, _ int32, _ int64) error {
+		Faults: func(_ context.Context, p idem.FaultPoint, _ string, _ int32, _ int64) error {
 			if p == idemkafka.BeforeOffsetCommit && commitsSeen.Add(1) == 4 {
 				return errors.New("kill -9")
 			}
@@ -378,10 +379,10 @@ func TestRecordWithoutIDIsDeadLettered(t *testing.T) {
 		t.Errorf("observer counted %d dead-lettered and %d applied; want 1 and 4", dl, a)
 	}
 	dl := readDLQ(t, k, topic+".dlq", 1)[0]
-	if string(dl.Value) != "anonymous" || header(dl, idemkafka.HeaderOrigin) != topic+"/0/2" ||
-		header(dl, idemkafka.HeaderOutcome) != "dead_lettered" ||
-		!strings.Contains(header(dl, idemkafka.HeaderReason), idem.ErrNoMessageID.Error()) ||
-		!strings.Contains(header(dl, idemkafka.HeaderReason), idemkafka.DefaultIDHeader) {
+	if string(dl.Value) != "anonymous" || header(dl, idembroker.HeaderOrigin) != topic+"/0/2" ||
+		header(dl, idembroker.HeaderOutcome) != "dead_lettered" ||
+		!strings.Contains(header(dl, idembroker.HeaderReason), idem.ErrNoMessageID.Error()) ||
+		!strings.Contains(header(dl, idembroker.HeaderReason), idemkafka.DefaultIDHeader) {
 		t.Errorf("dead letter = %q with headers %v; want the anonymous record from offset 2, reason %q", dl.Value, dl.Headers, idem.ErrNoMessageID)
 	}
 }
@@ -459,17 +460,17 @@ func TestPoisonRecordDeadLetteredPartitionsFlow(t *testing.T) {
 	dl := readDLQ(t, k, topic+".dlq", 1)[0]
 	want := map[string]string{
 		idemkafka.DefaultIDHeader: "poison",
-		idemkafka.HeaderConsumer:  "kafka-test",
-		idemkafka.HeaderAttempts:  strconv.Itoa(n),
-		idemkafka.HeaderOrigin:    topic + "/0/1",
-		idemkafka.HeaderOutcome:   "dead_lettered",
+		idembroker.HeaderConsumer: "kafka-test",
+		idembroker.HeaderAttempts: strconv.Itoa(n),
+		idembroker.HeaderOrigin:   topic + "/0/1",
+		idembroker.HeaderOutcome:  "dead_lettered",
 	}
 	for key, v := range want {
 		if got := header(dl, key); got != v {
 			t.Errorf("dead letter header %s = %q, want %q", key, got, v)
 		}
 	}
-	if e := header(dl, idemkafka.HeaderReason); !strings.Contains(e, "downstream says no") || !strings.Contains(e, idem.ErrRetriesExhausted.Error()) {
+	if e := header(dl, idembroker.HeaderReason); !strings.Contains(e, "downstream says no") || !strings.Contains(e, idem.ErrRetriesExhausted.Error()) {
 		t.Errorf("dead letter reason header = %q; want the handler's error and %q", e, idem.ErrRetriesExhausted)
 	}
 	if s := c.Stats(); s.DeadLettered != 1 || s.Applied != 6 || s.Retried != 0 {

@@ -8,32 +8,17 @@ import (
 	"sync"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-)
-
-// Headers added to a dead letter, next to the original record's headers.
-// idemrabbitmq uses the same names.
-const (
-	// HeaderReason says why: the error of the result.
-	HeaderReason = "x-idem-reason"
-	// HeaderOutcome is the outcome: dead_lettered or expired.
-	HeaderOutcome = "x-idem-outcome"
-	// HeaderConsumer is the idem consumer that gave up on the record.
-	HeaderConsumer = "x-idem-consumer"
-	// HeaderAttempts is how many times the processor ran the record's
-	// transaction in the call that dead-lettered it (idem.Result.Attempts).
-	HeaderAttempts = "x-idem-attempts"
-	// HeaderOrigin is where the record came from: topic/partition/offset.
-	HeaderOrigin = "x-idem-origin"
 )
 
 // ErrDeadLetterTopic is wrapped by Run's error when a dead-letter topic is
 // missing and may not be created, or cannot be checked.
 var ErrDeadLetterTopic = errors.New("dead-letter topic not usable")
 
-// origin names a record the way [HeaderOrigin] does.
+// origin names a record the way [idembroker.HeaderOrigin] does.
 func origin(r *kgo.Record) string {
 	return source(r.Topic, r.Partition) + "/" + strconv.FormatInt(r.Offset, 10)
 }
@@ -42,19 +27,11 @@ func origin(r *kgo.Record) string {
 // timestamp and headers (so the ID survives for a later replay) and adding
 // why, who, how often and where from.
 func (c *Consumer[TTx]) deadLetterRecord(r *kgo.Record, res idem.Result) *kgo.Record {
-	reason := "unknown"
-	if res.Err != nil {
-		reason = res.Err.Error()
-	}
-	h := make([]kgo.RecordHeader, 0, len(r.Headers)+5)
+	h := make([]kgo.RecordHeader, 0, len(r.Headers)+len(idembroker.EnvelopeHeaders))
 	h = append(h, r.Headers...)
-	h = append(h,
-		kgo.RecordHeader{Key: HeaderReason, Value: []byte(reason)},
-		kgo.RecordHeader{Key: HeaderOutcome, Value: []byte(res.Outcome.String())},
-		kgo.RecordHeader{Key: HeaderConsumer, Value: []byte(c.proc.Consumer())},
-		kgo.RecordHeader{Key: HeaderAttempts, Value: []byte(strconv.Itoa(res.Attempts))},
-		kgo.RecordHeader{Key: HeaderOrigin, Value: []byte(origin(r))},
-	)
+	idembroker.NewEnvelope(c.proc.Consumer(), origin(r), res, c.proc.Dispose(res)).Write(
+		func(k, v string) { h = append(h, kgo.RecordHeader{Key: k, Value: []byte(v)}) },
+		func(k string, n int64) { h = append(h, kgo.RecordHeader{Key: k, Value: strconv.AppendInt(nil, n, 10)}) })
 	return &kgo.Record{
 		Topic:     c.cfg.DeadLetterTopic(r.Topic),
 		Key:       r.Key,
@@ -76,8 +53,7 @@ func (c *Consumer[TTx]) deadLetter(ctx context.Context, r *kgo.Record, res idem.
 		if err == nil {
 			err = c.dlq.ProduceSync(ctx, dl).FirstErr()
 		}
-		idem.Each(c.hooks, func(h DeadLetterRecordHook) { h.OnDeadLetterRecord(r, res, err) })
-		idem.Each(c.hooks, func(h idem.DeadLetterHook) { h.OnDeadLetter(c.proc.Consumer(), dl.Topic, res, err) })
+		c.kit.DeadLetter(dl.Topic, res, err)
 		if err == nil {
 			c.cfg.Logger.Debug("dead letter produced", "consumer", c.proc.Consumer(), "origin", origin(r),
 				"message_id", res.MessageID, "dead_letter_topic", dl.Topic)

@@ -72,8 +72,8 @@
 // The processor decides what becomes of a record (idem.Processor.Dispose);
 // the consumer only maps that to Kafka, in one table (ack.go): Ack moves
 // the offset on; DeadLetter produces the record to its dead-letter topic
-// (default "<topic>.dlq", with headers [HeaderReason], [HeaderOutcome],
-// [HeaderConsumer], [HeaderAttempts] and [HeaderOrigin]), waits until all
+// (default "<topic>.dlq", with headers [idembroker.HeaderReason], [idembroker.HeaderOutcome],
+// [idembroker.HeaderConsumer], [idembroker.HeaderAttempts] and [idembroker.HeaderOrigin]), waits until all
 // in-sync replicas have it, then moves the offset past it; Redeliver and
 // Hold commit nothing past the record, wait the disposition's delay and run
 // it again in place, alone. The consumer keeps no retry budget of its own:
@@ -114,8 +114,8 @@
 //
 // One hook list serves the processor and the consumer: the consumer calls
 // the processor's hooks (idem.Config.Hooks) and its own ([Config.Hooks]) —
-// idem.SettleHook and idem.DeadLetterHook, which package idemprom's Metrics
-// implements, and this package's [CommitHook], [RetryHook] and
-// [DeadLetterRecordHook] for broker-side events. [Consumer.Stats] counts
+// idembroker.SettleHook and idembroker.DeadLetterHook, which package
+// idemprom's Metrics implements, and this package's [CommitHook],
+// [DataLossHook] and [RetryHook] for events only Kafka has. [Consumer.Stats] counts
 // them too.
 package idemkafka

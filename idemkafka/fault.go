@@ -3,16 +3,14 @@ package idemkafka
 import (
 	"context"
 	"errors"
-)
 
-// FaultPoint names a place in the consumer where a test or a drill can make
-// it crash.
-type FaultPoint string
+	"github.com/idemkit/idem"
+)
 
 // BeforeOffsetCommit: the records up to offset committed in the database,
 // their offset has not been committed to Kafka. A crash here is the window
 // that makes Kafka redeliver records whose effects are already durable.
-const BeforeOffsetCommit FaultPoint = "before_offset_commit"
+const BeforeOffsetCommit idem.FaultPoint = "before_offset_commit"
 
 // FaultFunc is called at every fault point, for tests and drills only. A
 // non-nil error crashes the consumer there as [Consumer.Crash] does, and Run
@@ -25,7 +23,7 @@ const BeforeOffsetCommit FaultPoint = "before_offset_commit"
 // Run's context is cancelled, when the consumer crashes, and
 // [Config.RebalanceGrace] after a rebalance started waiting for the
 // consumer; a blocking FaultFunc should return then.
-type FaultFunc func(ctx context.Context, point FaultPoint, topic string, partition int32, offset int64) error
+type FaultFunc func(ctx context.Context, point idem.FaultPoint, topic string, partition int32, offset int64) error
 
 // ErrCrashed is wrapped by Run's error after [Consumer.Crash] or a fault.
 var ErrCrashed = errors.New("idemkafka consumer crashed")

@@ -8,12 +8,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // Health reports the consumer's state for probes and status pages
-// ([idem.HandleHealth]): whether Run runs, whether the client is a member
+// ([idembroker.HandleHealth]): whether Run runs, whether the client is a member
 // of its group (and its last poll did not fail), whether it holds records
 // because the inbox database is unreachable (since when and why), when a
 // record was last settled, the last error, and the lag of each partition
@@ -23,7 +23,7 @@ import (
 // fetched meanwhile, so its lag stays what it was when that record came
 // (the records produced since are not in it). Health asks neither the
 // broker nor the database.
-func (c *Consumer[TTx]) Health() idem.Health {
+func (c *Consumer[TTx]) Health() idembroker.Health {
 	h := c.health.Health()
 	_, gen := c.cl.GroupMetadata()
 	h.Connected = h.Running && gen > 0 && !c.pollFailed.Load()
@@ -84,10 +84,10 @@ func (l *lagTracker) reset() {
 
 // lags returns each known partition's lag, in topic and partition order,
 // and their sum. group is the client's view of the group's commits.
-func (l *lagTracker) lags(group map[string]map[int32]kgo.EpochOffset) ([]idem.PartitionLag, int64) {
+func (l *lagTracker) lags(group map[string]map[int32]kgo.EpochOffset) ([]idembroker.PartitionLag, int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var out []idem.PartitionLag
+	var out []idembroker.PartitionLag
 	var total int64
 	for k, hw := range l.hw {
 		committed, ok := l.committed[k]
@@ -104,9 +104,9 @@ func (l *lagTracker) lags(group map[string]map[int32]kgo.EpochOffset) ([]idem.Pa
 		}
 		lag := max(hw-committed, 0)
 		total += lag
-		out = append(out, idem.PartitionLag{Topic: k.topic, Partition: k.partition, HighWatermark: hw, Committed: committed, Lag: lag})
+		out = append(out, idembroker.PartitionLag{Topic: k.topic, Partition: k.partition, HighWatermark: hw, Committed: committed, Lag: lag})
 	}
-	slices.SortFunc(out, func(a, b idem.PartitionLag) int {
+	slices.SortFunc(out, func(a, b idembroker.PartitionLag) int {
 		if c := strings.Compare(a.Topic, b.Topic); c != 0 {
 			return c
 		}

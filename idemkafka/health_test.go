@@ -7,12 +7,13 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/idemkit/idem/idemkafka"
 )
 
 // pollHealth waits for cond on the consumer's health, re-checking every
 // 20ms; it fails at once when Run returned.
-func pollHealth[TTx any](t testing.TB, c *idemkafka.Consumer[TTx], stop func() error, d time.Duration, what string, cond func(idem.Health) bool) idem.Health {
+func pollHealth[TTx any](t testing.TB, c *idemkafka.Consumer[TTx], stop func() error, d time.Duration, what string, cond func(idembroker.Health) bool) idembroker.Health {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	tick := time.NewTicker(20 * time.Millisecond)
@@ -54,15 +55,15 @@ func TestHealthFollowsTheConsumer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h := c.Health(); h.Running || h.Connected || !errors.Is(h.Ready(), idem.ErrNotReady) || h.Source != topic {
+	if h := c.Health(); h.Running || h.Connected || !errors.Is(h.Ready(), idembroker.ErrNotReady) || h.Source != topic {
 		t.Fatalf("before Run: %+v", h)
 	}
 	stop := run(t, c)
-	pollHealth(t, c, stop, 30*time.Second, "a member of the group", func(h idem.Health) bool { return h.Connected })
+	pollHealth(t, c, stop, 30*time.Second, "a member of the group", func(h idembroker.Health) bool { return h.Connected })
 
 	produce(t, prod, topic, parts, 0, 10, msgID)
 	wait(t, cms.reached(ends(10, parts)), 30*time.Second, "the first records committed")
-	h := pollHealth(t, c, stop, 30*time.Second, "no lag after the first records", func(h idem.Health) bool {
+	h := pollHealth(t, c, stop, 30*time.Second, "no lag after the first records", func(h idembroker.Health) bool {
 		return len(h.Lag) == parts && h.TotalLag == 0 && !h.LastSuccess.IsZero()
 	})
 	if h.Ready() != nil {
@@ -78,7 +79,7 @@ func TestHealthFollowsTheConsumer(t *testing.T) {
 	produce(t, prod, topic, parts, 10, n-10, msgID)
 	// A held partition is paused, so its lag is as of the fetch that
 	// brought the held record: some of the new records at least.
-	h = pollHealth(t, c, stop, 60*time.Second, "holding, with new records as lag", func(h idem.Health) bool {
+	h = pollHealth(t, c, stop, 60*time.Second, "holding, with new records as lag", func(h idembroker.Health) bool {
 		return h.Holding && h.TotalLag > 0
 	})
 	if err := h.Ready(); err == nil || !strings.Contains(err.Error(), "holding messages") || !strings.Contains(h.HoldReason, idem.ErrUnavailable.Error()) {
@@ -100,7 +101,7 @@ func TestHealthFollowsTheConsumer(t *testing.T) {
 
 	proxy.Restore()
 	wait(t, cms.done, 60*time.Second, "every partition committed after the outage")
-	h = pollHealth(t, c, stop, 30*time.Second, "ready with no lag", func(h idem.Health) bool {
+	h = pollHealth(t, c, stop, 30*time.Second, "ready with no lag", func(h idembroker.Health) bool {
 		return h.Ready() == nil && h.TotalLag == 0
 	})
 	if !h.LastSuccess.After(h.Started) {
@@ -137,15 +138,15 @@ func TestHealthHoldsWhileTheDatabaseIsAwayAtStart(t *testing.T) {
 	}
 	proxy.Stop()
 	stop := run(t, c)
-	h := pollHealth(t, c, stop, 30*time.Second, "holding at start", func(h idem.Health) bool { return h.Holding })
+	h := pollHealth(t, c, stop, 30*time.Second, "holding at start", func(h idembroker.Health) bool { return h.Holding })
 	if err := h.Ready(); err == nil || !strings.Contains(err.Error(), "holding") {
 		t.Fatalf("database away at start: Ready() = %v", err)
 	}
 	proxy.Restore()
-	pollHealth(t, c, stop, 30*time.Second, "ready on an idle topic", func(h idem.Health) bool { return h.Ready() == nil })
+	pollHealth(t, c, stop, 30*time.Second, "ready on an idle topic", func(h idembroker.Health) bool { return h.Ready() == nil })
 	produce(t, k.client(t), topic, 1, 0, 1, msgID)
 	wait(t, cms.done, 60*time.Second, "the record committed")
-	pollHealth(t, c, stop, 30*time.Second, "the record settled", func(h idem.Health) bool { return !h.LastSuccess.IsZero() && h.Ready() == nil })
+	pollHealth(t, c, stop, 30*time.Second, "the record settled", func(h idembroker.Health) bool { return !h.LastSuccess.IsZero() && h.Ready() == nil })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}

@@ -192,7 +192,7 @@ type commits struct {
 	log       map[int32][]int64
 	want      map[int32]int64
 	done      chan struct{}
-	dl        []*kgo.Record
+	dl        []idem.Result
 	// marks are further ends to signal, see reached.
 	marks []mark
 }
@@ -278,7 +278,7 @@ func (c *commits) OnCommit(topic string, p int32, offset int64, err error) {
 	}
 }
 
-func (c *commits) OnDeadLetterRecord(r *kgo.Record, _ idem.Result, err error) {
+func (c *commits) OnDeadLetter(_, _ string, r idem.Result, err error) {
 	if err == nil {
 		c.mu.Lock()
 		c.dl = append(c.dl, r)

@@ -5,8 +5,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// The consumer's own hooks, beside idem's (idem.SettleHook,
-// idem.DeadLetterHook): optional interfaces that any value in the
+// The consumer's own hooks, for events only Kafka has, beside the broker
+// hooks of package idembroker (idembroker.SettleHook, DeadLetterHook):
+// optional interfaces that any value in the
 // processor's hooks (idem.Config.Hooks) or in [Config.Hooks] may
 // implement, for tests, drills and broker-side metrics. Methods are called
 // concurrently from partition goroutines and must return quickly.
@@ -34,11 +35,4 @@ type DataLossHook interface {
 // inside one run (idem.RetryPolicy) are not seen here.
 type RetryHook interface {
 	OnRetry(r *kgo.Record, try int, res idem.Result)
-}
-
-// DeadLetterRecordHook follows the production of a record to its
-// dead-letter topic; err is nil when the broker acknowledged it.
-// (idem.DeadLetterHook gets the same, by consumer and destination.)
-type DeadLetterRecordHook interface {
-	OnDeadLetterRecord(r *kgo.Record, res idem.Result, err error)
 }

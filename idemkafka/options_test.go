@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/idemkit/idem/idemkafka"
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -79,10 +80,10 @@ func TestIDExtractorAndEventTime(t *testing.T) {
 		t.Errorf("observer counted %d dead-lettered, want 2 (the bad time header and the keyless record)", dl)
 	}
 	dls := readDLQ(t, k, topic+".dlq", 2)
-	if dl := dls[0]; string(dl.Key) != "order-2" || !strings.Contains(header(dl, idemkafka.HeaderReason), idemkafka.ErrBadTime.Error()) {
-		t.Errorf("dead letter key %q error %q; want order-2 with %q", dl.Key, header(dl, idemkafka.HeaderReason), idemkafka.ErrBadTime)
+	if dl := dls[0]; string(dl.Key) != "order-2" || !strings.Contains(header(dl, idembroker.HeaderReason), idemkafka.ErrBadTime.Error()) {
+		t.Errorf("dead letter key %q error %q; want order-2 with %q", dl.Key, header(dl, idembroker.HeaderReason), idemkafka.ErrBadTime)
 	}
-	if dl, e := dls[1], header(dls[1], idemkafka.HeaderReason); string(dl.Value) != "keyless" ||
+	if dl, e := dls[1], header(dls[1], idembroker.HeaderReason); string(dl.Value) != "keyless" ||
 		!strings.Contains(e, idem.ErrNoMessageID.Error()) || !strings.Contains(e, "record has no key") {
 		t.Errorf("dead letter %q error %q; want the keyless record with %q and the extractor's error", dl.Value, e, idem.ErrNoMessageID)
 	}
@@ -123,8 +124,8 @@ func TestPermanentErrorDeadLetteredAtOnce(t *testing.T) {
 	}
 	dl := readDLQ(t, k, topic+".dlq", 1)[0]
 	// The handler ran in the batch, then alone: Result.Attempts says so.
-	if header(dl, idemkafka.DefaultIDHeader) != "bad" || header(dl, idemkafka.HeaderAttempts) != strconv.Itoa(hooks.attempts) || hooks.attempts > 2 ||
-		!strings.Contains(header(dl, idemkafka.HeaderReason), "unknown customer") {
+	if header(dl, idemkafka.DefaultIDHeader) != "bad" || header(dl, idembroker.HeaderAttempts) != strconv.Itoa(hooks.attempts) || hooks.attempts > 2 ||
+		!strings.Contains(header(dl, idembroker.HeaderReason), "unknown customer") {
 		t.Errorf("dead letter headers %v; want bad, %d attempts (at most 2), the handler's error", dl.Headers, hooks.attempts)
 	}
 	// The processor's hooks hear of every settlement and of the dead
@@ -153,8 +154,8 @@ type countRetries struct {
 	attempts int // of the last dead letter
 }
 
-func (h *countRetries) OnDeadLetterRecord(r *kgo.Record, res idem.Result, err error) {
-	h.commits.OnDeadLetterRecord(r, res, err)
+func (h *countRetries) OnDeadLetter(consumer, destination string, res idem.Result, err error) {
+	h.commits.OnDeadLetter(consumer, destination, res, err)
 	h.mu.Lock()
 	h.attempts = res.Attempts
 	h.mu.Unlock()

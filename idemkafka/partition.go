@@ -71,8 +71,7 @@ func (c *Consumer[TTx]) runPartition(ctx context.Context, stop <-chan struct{}, 
 type settler struct {
 	dispose    func(idem.Result) idem.Disposition
 	deadLetter func(ctx context.Context, r *kgo.Record, res idem.Result) error
-	report     func(idem.Result) // outcomes the processor never saw
-	minDelay   time.Duration     // the wait when a disposition names none
+	minDelay   time.Duration // the wait when a disposition names none
 	stats      *counters
 }
 
@@ -111,11 +110,6 @@ func (s *settler) settle(ctx context.Context, recs []*kgo.Record, results []idem
 				return settled{n: i, done: done, halt: true}
 			}
 			s.stats.deadLettered.Add(1)
-			if errors.Is(res.Err, ErrBadTime) {
-				// Refused before the processor saw it: reported once the
-				// dead letter is in its topic.
-				s.report(res)
-			}
 		case retry:
 			if d.Action == idem.ActionRedeliver {
 				s.stats.retried.Add(1)
@@ -133,19 +127,17 @@ func (s *settler) settle(ctx context.Context, recs []*kgo.Record, results []idem
 	return settled{n: len(results), done: done}
 }
 
-// onSettle tells the processor's hooks (idem.SettleHook) what was done
+// onSettle tells the settle step (idembroker.Settler) what was done
 // with r: for a record done with, once its offset commit was sent.
 func (c *Consumer[TTx]) onSettle(r *kgo.Record, d idem.Disposition, res idem.Result) {
-	c.health.Settle(d, res, time.Now())
-	idem.Each(c.hooks, func(h idem.SettleHook) { h.OnSettle(c.proc.Consumer(), source(r.Topic, r.Partition), d, res) })
+	c.kit.Settle(source(r.Topic, r.Partition), d, res, time.Now())
 }
 
 // process runs one batch through the processor, in order: when a record
 // must be retried, the records after it are not tried. runs is how often
-// the first record ran before. A record whose event-time header is bad gets
-// a DeadLettered result without touching the database; every other record,
-// one without an ID included, goes to the processor, which logs and counts
-// its outcome. Results are in the order of recs.
+// the first record ran before. Every record, one without an ID or with a bad
+// event-time header included, goes to the processor, which decides, logs
+// and counts its outcome. Results are in the order of recs.
 func (c *Consumer[TTx]) process(ctx context.Context, recs []*kgo.Record, runs int) []idem.Result {
 	results := make([]idem.Result, len(recs))
 	msgs := make([]idem.Message, 0, len(recs))
@@ -156,12 +148,7 @@ func (c *Consumer[TTx]) process(ctx context.Context, recs []*kgo.Record, runs in
 		if i == 0 {
 			attempt += runs
 		}
-		m, noID, err := c.message(r, attempt)
-		if err != nil {
-			// Reported when settled: the walk may stop before this record.
-			results[i] = idem.Result{Outcome: idem.DeadLettered, MessageID: m.ID, Err: err, Attempts: 0}
-			continue
-		}
+		m, noID := c.message(r, attempt)
 		if noID != nil {
 			noIDs[i] = noID
 		}

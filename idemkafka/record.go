@@ -1,31 +1,33 @@
 package idemkafka
 
 import (
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // ErrBadTime is wrapped by the dead-letter reason of a record whose event-time
-// header does not parse.
-var ErrBadTime = errors.New("invalid event time header")
+// header does not parse (and whose ID carries no time).
+//
+// Deprecated: it is idem.ErrBadTime, which the processor decides the same
+// on every broker.
+var ErrBadTime = idem.ErrBadTime
 
 // source names a partition the way idem.Message.Source and the logs do.
 func source(topic string, partition int32) string {
 	return topic + "/" + strconv.FormatInt(int64(partition), 10)
 }
 
-// message turns a record into the processor's message. A non-nil err means
-// the event-time header does not parse: the record goes to the dead-letter
-// topic without touching the database. A record without an ID, or whose ID
-// extractor failed, is handed over with an empty ID, so that the processor
-// dead-letters it and logs and counts it like any other outcome; noID is
-// then the reason its dead letter gives.
-func (c *Consumer[TTx]) message(r *kgo.Record, attempt int) (m idem.Message, noID, err error) {
+// message turns a record into the processor's message. A record whose
+// event-time header does not parse is handed over with Message.TimeErr set,
+// and one without an ID, or whose ID extractor failed, with an empty ID: the
+// processor dead-letters both as bad input and logs and counts them like any
+// other outcome; noID is then the reason its dead letter gives.
+func (c *Consumer[TTx]) message(r *kgo.Record, attempt int) (m idem.Message, noID error) {
 	m = idem.Message{
 		Source:  source(r.Topic, r.Partition),
 		Key:     string(r.Key),
@@ -47,20 +49,21 @@ func (c *Consumer[TTx]) message(r *kgo.Record, attempt int) (m idem.Message, noI
 	}
 	if noID != nil {
 		m.ID = "" // the processor dead-letters it; its time does not matter
-		return m, noID, nil
+		return m, noID
 	}
 	// The time inside a UUIDv7 ID wins; a bad header matters only when
 	// the ID carries none.
 	var header time.Time
 	if v, ok := m.Headers[c.cfg.TimeHeader]; ok {
 		if _, fromID := idem.TimeFromUUIDv7(m.ID); !fromID {
-			if header, err = parseTime(v); err != nil {
-				return m, nil, fmt.Errorf("%w %s: %w", ErrBadTime, c.cfg.TimeHeader, err)
+			var err error
+			if header, err = idembroker.ParseEventTime(v); err != nil {
+				m.TimeErr = fmt.Errorf("header %s: %w", c.cfg.TimeHeader, err)
 			}
 		}
 	}
 	m.Time, m.TimeSource = idem.EventTime(m.ID, header, r.Timestamp)
-	return m, nil, nil
+	return m, nil
 }
 
 func (c *Consumer[TTx]) id(r *kgo.Record) (id string, err error) {
@@ -81,15 +84,4 @@ func (c *Consumer[TTx]) id(r *kgo.Record) (id string, err error) {
 		return "", fmt.Errorf("%w: extracting ID: %w", idem.ErrNoMessageID, err)
 	}
 	return id, nil
-}
-
-func parseTime(v string) (time.Time, error) {
-	if ms, err := strconv.ParseInt(v, 10, 64); err == nil {
-		return time.UnixMilli(ms), nil
-	}
-	t, err := time.Parse(time.RFC3339Nano, v)
-	if err != nil {
-		return time.Time{}, fmt.Errorf("parsing %q as RFC 3339 or Unix milliseconds: %w", v, err)
-	}
-	return t, nil
 }

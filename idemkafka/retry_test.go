@@ -243,7 +243,7 @@ func TestBlockingFaultHoldsOnlyItsPartition(t *testing.T) {
 	var once sync.Once
 	c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}), d.processor(t, nil, nil), &idemkafka.Config{
 		Hooks: []idem.Hook{hooks},
-		Faults: func(ctx context.Context, _ idemkafka.FaultPoint, _ string, partition int32, _ int64) error {
+		Faults: func(ctx context.Context, _ idem.FaultPoint, _ string, partition int32, _ int64) error {
 			if partition != 0 {
 				return nil
 			}

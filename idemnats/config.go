@@ -102,8 +102,8 @@ type Config struct {
 	Logger *slog.Logger
 	// Hooks are hooks of this consumer alone, called after the
 	// processor's (idem.Config.Hooks): values implementing idem's hook
-	// interfaces (idem.SettleHook, idem.DeadLetterHook,
-	// idem.RedeliveredHook). Optional.
+	// interfaces (idembroker.SettleHook, idembroker.DeadLetterHook,
+	// idembroker.RedeliveredHook). Optional.
 	Hooks []idem.Hook
 	// Faults injects failures at the adapter's fault points, for tests and
 	// drills. Optional; nil costs nothing.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemkit/idem/idembroker"
 	"log/slog"
 	"net"
 	"sync"
@@ -106,12 +107,12 @@ func (c *Consumer[TTx]) Stats() Stats {
 }
 
 // Health reports the consumer's state for probes and status pages
-// ([idem.HandleHealth]): whether Run runs, whether its connection is up,
+// ([idembroker.HandleHealth]): whether Run runs, whether its connection is up,
 // whether it holds messages because the inbox database is unreachable
 // (since when and why), when a message was last settled, the last error,
 // the reconnects so far and the messages fetched and not yet settled (at
 // most BatchSize). It asks neither the server nor the database.
-func (c *Consumer[TTx]) Health() idem.Health {
+func (c *Consumer[TTx]) Health() idembroker.Health {
 	h := c.k.health()
 	h.Reconnects = c.stats.reconnects.Load()
 	h.InFlight = int(c.inFlight.Load())
@@ -257,7 +258,7 @@ func (c *Consumer[TTx]) connect(log *slog.Logger) (*nats.Conn, error) {
 	)
 	nc, err := nats.Connect(c.cfg.URL, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("idemnats: connecting: %w", idem.RedactError(err, c.cfg.URL))
+		return nil, fmt.Errorf("idemnats: connecting: %w", idembroker.RedactError(err, c.cfg.URL))
 	}
 	if nc.IsConnected() {
 		k.connected()

@@ -1,6 +1,7 @@
 package idemnats
 
 import (
+	"github.com/idemkit/idem/idembroker"
 	"log/slog"
 	"time"
 
@@ -43,13 +44,13 @@ const DefaultTimeHeader = "x-event-time"
 type kit struct {
 	consumer string
 	source   string
-	hs       *idem.HealthState
+	hs       *idembroker.HealthState
 	hooks    []idem.Hook
 	backoff  idem.Backoff
 }
 
 func newKit[TTx any](proc *idem.Processor[TTx], source string, hooks []idem.Hook, backoff idem.Backoff, log *slog.Logger) *kit {
-	h := idem.NewHealthState(proc.Consumer(), source)
+	h := idembroker.NewHealthState(proc.Consumer(), source)
 	h.LogTo(log) // the end of an outage's hold
 	return &kit{
 		consumer: proc.Consumer(),
@@ -70,28 +71,28 @@ func (k *kit) settled(d idem.Disposition, r idem.Result) {
 	if d.Action == idem.ActionHold {
 		return // nothing was told to the broker
 	}
-	idem.Each(k.hooks, func(h idem.SettleHook) { h.OnSettle(k.consumer, k.source, d, r) })
+	idem.Each(k.hooks, func(h idembroker.SettleHook) { h.OnSettle(k.consumer, k.source, d, r) })
 }
 
 // deadLettered reports a dead letter durable at dest (err nil) or not.
 func (k *kit) deadLettered(dest string, r idem.Result, err error) {
-	idem.Each(k.hooks, func(h idem.DeadLetterHook) { h.OnDeadLetter(k.consumer, dest, r, err) })
+	idem.Each(k.hooks, func(h idembroker.DeadLetterHook) { h.OnDeadLetter(k.consumer, dest, r, err) })
 }
 
 // redelivered reports a delivery JetStream counted as not the first.
 func (k *kit) redelivered() {
-	idem.Each(k.hooks, func(h idem.RedeliveredHook) { h.OnRedelivered(k.consumer, k.source) })
+	idem.Each(k.hooks, func(h idembroker.RedeliveredHook) { h.OnRedelivered(k.consumer, k.source) })
 }
 
 // The consumer's events, recorded for [Consumer.Health].
 
-func (k *kit) health() idem.Health    { return k.hs.Health() }
-func (k *kit) started()               { k.hs.Start(time.Now()) }
-func (k *kit) stopped()               { k.hs.Stop(time.Now()) }
-func (k *kit) connected()             { k.hs.Connect(time.Now()) }
-func (k *kit) disconnected(err error) { k.hs.Disconnect(err, time.Now()) }
-func (k *kit) failed(err error)       { k.hs.Fail(err, time.Now()) }
-func (k *kit) reachable()             { k.hs.Reachable(time.Now()) }
-func (k *kit) unreachable(err error)  { k.hs.Unreachable(err, time.Now()) }
-func (k *kit) begin() (token uint64)  { return k.hs.Begin(time.Now()) }
-func (k *kit) end(token uint64)       { k.hs.End(token, time.Now()) }
+func (k *kit) health() idembroker.Health { return k.hs.Health() }
+func (k *kit) started()                  { k.hs.Start(time.Now()) }
+func (k *kit) stopped()                  { k.hs.Stop(time.Now()) }
+func (k *kit) connected()                { k.hs.Connect(time.Now()) }
+func (k *kit) disconnected(err error)    { k.hs.Disconnect(err, time.Now()) }
+func (k *kit) failed(err error)          { k.hs.Fail(err, time.Now()) }
+func (k *kit) reachable()                { k.hs.Reachable(time.Now()) }
+func (k *kit) unreachable(err error)     { k.hs.Unreachable(err, time.Now()) }
+func (k *kit) begin() (token uint64)     { return k.hs.Begin(time.Now()) }
+func (k *kit) end(token uint64)          { k.hs.End(token, time.Now()) }

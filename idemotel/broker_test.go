@@ -121,7 +121,7 @@ func TestRabbitMQConsumerUnderProducerTrace(t *testing.T) {
 		URL: amqpURL(), Queue: topo.Queue, ConnectionName: uniqueName(t),
 		ReconnectBackoff: idem.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond},
 		Logger:           quiet,
-		Faults: func(_ context.Context, point idemrabbitmq.FaultPoint, _ []idem.Message) error {
+		Faults: func(_ context.Context, point idem.FaultPoint, _ []idem.Message) error {
 			if point == idemrabbitmq.BeforeSettle && crashed.CompareAndSwap(false, true) {
 				return errors.New("crash between commit and ack")
 			}

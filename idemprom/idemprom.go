@@ -64,10 +64,15 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemstore"
+	"github.com/idemkit/idem/idembroker"
 )
 
-// Metrics is an idem.Observer that records to Prometheus. One Metrics can
-// serve every processor of a process: series are labelled by consumer.
+// Metrics records to Prometheus what the processor and the broker adapters
+// report: it implements the processor's hooks (idem.OutcomeHook,
+// idem.AttemptHook) and the broker hooks (idembroker.SettleHook,
+// DeadLetterHook, RedeliveredHook), so it goes in idem.Config.Hooks. One
+// Metrics can serve every processor of a process: series are labelled by
+// consumer.
 type Metrics struct {
 	messages    *prometheus.CounterVec
 	seconds     *prometheus.HistogramVec
@@ -131,7 +136,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"consumer", "action"}),
 		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_dead_letters_total",
-			Help: "Dead letters written to their destination (result ok) or refused by it (result error; the message comes again), by reason (no_message_id, bad_key, untimed, no_partition_time, expired, pruned, retries_exhausted, permanent, other).",
+			Help: "Dead letters written to their destination (result ok) or refused by it (result error; the message comes again), by reason (no_message_id, bad_key, bad_time, untimed, no_partition_time, expired, pruned, retries_exhausted, permanent, other).",
 		}, []string{"consumer", "result", "reason"}),
 		pruned: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_inbox_markers_pruned_total",
@@ -212,6 +217,8 @@ func (m *Metrics) OnOutcome(consumer string, r idem.Result, elapsed time.Duratio
 
 // Observe implements idem.Observer, for processors configured with
 // Config.Observer.
+//
+// Deprecated: put m in idem.Config.Hooks; it is an idem.OutcomeHook.
 func (m *Metrics) Observe(consumer string, r idem.Result, elapsed time.Duration) {
 	m.OnOutcome(consumer, r, elapsed)
 }
@@ -230,12 +237,12 @@ func (m *Metrics) OnAttempt(consumer string, a idem.Attempt) {
 	m.attempts.WithLabelValues(consumer, classNames[a.Class], batch).Inc()
 }
 
-// OnSettle implements idem.SettleHook.
+// OnSettle implements idembroker.SettleHook.
 func (m *Metrics) OnSettle(consumer, _ string, d idem.Disposition, _ idem.Result) {
 	m.settled.WithLabelValues(consumer, d.Action.String()).Inc()
 }
 
-// OnDeadLetter implements idem.DeadLetterHook. The reason label is
+// OnDeadLetter implements idembroker.DeadLetterHook. The reason label is
 // [Reason] of the result.
 func (m *Metrics) OnDeadLetter(consumer, _ string, r idem.Result, err error) {
 	result := "ok"
@@ -245,7 +252,7 @@ func (m *Metrics) OnDeadLetter(consumer, _ string, r idem.Result, err error) {
 	m.deadLetters.WithLabelValues(consumer, result, Reason(r)).Inc()
 }
 
-// OnRedelivered implements idem.RedeliveredHook.
+// OnRedelivered implements idembroker.RedeliveredHook.
 func (m *Metrics) OnRedelivered(consumer, _ string) {
 	m.redelivered.WithLabelValues(consumer).Inc()
 }
@@ -276,9 +283,9 @@ func (m *Metrics) OnOldest(table string, age time.Duration) {
 func (m *Metrics) PrunedCounter() *prometheus.CounterVec { return m.pruned }
 
 var (
-	_ idem.OutcomeHook     = (*Metrics)(nil)
-	_ idem.AttemptHook     = (*Metrics)(nil)
-	_ idem.SettleHook      = (*Metrics)(nil)
-	_ idem.DeadLetterHook  = (*Metrics)(nil)
-	_ idem.RedeliveredHook = (*Metrics)(nil)
+	_ idem.OutcomeHook           = (*Metrics)(nil)
+	_ idem.AttemptHook           = (*Metrics)(nil)
+	_ idembroker.SettleHook      = (*Metrics)(nil)
+	_ idembroker.DeadLetterHook  = (*Metrics)(nil)
+	_ idembroker.RedeliveredHook = (*Metrics)(nil)
 )

@@ -13,6 +13,7 @@ import (
 const (
 	ReasonNoMessageID      = "no_message_id"     // idem.ErrNoMessageID: the message carried no ID
 	ReasonBadKey           = "bad_key"           // idem.ErrBadKey: the key func failed or gave an invalid key
+	ReasonBadTime          = "bad_time"          // idem.ErrBadTime: its event-time header could not be read
 	ReasonUntimed          = "untimed"           // idem.ErrUntimed: refused for having no event time (Config.RefuseUntimed)
 	ReasonNoPartitionTime  = "no_partition_time" // idem.ErrNoPartitionTime: the partitioned inbox could not place the key
 	ReasonExpired          = "expired"           // idem.ErrExpired: older than the retention window
@@ -45,6 +46,8 @@ func Reason(r idem.Result) string {
 		return ReasonNoMessageID
 	case errors.Is(err, idem.ErrBadKey):
 		return ReasonBadKey
+	case errors.Is(err, idem.ErrBadTime):
+		return ReasonBadTime
 	case errors.Is(err, idem.ErrUntimed):
 		return ReasonUntimed
 	case errors.Is(err, idem.ErrNoPartitionTime):

@@ -31,7 +31,7 @@ const (
 	// its fault (the inbox database unreachable or not set up, a
 	// shutdown); the delivery stays unacked and is processed again in this
 	// session after the disposition's delay, so no delivery count of the
-	// broker's is spent. Hold never reaches a [SettledHook]: nothing was
+	// broker's is spent. Hold never reaches an idembroker.SettleHook: nothing was
 	// settled.
 	Hold
 )

@@ -365,7 +365,8 @@ type countAcks struct {
 	done  chan struct{}
 }
 
-func (c *countAcks) Settled(_ string, v idemrabbitmq.Verb, _ idem.Result) {
+func (c *countAcks) OnSettle(_, _ string, d idem.Disposition, _ idem.Result) {
+	v := idemrabbitmq.VerbFor(d.Action)
 	if v == idemrabbitmq.Ack && c.acked.Add(1) == c.want {
 		close(c.done)
 	}

@@ -1,7 +1,6 @@
 package idemrabbitmq
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -126,59 +125,32 @@ type Config struct {
 	Logger *slog.Logger
 	// Hooks are hooks of this consumer alone, called after the
 	// processor's (idem.Config.Hooks, which the consumer calls too): any
-	// value implementing idem's hook interfaces (idem.SettleHook,
-	// idem.DeadLetterHook, idem.RedeliveredHook) or this package's
-	// [SettledHook], [RedeliveredQueueHook] and [ReconnectHook]. One list,
-	// optional interfaces: package idemprom's Metrics needs no adapter.
-	// Optional.
+	// value implementing the broker hooks of package idembroker
+	// (idembroker.SettleHook, DeadLetterHook, RedeliveredHook,
+	// ReconnectHook). One list, optional interfaces: package idemprom's
+	// Metrics needs no adapter. A settlement's broker verb is
+	// [VerbFor] of its disposition's action. Optional.
 	Hooks []idem.Hook
 	// Faults injects failures at the adapter's fault points, for tests and
 	// drills. Optional; nil costs nothing.
-	Faults FaultFunc
+	//
+	// It is called at [BeforeSettle] with the batch's messages. A non-nil
+	// error makes the step fail there. It runs on the batch's worker and
+	// may block: a drill that holds a committed batch's acks blocks there
+	// (for as long as it likes, or until ctx, cancelled after
+	// [Config.ShutdownGrace] once Run is stopping, is done) and then
+	// returns an error to cut the connection, so the broker redelivers what
+	// committed and the inbox turns it into duplicates. While it blocks,
+	// that worker takes no other batch.
+	Faults idem.FaultFunc
 }
-
-// SettledHook is told the broker verb of each message once the broker was
-// told: Ack and Requeue once the frame was sent, DeadLetter once the copy
-// was confirmed at the dead-letter destination and the original acked.
-// Hold is never settled, so it is never reported here. Hooks are called
-// from the consumer's goroutines and must not block.
-type SettledHook interface {
-	Settled(queue string, verb Verb, r idem.Result)
-}
-
-// RedeliveredQueueHook is told of each delivery the broker flagged as
-// redelivered. The flag is a hint only; the inbox, not the flag, decides
-// duplicates. (idem.RedeliveredHook gets the same, by consumer.)
-type RedeliveredQueueHook interface {
-	Redelivered(queue string)
-}
-
-// ReconnectHook is told when a session ended with err and the consumer is
-// about to reconnect.
-type ReconnectHook interface {
-	Reconnecting(queue string, err error)
-}
-
-// FaultPoint names a place in the consumer where a test or a drill can
-// inject a failure.
-type FaultPoint string
 
 // BeforeSettle: the batch's transaction has ended (committed, for the
 // Applied messages) and the broker has not been told yet. An error there
 // withholds every ack of the batch and cuts the connection, exactly as a
 // crash or a broker restart between commit and ack would: the broker
 // redelivers, and the inbox turns the redeliveries into duplicates.
-const BeforeSettle FaultPoint = "before_settle"
-
-// FaultFunc is called at every fault point with the messages concerned. A
-// non-nil error makes the step fail there. It runs on the batch's worker
-// and may block: a drill that holds a committed batch's acks blocks there
-// (for as long as it likes, or until ctx, cancelled after
-// [Config.ShutdownGrace] once Run is stopping, is done) and then returns
-// an error to cut the connection, so the broker redelivers what committed
-// and the inbox turns it into duplicates. While it blocks, that worker
-// takes no other batch.
-type FaultFunc func(ctx context.Context, point FaultPoint, msgs []idem.Message) error
+const BeforeSettle idem.FaultPoint = "before_settle"
 
 // ErrConfig is wrapped by every configuration error from [NewConsumer].
 var ErrConfig = errors.New("invalid idemrabbitmq configuration")

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/adaptertest"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/idemkit/idem/idemrabbitmq"
 )
 
@@ -92,7 +93,7 @@ func (h *conformanceHarness) Publish(t testing.TB, queue string, msgs ...adapter
 	for _, m := range msgs {
 		p := amqp.Publishing{MessageId: m.ID, Body: m.Body, Timestamp: m.Timestamp, DeliveryMode: amqp.Persistent}
 		if !m.EventTime.IsZero() {
-			p.Headers = amqp.Table{idemrabbitmq.HeaderEventTime: m.EventTime.UTC().Format(time.RFC3339Nano)}
+			p.Headers = amqp.Table{idembroker.HeaderEventTime: m.EventTime.UTC().Format(time.RFC3339Nano)}
 		}
 		c, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, p)
 		if err != nil {
@@ -130,7 +131,7 @@ func (h *conformanceHarness) Consumer(t testing.TB, queue string, proc *idem.Pro
 	}
 	if opts.CrashBeforeAck {
 		var once sync.Once
-		cfg.Faults = func(_ context.Context, point idemrabbitmq.FaultPoint, _ []idem.Message) (err error) {
+		cfg.Faults = func(_ context.Context, point idem.FaultPoint, _ []idem.Message) (err error) {
 			if point == idemrabbitmq.BeforeSettle {
 				once.Do(func() { err = errors.New("process died between commit and ack") })
 			}

@@ -16,6 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 )
 
 // Consumer consumes one RabbitMQ queue into a [idem.Processor]: it acks a
@@ -25,8 +26,9 @@ import (
 type Consumer[TTx any] struct {
 	proc *idem.Processor[TTx]
 	cfg  Config
-	// hooks are the processor's, then the consumer's own.
-	hooks []idem.Hook
+	// settler keeps health and calls the hooks: the processor's, then the
+	// consumer's own.
+	settler *idembroker.Settler
 	// reconnectBackoff is Config.ReconnectBackoff, with its defaults:
 	// capped exponential backoff with jitter, so consumers that failed
 	// together do not come back together.
@@ -42,7 +44,7 @@ type Consumer[TTx any] struct {
 	stats struct {
 		delivered, redelivered, applied, duplicates, requeued, held, deadLettered, reconnects atomic.Uint64
 	}
-	health   *idem.HealthState
+	health   *idembroker.HealthState
 	inFlight atomic.Int64 // deliveries of the current session not settled
 }
 
@@ -83,12 +85,12 @@ func NewConsumer[TTx any](proc *idem.Processor[TTx], cfg *Config) (*Consumer[TTx
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	health := idem.NewHealthState(proc.Consumer(), c.Queue)
-	health.LogTo(c.Logger.With(slog.String("queue", c.Queue))) // the end of an outage's hold
+	// The settler logs the end of an outage's hold.
+	settler := idembroker.NewSettler(proc.Consumer(), c.Queue, append(slices.Clip(proc.Hooks()), c.Hooks...), c.Logger.With(slog.String("queue", c.Queue)))
 	return &Consumer[TTx]{
-		proc: proc, cfg: c, hooks: append(slices.Clip(proc.Hooks()), c.Hooks...),
+		proc: proc, cfg: c, settler: settler,
 		reconnectBackoff: c.ReconnectBackoff,
-		health:           health,
+		health:           settler.Health(),
 		brokers:          newNodes(nodeURLs(c.URL, c.URLs)),
 		dlBrokers:        newNodes(nodeURLs(c.DeadLetterURL, c.DeadLetterURLs)),
 	}, nil
@@ -186,7 +188,7 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 			return fmt.Errorf("consuming queue %s: %w", c.cfg.Queue, err)
 		}
 		c.stats.reconnects.Add(1)
-		idem.Each(c.hooks, func(h ReconnectHook) { h.Reconnecting(c.cfg.Queue, err) })
+		c.settler.Reconnect(c.cfg.Queue, err)
 		wait := c.reconnectBackoff.Delay(failures)
 		log.Warn("broker session ended; reconnecting", slog.Any("error", err), slog.Duration("backoff", wait))
 		t := time.NewTimer(wait)
@@ -259,7 +261,7 @@ func (c *Consumer[TTx]) dial(url, name string) (*amqp.Connection, net.Conn, erro
 	conn, err := amqp.DialConfig(url, ac)
 	if err != nil {
 		// A URI that does not parse is quoted whole in the error.
-		return nil, nil, idem.RedactError(err, url)
+		return nil, nil, idembroker.RedactError(err, url)
 	}
 	return conn, sock, nil
 }
@@ -503,8 +505,7 @@ func (l *loop[TTx]) take(d *amqp.Delivery) {
 	l.c.stats.delivered.Add(1)
 	if d.Redelivered {
 		l.c.stats.redelivered.Add(1)
-		idem.Each(l.c.hooks, func(h RedeliveredQueueHook) { h.Redelivered(cfg.Queue) })
-		idem.Each(l.c.hooks, func(h idem.RedeliveredHook) { h.OnRedelivered(l.c.proc.Consumer(), cfg.Queue) })
+		l.c.settler.Redelivered(cfg.Queue)
 	}
 	l.s.deliver(*d, Message(d, cfg.Queue, cfg.IDHeader), time.Now())
 }
@@ -562,9 +563,7 @@ func (l *loop[TTx]) publish(ls []letter) {
 			dest = l.dl.exchange + "/" + l.dl.key
 		}
 		for i := range ls {
-			idem.Each(l.c.hooks, func(h idem.DeadLetterHook) {
-				h.OnDeadLetter(l.c.proc.Consumer(), dest, ls[i].d.res, err)
-			})
+			l.c.settler.DeadLetter(dest, ls[i].d.res, err)
 		}
 		l.publications <- publication{letters: ls, err: err}
 	}()
@@ -625,9 +624,7 @@ func (l *loop[TTx]) send(ops []op) error {
 			default:
 				st.applied.Add(1)
 			}
-			l.c.health.Settle(d.disp, d.res, now)
-			idem.Each(l.c.hooks, func(h SettledHook) { h.Settled(cfg.Queue, d.verb, d.res) })
-			idem.Each(l.c.hooks, func(h idem.SettleHook) { h.OnSettle(l.c.proc.Consumer(), cfg.Queue, d.disp, d.res) })
+			l.c.settler.Settle(cfg.Queue, d.disp, d.res, now)
 		}
 	}
 	return nil

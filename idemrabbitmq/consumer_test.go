@@ -18,6 +18,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/idemkit/idem/idemrabbitmq"
 	"github.com/idemkit/idem/internal/netfault"
 )
@@ -38,7 +39,7 @@ func TestIncidentRedeliveryAfterCut(t *testing.T) {
 	var processed atomic.Int64
 	var withheld, secondCut atomic.Bool
 	cutNow, cutDone := make(chan struct{}), make(chan struct{})
-	cfg.Faults = func(ctx context.Context, p idemrabbitmq.FaultPoint, msgs []idem.Message) error {
+	cfg.Faults = func(ctx context.Context, p idem.FaultPoint, msgs []idem.Message) error {
 		total := processed.Add(int64(len(msgs)))
 		// Once ~1,000 messages committed, withhold one batch's acks and cut
 		// the connection: exactly a restart between commit and ack.
@@ -198,9 +199,9 @@ func TestPoisonMessageGoesToDLQWithReason(t *testing.T) {
 			})
 			reasons := map[string]string{}
 			for _, m := range dead {
-				reasons[m.MessageId], _ = m.Headers[idemrabbitmq.HeaderReason].(string)
-				if m.Headers[idemrabbitmq.HeaderConsumer] != "billing-invoice" || m.Headers[idemrabbitmq.HeaderOrigin] != topo.Queue ||
-					m.Headers[idemrabbitmq.HeaderOutcome] != "dead_lettered" || m.Headers[idemrabbitmq.HeaderAttempts] == nil {
+				reasons[m.MessageId], _ = m.Headers[idembroker.HeaderReason].(string)
+				if m.Headers[idembroker.HeaderConsumer] != "billing-invoice" || m.Headers[idembroker.HeaderOrigin] != topo.Queue ||
+					m.Headers[idembroker.HeaderOutcome] != "dead_lettered" || m.Headers[idembroker.HeaderAttempts] == nil {
 					t.Errorf("dead letter headers %v", m.Headers)
 				}
 			}
@@ -267,7 +268,7 @@ func TestMissingMessageIDIsDeadLettered(t *testing.T) {
 		dead = append(dead, drain(t, conn, topo.DeadLetterQueue)...)
 		return len(dead) > 0
 	})
-	if reason, _ := dead[0].Headers[idemrabbitmq.HeaderReason].(string); string(dead[0].Body) != "no identity" || !strings.Contains(reason, idem.ErrNoMessageID.Error()) {
+	if reason, _ := dead[0].Headers[idembroker.HeaderReason].(string); string(dead[0].Body) != "no identity" || !strings.Contains(reason, idem.ErrNoMessageID.Error()) {
 		t.Fatalf("dead letter %q with reason %q", dead[0].Body, reason)
 	}
 }
@@ -373,7 +374,7 @@ func TestTerminatedBackendsNeverAckWithoutCommit(t *testing.T) {
 	t.Logf("terminated %d backends; stats %+v", killed.Load(), c.Stats())
 	// A terminated backend is an outage, never the message's fault.
 	if dl := drain(t, conn, topo.DeadLetterQueue); len(dl) != 0 {
-		t.Errorf("%d healthy messages dead-lettered; first %s: %v", len(dl), dl[0].MessageId, dl[0].Headers[idemrabbitmq.HeaderReason])
+		t.Errorf("%d healthy messages dead-lettered; first %s: %v", len(dl), dl[0].MessageId, dl[0].Headers[idembroker.HeaderReason])
 	}
 	if killed.Load() == 0 {
 		t.Fatal("no backend was terminated: the test proved nothing")
@@ -557,7 +558,7 @@ func TestFailingMessageFirstDoesNotSinkItsNeighbours(t *testing.T) {
 		}
 		t.Fatalf("dead-lettered %v, want only %s", ids, msgID(0))
 	}
-	t.Logf("x-idem-attempts %v", dead[0].Headers[idemrabbitmq.HeaderAttempts])
+	t.Logf("x-idem-attempts %v", dead[0].Headers[idembroker.HeaderAttempts])
 	if rows, distinct := d.effects(t); rows != healthy || distinct != healthy {
 		t.Fatalf("effects %d (%d distinct), want the %d healthy messages once each", rows, distinct, healthy)
 	}
@@ -887,7 +888,7 @@ type reconnects struct {
 	errs []error
 }
 
-func (r *reconnects) Reconnecting(_ string, err error) {
+func (r *reconnects) OnReconnect(_, _ string, err error) {
 	r.mu.Lock()
 	r.errs = append(r.errs, err)
 	r.mu.Unlock()
@@ -1000,7 +1001,7 @@ func TestRepublishWithAnotherTimestampIsADuplicate(t *testing.T) {
 		}
 	}
 	if err := pub.Publish(ctx, "", topo.Queue, amqp.Publishing{MessageId: "inv-timed-by-header", Timestamp: stale,
-		Headers: amqp.Table{idemrabbitmq.HeaderEventTime: now.UTC().Format(time.RFC3339)}, Body: []byte(`{}`)}); err != nil {
+		Headers: amqp.Table{idembroker.HeaderEventTime: now.UTC().Format(time.RFC3339)}, Body: []byte(`{}`)}); err != nil {
 		t.Fatal(err)
 	}
 	rec.waitUntil(t, 30*time.Second, "every delivery settled", func() bool {
@@ -1029,5 +1030,55 @@ func TestRepublishWithAnotherTimestampIsADuplicate(t *testing.T) {
 	}
 	if rows, _ := d.effects(t); rows != 2 {
 		t.Fatalf("effects %d, want 2", rows)
+	}
+}
+
+// A message whose x-event-time header is not a time, and whose ID carries
+// none, is bad input: it is dead-lettered with idem.ErrBadTime, as on Kafka,
+// and the message beside it is applied.
+func TestBadEventTimeIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	conn := broker(t)
+	topo := topology(t, conn, nil)
+	d := newDB(t, uniqueName(t))
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []amqp.Publishing{
+		{MessageId: "bad-time", Headers: amqp.Table{idembroker.HeaderEventTime: "yesterday"}, Body: []byte("bad time")},
+		{MessageId: "good-time", Headers: amqp.Table{idembroker.HeaderEventTime: time.Now().UTC().Format(time.RFC3339)}, Body: []byte("fine")},
+	} {
+		c, err := ch.PublishWithDeferredConfirm("", topo.Queue, false, false, m)
+		if err != nil || !c.Wait() {
+			t.Fatalf("publishing: %v", err)
+		}
+	}
+	cfg := config(t, topo.Queue)
+	cfg.DeadLetterExchange = topo.DeadLetterExchange
+	rec := newSettlements()
+	cfg.Hooks = []idem.Hook{rec}
+	c, err := idemrabbitmq.NewConsumer(d.processor(t, nil), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	rec.waitUntil(t, 30*time.Second, "both settled", func() bool { return rec.distinctAcked() == 1 && rec.deadLettered() == 1 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if rows, _ := d.effects(t); rows != 1 {
+		t.Fatalf("effects = %d, want only the message with a readable time", rows)
+	}
+	var dead []amqp.Delivery
+	poll(t, 10*time.Second, "the DLQ", func() bool {
+		dead = append(dead, drain(t, conn, topo.DeadLetterQueue)...)
+		return len(dead) > 0
+	})
+	if reason, _ := dead[0].Headers[idembroker.HeaderReason].(string); dead[0].MessageId != "bad-time" || !strings.Contains(reason, idem.ErrBadTime.Error()) || !strings.Contains(reason, "yesterday") {
+		t.Fatalf("dead letter %q with reason %q", dead[0].MessageId, reason)
 	}
 }

@@ -1,6 +1,8 @@
 package idemrabbitmq
 
 import (
+	"github.com/idemkit/idem/idembroker"
+
 	"context"
 	"errors"
 	"fmt"
@@ -8,22 +10,6 @@ import (
 	"net"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-)
-
-// Headers the consumer adds to every dead letter it publishes. The Kafka
-// adapter uses the same names.
-const (
-	// HeaderReason is the error that dead-lettered the message.
-	HeaderReason = "x-idem-reason"
-	// HeaderOutcome is "dead_lettered" or "expired".
-	HeaderOutcome = "x-idem-outcome"
-	// HeaderConsumer is the consumer (processor) name.
-	HeaderConsumer = "x-idem-consumer"
-	// HeaderAttempts is how many times the processor ran the message
-	// (idem.Result.Attempts), an int64.
-	HeaderAttempts = "x-idem-attempts"
-	// HeaderOrigin is the queue the message was consumed from.
-	HeaderOrigin = "x-idem-origin"
 )
 
 // ErrNoDeadLetterDestination is wrapped by the error [Consumer.Run]
@@ -187,15 +173,9 @@ func (d *deadLetters) copyOf(l *letter) amqp.Publishing {
 	for k, v := range m.Headers {
 		h[k] = v
 	}
-	reason := r.Outcome.String()
-	if l.d.disp.Reason != "" {
-		reason = l.d.disp.Reason
-	}
-	h[HeaderReason] = reason
-	h[HeaderOutcome] = r.Outcome.String()
-	h[HeaderConsumer] = d.consumer
-	h[HeaderAttempts] = int64(r.Attempts)
-	h[HeaderOrigin] = d.queue
+	idembroker.NewEnvelope(d.consumer, d.queue, r, l.d.disp).Write(
+		func(k, v string) { h[k] = v },
+		func(k string, n int64) { h[k] = n })
 	return amqp.Publishing{
 		Headers:         h,
 		ContentType:     m.ContentType,

@@ -16,6 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/idemkit/idem/idemprom"
 	"github.com/idemkit/idem/idemrabbitmq"
 	"github.com/idemkit/idem/internal/netfault"
@@ -109,15 +110,15 @@ idem_settled_total{action="dead_letter",consumer="billing-invoice"} 1
 		t.Fatalf("%d messages in %s.dlq, want the one dead letter (stats %+v)", len(dead), q, c.Stats())
 	}
 	h := dead[0].Headers
-	if reason, _ := h[idemrabbitmq.HeaderReason].(string); dead[0].MessageId != msgID(2) || !strings.Contains(reason, "does not exist") {
+	if reason, _ := h[idembroker.HeaderReason].(string); dead[0].MessageId != msgID(2) || !strings.Contains(reason, "does not exist") {
 		t.Fatalf("dead letter %s, reason %q", dead[0].MessageId, reason)
 	}
-	if h[idemrabbitmq.HeaderOutcome] != "dead_lettered" || h[idemrabbitmq.HeaderConsumer] != "billing-invoice" ||
-		h[idemrabbitmq.HeaderOrigin] != q {
+	if h[idembroker.HeaderOutcome] != "dead_lettered" || h[idembroker.HeaderConsumer] != "billing-invoice" ||
+		h[idembroker.HeaderOrigin] != q {
 		t.Fatalf("dead letter headers %v", h)
 	}
-	if n, ok := h[idemrabbitmq.HeaderAttempts].(int64); !ok || n < 1 {
-		t.Fatalf("x-idem-attempts %#v, want the processor's count", h[idemrabbitmq.HeaderAttempts])
+	if n, ok := h[idembroker.HeaderAttempts].(int64); !ok || n < 1 {
+		t.Fatalf("x-idem-attempts %#v, want the processor's count", h[idembroker.HeaderAttempts])
 	}
 	if dead[0].DeliveryMode != amqp.Persistent {
 		t.Fatalf("dead letter delivery mode %d, want persistent", dead[0].DeliveryMode)
@@ -332,14 +333,14 @@ func TestRetriesExhaustedAreDeadLetteredOnce(t *testing.T) {
 			if len(dead) != 1 || dead[0].MessageId != msgID(0) {
 				t.Fatalf("%d dead letters, want only %s", len(dead), msgID(0))
 			}
-			reason, _ := dead[0].Headers[idemrabbitmq.HeaderReason].(string)
+			reason, _ := dead[0].Headers[idembroker.HeaderReason].(string)
 			if !strings.Contains(reason, idem.ErrRetriesExhausted.Error()) || !strings.Contains(reason, "invoice service unavailable") {
 				t.Fatalf("reason %q", reason)
 			}
 			if n := runs.Load(); n != maxAttempts {
 				t.Fatalf("the handler ran %d times, want RetryPolicy.MaxAttempts = %d", n, maxAttempts)
 			}
-			if got := dead[0].Headers[idemrabbitmq.HeaderAttempts]; got != attempts.Load() || got != int64(maxAttempts) {
+			if got := dead[0].Headers[idembroker.HeaderAttempts]; got != attempts.Load() || got != int64(maxAttempts) {
 				t.Fatalf("x-idem-attempts %v, want the processor's count %d, MaxAttempts %d", got, attempts.Load(), maxAttempts)
 			}
 			if st := c.Stats(); st.Requeued != 0 || st.DeadLettered != 1 || st.Applied != 3 {

@@ -79,8 +79,9 @@
 //
 // One hook value serves the processor and the consumer: the consumer
 // calls the processor's hooks (idem.Config.Hooks) for each settlement
-// (idem.SettleHook), dead letter (idem.DeadLetterHook) and redelivered
-// delivery (idem.RedeliveredHook). Package idemprom's Metrics implements
+// (idembroker.SettleHook), dead letter (idembroker.DeadLetterHook),
+// redelivered delivery (idembroker.RedeliveredHook) and reconnect
+// (idembroker.ReconnectHook). Package idemprom's Metrics implements
 // them all:
 //
 //	m := idemprom.New(prometheus.DefaultRegisterer)
@@ -96,9 +97,9 @@
 // [Config.IDHeader]: an ID the producer assigned, stable across redeliveries.
 // A message without one is dead-lettered, never applied unguarded. The
 // redelivered flag is copied to [idem.Message].Redelivered and counted
-// ([RedeliveredQueueHook], idem.RedeliveredHook), never used to decide; a quorum queue's
+// (idembroker.RedeliveredHook), never used to decide; a quorum queue's
 // x-delivery-count becomes [idem.Message].Attempt. The event time is the
-// time inside a UUIDv7 ID, else the producer's [HeaderEventTime] header,
+// time inside a UUIDv7 ID, else the producer's [idembroker.HeaderEventTime] header,
 // else the AMQP timestamp ([idem.EventTime]). See [Message].
 //
 // # Connection loss

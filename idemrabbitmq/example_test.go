@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/idemkit/idem/idemprom"
 	"github.com/idemkit/idem/idemrabbitmq"
 	"github.com/idemkit/idem/pgxinbox"
@@ -96,7 +97,7 @@ func Example_metrics() {
 
 	// What the consumer does for two redelivered deliveries:
 	for range 2 {
-		idem.Each(hooks, func(h idem.RedeliveredHook) { h.OnRedelivered("billing-invoice", "billing.invoice") })
+		idem.Each(hooks, func(h idembroker.RedeliveredHook) { h.OnRedelivered("billing-invoice", "billing.invoice") })
 	}
 
 	families, err := reg.Gather()

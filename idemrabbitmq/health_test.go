@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/idemkit/idem/idemrabbitmq"
 )
 
@@ -36,7 +37,7 @@ func TestHealthFollowsTheConsumer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h := c.Health(); h.Running || h.Connected || !errors.Is(h.Ready(), idem.ErrNotReady) {
+	if h := c.Health(); h.Running || h.Connected || !errors.Is(h.Ready(), idembroker.ErrNotReady) {
 		t.Fatalf("before Run: %+v", h)
 	}
 	if h := c.Health(); h.Consumer != "billing-invoice" || h.Source != topo.Queue {

@@ -337,7 +337,8 @@ func newSettlements() *settlements {
 	return &settlements{acked: map[string]int{}, dead: map[string]int{}, changed: make(chan struct{}, 1)}
 }
 
-func (s *settlements) Settled(_ string, v idemrabbitmq.Verb, r idem.Result) {
+func (s *settlements) OnSettle(_, _ string, d idem.Disposition, r idem.Result) {
+	v := idemrabbitmq.VerbFor(d.Action)
 	if v == idemrabbitmq.Ack && s.onAck != nil {
 		s.onAck(r)
 	}

@@ -8,19 +8,12 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 )
 
 // deliveryCountHeader is set by quorum queues on redelivery: how many times
 // the message was delivered and returned before.
 const deliveryCountHeader = "x-delivery-count"
-
-// HeaderEventTime is the producer's event-time header: when the event
-// happened, as an RFC 3339 string ("2026-09-01T02:14:11Z", fractions
-// allowed) or as Unix milliseconds (an integer, or a string of digits).
-// [Message] reads it when the message ID is not a UUIDv7, ahead of the AMQP
-// timestamp property, which a republish refreshes. A value it cannot read
-// is ignored.
-const HeaderEventTime = "x-event-time"
 
 // Message converts a delivery from queue into the processor's message.
 // idHeader names the header carrying the identity; empty means the AMQP
@@ -31,8 +24,11 @@ const HeaderEventTime = "x-event-time"
 //
 // Time is the event time, from the most stable source the message has
 // ([idem.EventTime]): the time inside a UUIDv7 ID, then the
-// [HeaderEventTime] header, then the AMQP timestamp property; TimeSource
-// says which.
+// [idembroker.HeaderEventTime] header, then the AMQP timestamp property;
+// TimeSource says which. A header that is not a time (RFC 3339 or Unix
+// milliseconds, as text or an integer, or an AMQP timestamp), on a message
+// whose ID carries no time, sets TimeErr: the processor dead-letters the
+// message as bad input (idem.ErrBadTime), as it does on Kafka.
 //
 // Attempt is x-delivery-count + 1 when the broker sets that header (quorum
 // queues), 1 for a first delivery (redelivered=false), and 0 (unknown)
@@ -57,7 +53,13 @@ func Message(d *amqp.Delivery, queue, idHeader string) idem.Message {
 			m.Headers[k] = headerString(v)
 		}
 	}
-	m.Time, m.TimeSource = idem.EventTime(m.ID, headerTime(d.Headers[HeaderEventTime]), d.Timestamp)
+	header, err := headerTime(d.Headers[idembroker.HeaderEventTime])
+	if _, fromID := idem.TimeFromUUIDv7(m.ID); err != nil && !fromID {
+		// The time inside a UUIDv7 ID wins; a bad header matters only
+		// when the ID carries none.
+		m.TimeErr = fmt.Errorf("header %s: %w", idembroker.HeaderEventTime, err)
+	}
+	m.Time, m.TimeSource = idem.EventTime(m.ID, header, d.Timestamp)
 	if n, ok := deliveryCount(d.Headers[deliveryCountHeader]); ok {
 		m.Attempt = n + 1
 	} else if !d.Redelivered {
@@ -66,27 +68,32 @@ func Message(d *amqp.Delivery, queue, idHeader string) idem.Message {
 	return m
 }
 
-// headerTime reads an event-time header value; zero when it is absent or
-// unreadable.
-func headerTime(v any) time.Time {
+// headerTime reads an event-time header value: zero when it is absent, an
+// error when it is there and is not a time (idembroker.ParseEventTime for
+// text, a positive integer of Unix milliseconds, an AMQP timestamp).
+func headerTime(v any) (time.Time, error) {
 	switch x := v.(type) {
+	case nil:
+		return time.Time{}, nil
 	case time.Time:
-		return x
+		return x, nil
 	case string:
-		if t, err := time.Parse(time.RFC3339Nano, x); err == nil {
-			return t
+		t, err := idembroker.ParseEventTime(x)
+		if err == nil && t.UnixMilli() <= 0 {
+			err = fmt.Errorf("%q is not after 1970", x)
 		}
-		if ms, err := strconv.ParseInt(x, 10, 64); err == nil && ms > 0 {
-			return time.UnixMilli(ms)
+		if err != nil {
+			return time.Time{}, err
 		}
+		return t, nil
 	case []byte:
 		return headerTime(string(x))
 	default:
 		if ms, ok := deliveryCount(v); ok && ms > 0 {
-			return time.UnixMilli(int64(ms))
+			return time.UnixMilli(int64(ms)), nil
 		}
 	}
-	return time.Time{}
+	return time.Time{}, fmt.Errorf("%v (%T) is not a time", v, v)
 }
 
 func deliveryCount(v any) (int, bool) {

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
 )
@@ -141,18 +142,21 @@ func TestMessageEventTime(t *testing.T) {
 		want   time.Time
 		source idem.TimeSource
 	}{
-		{"uuidv7 id", amqp.Delivery{MessageId: v7, Timestamp: broker, Headers: amqp.Table{HeaderEventTime: header.Format(time.RFC3339Nano)}}, idTime, idem.TimeFromID},
-		{"rfc 3339 header", amqp.Delivery{MessageId: "inv-1", Timestamp: broker, Headers: amqp.Table{HeaderEventTime: header.Format(time.RFC3339Nano)}}, header, idem.TimeFromHeader},
-		{"unix ms header", amqp.Delivery{MessageId: "inv-1", Timestamp: broker, Headers: amqp.Table{HeaderEventTime: header.UnixMilli()}}, header, idem.TimeFromHeader},
-		{"unix ms string header", amqp.Delivery{MessageId: "inv-1", Timestamp: broker, Headers: amqp.Table{HeaderEventTime: strconv.FormatInt(header.UnixMilli(), 10)}}, header, idem.TimeFromHeader},
-		{"timestamp header", amqp.Delivery{MessageId: "inv-1", Timestamp: broker, Headers: amqp.Table{HeaderEventTime: header}}, header, idem.TimeFromHeader},
-		{"unreadable header", amqp.Delivery{MessageId: "inv-1", Timestamp: broker, Headers: amqp.Table{HeaderEventTime: "yesterday"}}, broker, idem.TimeFromBroker},
+		{"uuidv7 id", amqp.Delivery{MessageId: v7, Timestamp: broker, Headers: amqp.Table{idembroker.HeaderEventTime: header.Format(time.RFC3339Nano)}}, idTime, idem.TimeFromID},
+		{"rfc 3339 header", amqp.Delivery{MessageId: "inv-1", Timestamp: broker, Headers: amqp.Table{idembroker.HeaderEventTime: header.Format(time.RFC3339Nano)}}, header, idem.TimeFromHeader},
+		{"unix ms header", amqp.Delivery{MessageId: "inv-1", Timestamp: broker, Headers: amqp.Table{idembroker.HeaderEventTime: header.UnixMilli()}}, header, idem.TimeFromHeader},
+		{"unix ms string header", amqp.Delivery{MessageId: "inv-1", Timestamp: broker, Headers: amqp.Table{idembroker.HeaderEventTime: strconv.FormatInt(header.UnixMilli(), 10)}}, header, idem.TimeFromHeader},
+		{"timestamp header", amqp.Delivery{MessageId: "inv-1", Timestamp: broker, Headers: amqp.Table{idembroker.HeaderEventTime: header}}, header, idem.TimeFromHeader},
+		{"unreadable header", amqp.Delivery{MessageId: "inv-1", Timestamp: broker, Headers: amqp.Table{idembroker.HeaderEventTime: "yesterday"}}, broker, idem.TimeFromBroker},
 		{"broker timestamp", amqp.Delivery{MessageId: "inv-1", Timestamp: broker}, broker, idem.TimeFromBroker},
 		{"nothing", amqp.Delivery{MessageId: "inv-1"}, time.Time{}, idem.TimeNone},
 	} {
 		m := Message(&tc.d, "q", "")
 		if !m.Time.Equal(tc.want) || m.TimeSource != tc.source {
 			t.Errorf("%s: time %v from %v, want %v from %v", tc.name, m.Time, m.TimeSource, tc.want, tc.source)
+		}
+		if bad := tc.name == "unreadable header"; (m.TimeErr != nil) != bad {
+			t.Errorf("%s: TimeErr %v; want one only for the unreadable header", tc.name, m.TimeErr)
 		}
 	}
 }

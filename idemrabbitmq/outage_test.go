@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/idemkit/idem/idemrabbitmq"
 	"github.com/idemkit/idem/pgxinbox"
 )
@@ -287,7 +288,7 @@ func TestDatabaseStopsAnswering(t *testing.T) {
 	if dl := drain(t, conn, topo.DeadLetterQueue); len(dl) != 0 || st.DeadLettered != 0 {
 		reason := ""
 		if len(dl) > 0 {
-			reason = fmt.Sprint(dl[0].Headers[idemrabbitmq.HeaderReason])
+			reason = fmt.Sprint(dl[0].Headers[idembroker.HeaderReason])
 		}
 		t.Fatalf("%d healthy messages dead-lettered by the outage (stats %+v); first reason: %s", len(dl), st, reason)
 	}

@@ -102,7 +102,7 @@ type Config struct {
 	Backoff idem.Backoff
 
 	// Hooks are hooks of this consumer alone, called after the
-	// processor's: idem.SettleHook, idem.DeadLetterHook, and this
+	// processor's: idembroker.SettleHook, idembroker.DeadLetterHook, and this
 	// package's [AckHook], [ClaimHook] and [DeadLetterEntryHook].
 	Hooks []idem.Hook
 	// Faults injects crashes between the database commit and the XACK,

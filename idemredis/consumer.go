@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemkit/idem/idembroker"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -72,14 +73,14 @@ func New[TTx any](rdb redis.UniversalClient, proc *idem.Processor[TTx], cfg *Con
 func (c *Consumer[TTx]) Name() string { return c.cfg.Name }
 
 // Health reports the consumer's state for probes and status pages
-// ([idem.HandleHealth]): whether Run runs, whether its last Redis call
+// ([idembroker.HandleHealth]): whether Run runs, whether its last Redis call
 // succeeded, whether it holds entries because the inbox database is
 // unreachable (they stay pending, never dead-lettered), when an entry was
 // last settled, the last error, the entries in hand (InFlight), and the
 // group's lag as of the last claim scan (TotalLag: entries added to the
 // stream and not yet read by the group). It asks neither Redis nor the
 // database.
-func (c *Consumer[TTx]) Health() idem.Health {
+func (c *Consumer[TTx]) Health() idembroker.Health {
 	h := c.k.health.Health()
 	h.InFlight = int(c.inFlight.Load())
 	if lag := c.lag.Load(); lag >= 0 {

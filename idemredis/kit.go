@@ -1,6 +1,7 @@
 package idemredis
 
 import (
+	"github.com/idemkit/idem/idembroker"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -41,7 +42,7 @@ const (
 type kit struct {
 	consumer string
 	hooks    []idem.Hook
-	health   *idem.HealthState
+	health   *idembroker.HealthState
 	backoff  idem.Backoff
 }
 
@@ -49,25 +50,25 @@ func newKit[TTx any](proc *idem.Processor[TTx], source string, cfg *Config) kit 
 	k := kit{
 		consumer: proc.Consumer(),
 		hooks:    append(append([]idem.Hook(nil), proc.Hooks()...), cfg.Hooks...),
-		health:   idem.NewHealthState(proc.Consumer(), source),
+		health:   idembroker.NewHealthState(proc.Consumer(), source),
 		backoff:  cfg.Backoff,
 	}
 	k.health.LogTo(cfg.Logger)
 	return k
 }
 
-// settled tells the hooks (idem.SettleHook) and the health what was done
+// settled tells the hooks (idembroker.SettleHook) and the health what was done
 // with an entry, once Redis has it.
 func (k *kit) settled(source string, d idem.Disposition, res idem.Result) {
 	k.health.Settle(d, res, time.Now())
-	idem.Each(k.hooks, func(h idem.SettleHook) { h.OnSettle(k.consumer, source, d, res) })
+	idem.Each(k.hooks, func(h idembroker.SettleHook) { h.OnSettle(k.consumer, source, d, res) })
 }
 
-// deadLettered tells the hooks (idem.DeadLetterHook, [DeadLetterEntryHook])
+// deadLettered tells the hooks (idembroker.DeadLetterHook, [DeadLetterEntryHook])
 // that a dead letter was written to dlq, or failed to be (err).
 func (k *kit) deadLettered(e Entry, dlq string, res idem.Result, err error) {
 	idem.Each(k.hooks, func(h DeadLetterEntryHook) { h.OnDeadLetterEntry(e, res, err) })
-	idem.Each(k.hooks, func(h idem.DeadLetterHook) { h.OnDeadLetter(k.consumer, dlq, res, err) })
+	idem.Each(k.hooks, func(h idembroker.DeadLetterHook) { h.OnDeadLetter(k.consumer, dlq, res, err) })
 }
 
 // acked tells the [AckHook]s about one XACK.
@@ -84,8 +85,8 @@ func (k *kit) claimed(stream string, ids, deleted []string) {
 // pause is the wait before the try-th try of a failing Redis call.
 func (k *kit) pause(try int) time.Duration { return k.backoff.Delay(try) }
 
-// The consumer's own hooks, beside idem's (idem.SettleHook,
-// idem.DeadLetterHook): optional interfaces that any value in the
+// The consumer's own hooks, beside idem's (idembroker.SettleHook,
+// idembroker.DeadLetterHook): optional interfaces that any value in the
 // processor's hooks or in [Config.Hooks] may implement. Methods are called
 // from Run's goroutine and must return quickly.
 

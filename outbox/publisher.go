@@ -58,9 +58,3 @@ func IsRefused(err error) bool {
 	var r *refusedError
 	return errors.As(err, &r)
 }
-
-// Header names the publishers set on every message (the consumers' defaults
-// in idemrabbitmq and idemkafka read the ID and event time from them).
-const (
-	HeaderEventTime = "x-event-time" // RFC 3339 with nanoseconds, UTC
-)

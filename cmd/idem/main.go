@@ -55,7 +55,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 )
 
 // Exit statuses; see the package documentation.
@@ -232,7 +232,7 @@ func connectReason(err error) string {
 }
 
 // redactURL hides a password in a database URL or keyword/value string.
-func redactURL(s string) string { return idem.RedactURL(s) }
+func redactURL(s string) string { return idembroker.RedactURL(s) }
 
 // cmdFlags is a flag set with the command line's conventions: -h and
 // --help print the help on stdout (exit 0); a bad flag is a usage error

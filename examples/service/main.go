@@ -35,6 +35,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/idemkit/idem/idemkafka"
 	"github.com/idemkit/idem/idemprom"
 	"github.com/idemkit/idem/idemrabbitmq"
@@ -68,7 +69,7 @@ func credit(ctx context.Context, tx pgx.Tx, m idem.Message, c Credit) error {
 // consumer is what both adapters' consumers have in common.
 type consumer interface {
 	Run(ctx context.Context) error
-	Health() idem.Health
+	Health() idembroker.Health
 }
 
 var (
@@ -151,7 +152,7 @@ func run(ctx context.Context, log *slog.Logger) error {
 
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	idem.HandleHealth(mux, c) // /healthz and /readyz
+	idembroker.HandleHealth(mux, c) // /healthz and /readyz
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return err
@@ -172,7 +173,7 @@ func rabbitmq(ctx context.Context, proc *idem.Processor[pgx.Tx], log *slog.Logge
 	if err != nil {
 		// Never log a password: the URL and the driver's error, which may
 		// quote it, are redacted.
-		return nil, fmt.Errorf("connecting to RabbitMQ at %s: %w", idem.RedactURL(*amqpURL), idem.RedactError(err, *amqpURL))
+		return nil, fmt.Errorf("connecting to RabbitMQ at %s: %w", idembroker.RedactURL(*amqpURL), idembroker.RedactError(err, *amqpURL))
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()

@@ -205,7 +205,8 @@ func newRabbitAcks() *rabbitAcks {
 	return &rabbitAcks{acked: map[string]bool{}, changed: make(chan struct{}, 1)}
 }
 
-func (a *rabbitAcks) Settled(_ string, v idemrabbitmq.Verb, r idem.Result) {
+func (a *rabbitAcks) OnSettle(_, _ string, d idem.Disposition, r idem.Result) {
+	v := idemrabbitmq.VerbFor(d.Action)
 	if v != idemrabbitmq.Ack {
 		return
 	}

@@ -7,7 +7,7 @@
 // RoutingKey, mandatory and persistent, on a channel in confirm mode. Its ID
 // is the AMQP message_id property (what an idemrabbitmq consumer reads),
 // its event time the timestamp property and the "x-event-time" header
-// (idemrabbitmq.HeaderEventTime, RFC 3339 with nanoseconds), next to the
+// (idembroker.HeaderEventTime, RFC 3339 with nanoseconds), next to the
 // caller's headers. A record is reported published only once the broker
 // confirmed it and did not return it.
 //

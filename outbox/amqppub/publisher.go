@@ -1,6 +1,8 @@
 package amqppub
 
 import (
+	"github.com/idemkit/idem/idembroker"
+
 	"context"
 	"errors"
 	"fmt"
@@ -32,7 +34,7 @@ type Config struct {
 	// returns the broker can send for them). Defaults to 1000.
 	Window int
 	// TimeHeader is the header carrying the event time. Defaults to
-	// idemrabbitmq.HeaderEventTime ("x-event-time").
+	// idembroker.HeaderEventTime ("x-event-time").
 	TimeHeader string
 }
 
@@ -68,7 +70,7 @@ func New(conn *amqp.Connection, cfg *Config) (*Publisher, error) {
 		c.Window = 1000
 	}
 	if c.TimeHeader == "" {
-		c.TimeHeader = idemrabbitmq.HeaderEventTime
+		c.TimeHeader = idembroker.HeaderEventTime
 	}
 	p := &Publisher{cfg: c, conn: conn}
 	if err := p.open(context.Background()); err != nil {

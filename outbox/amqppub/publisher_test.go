@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/idemkit/idem/idemrabbitmq"
 	"github.com/idemkit/idem/internal/netfault"
 	"github.com/idemkit/idem/outbox"
@@ -58,8 +59,8 @@ func TestDeliveredAsIdemReadsIt(t *testing.T) {
 			t.Errorf("message %s: body %q, want %q", m.ID, m.Body, r.Body)
 		case m.Headers["content-kind"] != "invoice" || m.Headers["x-seq"] != r.Headers["x-seq"]:
 			t.Errorf("message %s: headers %v lack the caller's", m.ID, m.Headers)
-		case m.Headers[idemrabbitmq.HeaderEventTime] != r.EventTime.Format(time.RFC3339Nano):
-			t.Errorf("message %s: event-time header %q, want %q", m.ID, m.Headers[idemrabbitmq.HeaderEventTime], r.EventTime.Format(time.RFC3339Nano))
+		case m.Headers[idembroker.HeaderEventTime] != r.EventTime.Format(time.RFC3339Nano):
+			t.Errorf("message %s: event-time header %q, want %q", m.ID, m.Headers[idembroker.HeaderEventTime], r.EventTime.Format(time.RFC3339Nano))
 		case !d.Timestamp.Equal(r.EventTime.Truncate(time.Second)):
 			t.Errorf("message %s: timestamp %v, want the event time %v", m.ID, d.Timestamp, r.EventTime)
 		case d.DeliveryMode != amqp.Persistent:

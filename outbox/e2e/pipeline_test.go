@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/idemkit/idem/idemrabbitmq"
 	"github.com/idemkit/idem/internal/kafkatest"
 	"github.com/idemkit/idem/outbox"
@@ -77,7 +78,7 @@ func kafkaState(t *testing.T, brokers []string, topic string) {
 		fs.EachRecord(func(r *kgo.Record) {
 			n++
 			for _, h := range r.Headers {
-				if h.Key == "idem-message-id" {
+				if h.Key == idembroker.HeaderMessageID {
 					ids[string(h.Value)] = true
 				}
 			}

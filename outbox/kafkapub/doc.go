@@ -6,7 +6,7 @@
 // Kafka key, its Body as the value and its EventTime as the record
 // timestamp. Every record carries its ID in the "idem-message-id" header
 // (idemkafka.DefaultIDHeader, what an idemkafka consumer reads) and its
-// event time in the "x-event-time" header ([outbox.HeaderEventTime]), next
+// event time in the "x-event-time" header ([idembroker.HeaderEventTime]), next
 // to the caller's headers.
 //
 // # Durability

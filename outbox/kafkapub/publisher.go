@@ -1,6 +1,8 @@
 package kafkapub
 
 import (
+	"github.com/idemkit/idem/idembroker"
+
 	"context"
 	"errors"
 	"fmt"
@@ -26,7 +28,7 @@ type Config struct {
 	// consumers' idemkafka.Config.IDHeader if they read another.
 	IDHeader string
 	// TimeHeader is the header carrying the event time, RFC 3339 with
-	// nanoseconds, UTC. Defaults to outbox.HeaderEventTime
+	// nanoseconds, UTC. Defaults to idembroker.HeaderEventTime
 	// ("x-event-time"), what idemkafka consumers read by default.
 	TimeHeader string
 }
@@ -72,7 +74,7 @@ func New(cl *kgo.Client, cfg *Config) (*Publisher, error) {
 		c.IDHeader = idemkafka.DefaultIDHeader
 	}
 	if c.TimeHeader == "" {
-		c.TimeHeader = outbox.HeaderEventTime
+		c.TimeHeader = idembroker.HeaderEventTime
 	}
 	if c.IDHeader == c.TimeHeader {
 		return nil, fmt.Errorf("kafkapub: IDHeader and TimeHeader are both %q", c.IDHeader)

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/idemkit/idem/idemkafka"
 	"github.com/idemkit/idem/internal/kafkatest"
 	"github.com/idemkit/idem/internal/pgtest"
@@ -155,8 +156,8 @@ func TestDeliveredToIdemConsumer(t *testing.T) {
 			t.Errorf("record %s: key %q body %q, want %q %q", r.ID, m.Key, m.Body, r.Key, r.Body)
 		case m.Headers["content-type"] != "application/json" || m.Headers["x-seq"] != r.Headers["x-seq"]:
 			t.Errorf("record %s: headers %v lack the caller's", r.ID, m.Headers)
-		case m.Headers[outbox.HeaderEventTime] != r.EventTime.Format(time.RFC3339Nano):
-			t.Errorf("record %s: event-time header %q, want %q", r.ID, m.Headers[outbox.HeaderEventTime], r.EventTime.Format(time.RFC3339Nano))
+		case m.Headers[idembroker.HeaderEventTime] != r.EventTime.Format(time.RFC3339Nano):
+			t.Errorf("record %s: event-time header %q, want %q", r.ID, m.Headers[idembroker.HeaderEventTime], r.EventTime.Format(time.RFC3339Nano))
 		}
 	}
 	for _, got := range consume(t, brokers, tp, len(recs)) {

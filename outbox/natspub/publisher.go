@@ -38,6 +38,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemkit/idem/idembroker"
 	"sync"
 	"time"
 
@@ -57,7 +58,7 @@ type Config struct {
 	// "Nats-Msg-Id", which JetStream dedupes on.
 	IDHeader string
 	// TimeHeader is the header carrying the event time. Defaults to
-	// outbox.HeaderEventTime ("x-event-time").
+	// idembroker.HeaderEventTime ("x-event-time").
 	TimeHeader string
 	// MinDuplicateWindow is the shortest duplicate window a stream may
 	// have: how long after a publish whose PubAck was lost the relay may
@@ -94,7 +95,7 @@ func New(js jetstream.JetStream, cfg *Config) (*Publisher, error) {
 		c.IDHeader = jetstream.MsgIDHeader
 	}
 	if c.TimeHeader == "" {
-		c.TimeHeader = outbox.HeaderEventTime
+		c.TimeHeader = idembroker.HeaderEventTime
 	}
 	if c.IDHeader == c.TimeHeader {
 		return nil, fmt.Errorf("natspub: IDHeader and TimeHeader are both %q", c.IDHeader)

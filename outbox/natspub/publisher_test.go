@@ -3,6 +3,7 @@ package natspub_test
 import (
 	"context"
 	"errors"
+	"github.com/idemkit/idem/idembroker"
 	"testing"
 	"time"
 
@@ -83,7 +84,7 @@ func TestPublish(t *testing.T) {
 		}
 		order = append(order, m.Header.Get(jetstream.MsgIDHeader))
 		if seq == 1 {
-			if got := m.Header.Get(outbox.HeaderEventTime); got != at.Format(time.RFC3339Nano) {
+			if got := m.Header.Get(idembroker.HeaderEventTime); got != at.Format(time.RFC3339Nano) {
 				t.Errorf("event time header %q; want %q", got, at.Format(time.RFC3339Nano))
 			}
 			if got := m.Header.Get("traceparent"); got != "00-x" {

@@ -5,7 +5,7 @@
 // A record is one XADD to the stream named by its Destination, with the
 // fields an idemredis consumer reads by default: its ID in
 // "idem-message-id" (idemredis.DefaultIDField), its event time in
-// "x-event-time" ([outbox.HeaderEventTime], RFC 3339, UTC), its Key in
+// "x-event-time" ([idembroker.HeaderEventTime], RFC 3339, UTC), its Key in
 // "key" and its Body in "body", next to the caller's headers. The entry ID
 // is Redis's.
 //
@@ -33,6 +33,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemkit/idem/idembroker"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -51,7 +52,7 @@ type Config struct {
 	// idemredis.DefaultIDField ("idem-message-id"); set it to the
 	// consumers' idemredis.Config.IDField if they read another.
 	IDField string
-	// TimeField carries the event time. Defaults to outbox.HeaderEventTime.
+	// TimeField carries the event time. Defaults to idembroker.HeaderEventTime.
 	TimeField string
 	// BodyField and KeyField carry the body and the key. Default to
 	// idemredis.DefaultBodyField and idemredis.DefaultKeyField.
@@ -95,7 +96,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, cfg *Config) (*Publishe
 		}
 	}
 	def(&c.IDField, idemredis.DefaultIDField)
-	def(&c.TimeField, outbox.HeaderEventTime)
+	def(&c.TimeField, idembroker.HeaderEventTime)
 	def(&c.BodyField, idemredis.DefaultBodyField)
 	def(&c.KeyField, idemredis.DefaultKeyField)
 	if c.ReplicaTimeout <= 0 {

@@ -3,6 +3,7 @@ package redispub_test
 import (
 	"context"
 	"errors"
+	"github.com/idemkit/idem/idembroker"
 	"testing"
 	"time"
 
@@ -78,7 +79,7 @@ func TestPublish(t *testing.T) {
 	for i, want := range []outbox.Record{recs[0], recs[3]} {
 		v := got[i].Values
 		if v[idemredis.DefaultIDField] != want.ID || v[idemredis.DefaultBodyField] != string(want.Body) ||
-			v[idemredis.DefaultKeyField] != "a" || v[outbox.HeaderEventTime] != at.Format(time.RFC3339Nano) ||
+			v[idemredis.DefaultKeyField] != "a" || v[idembroker.HeaderEventTime] != at.Format(time.RFC3339Nano) ||
 			v["traceparent"] != want.Headers["traceparent"] {
 			t.Errorf("entry %d: %v; want the fields of %+v", i, v, want)
 		}

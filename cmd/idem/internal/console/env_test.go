@@ -131,7 +131,7 @@ func invoice(id string) amqp.Publishing {
 
 type counter struct{ n atomic.Int64 }
 
-func (c *counter) Settled(string, idemrabbitmq.Verb, idem.Result) { c.n.Add(1) }
+func (c *counter) OnSettle(string, string, idem.Disposition, idem.Result) { c.n.Add(1) }
 
 // consume runs a consumer of the work queue until it settled n messages.
 // fail, when set, makes the handler refuse a message permanently.

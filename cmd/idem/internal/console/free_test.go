@@ -1,6 +1,8 @@
 package console
 
 import (
+	"github.com/idemkit/idem/idembroker"
+
 	"context"
 	"fmt"
 	"io"
@@ -48,7 +50,7 @@ func TestPageViewsAreFree(t *testing.T) {
 	ids := []string{"inv-a", "inv-b", "inv-c", ""}
 	for _, id := range ids {
 		c, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, true, false, amqp.Publishing{MessageId: id, DeliveryMode: amqp.Persistent, Timestamp: time.Now(),
-			Body: []byte(`{"invoice":"` + id + `"}`), Headers: amqp.Table{"x-idem-reason": "boom", "x-idem-consumer": consumer, "x-idem-origin": e.topo.Queue, "x-idem-attempts": int64(5)}})
+			Body: []byte(`{"invoice":"` + id + `"}`), Headers: amqp.Table{idembroker.HeaderReason: "boom", idembroker.HeaderConsumer: consumer, idembroker.HeaderOrigin: e.topo.Queue, idembroker.HeaderAttempts: int64(5)}})
 		if err != nil {
 			t.Fatal(err)
 		}

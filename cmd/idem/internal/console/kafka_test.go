@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/dlq"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/idemkit/idem/idemkafka"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
@@ -48,11 +49,11 @@ func TestKafkaTopic(t *testing.T) {
 		r := idemkafka.NewRecord(topic+".dlq", id, []byte(id), []byte(`{"order":"`+id+`"}`))
 		r.Timestamp = time.Now().Add(-time.Hour)
 		r.Headers = append(r.Headers,
-			kgo.RecordHeader{Key: dlq.HeaderReason, Value: []byte("handling message " + id + ": carrier unknown")},
-			kgo.RecordHeader{Key: dlq.HeaderOutcome, Value: []byte("dead_lettered")},
-			kgo.RecordHeader{Key: dlq.HeaderConsumer, Value: []byte("orders-ship")},
-			kgo.RecordHeader{Key: dlq.HeaderAttempts, Value: []byte("1")},
-			kgo.RecordHeader{Key: dlq.HeaderOrigin, Value: []byte(topic + "/0/" + strconv.Itoa(i))})
+			kgo.RecordHeader{Key: idembroker.HeaderReason, Value: []byte("handling message " + id + ": carrier unknown")},
+			kgo.RecordHeader{Key: idembroker.HeaderOutcome, Value: []byte("dead_lettered")},
+			kgo.RecordHeader{Key: idembroker.HeaderConsumer, Value: []byte("orders-ship")},
+			kgo.RecordHeader{Key: idembroker.HeaderAttempts, Value: []byte("1")},
+			kgo.RecordHeader{Key: idembroker.HeaderOrigin, Value: []byte(topic + "/0/" + strconv.Itoa(i))})
 		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
 			t.Fatal(err)
 		}

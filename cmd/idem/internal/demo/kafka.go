@@ -134,7 +134,7 @@ func (k *kafkaTransport) start(ctx context.Context, s *side, stream string, proc
 				MaxBatch: maxBatch,
 				Hooks:    []idem.Hook{c},
 				Logger:   k.log,
-				Faults: func(ctx context.Context, _ idemkafka.FaultPoint, _ string, partition int32, offset int64) error {
+				Faults: func(ctx context.Context, _ idem.FaultPoint, _ string, partition int32, offset int64) error {
 					return o.hold(ctx, c.advance(partition, offset))
 				},
 			})

@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/idemkit/idem/idemrabbitmq"
 )
 
@@ -29,14 +30,14 @@ func newRabbit(rawURL string, timeout time.Duration, log *slog.Logger) (*rabbitT
 	}
 	conn, err := amqp.DialConfig(rawURL, amqp.Config{Dial: amqp.DefaultDial(timeout), Heartbeat: 10 * time.Second, Locale: "en_US"})
 	if err != nil {
-		return nil, fmt.Errorf("connecting to RabbitMQ at %s: %w", redact(rawURL), idem.RedactError(err, rawURL))
+		return nil, fmt.Errorf("connecting to RabbitMQ at %s: %w", redact(rawURL), idembroker.RedactError(err, rawURL))
 	}
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	return &rabbitTransport{url: rawURL, suffix: hex.EncodeToString(b[:]), log: log, conn: conn, topo: map[string]idemrabbitmq.Topology{}}, nil
 }
 
-func redact(raw string) string { return idem.RedactURL(raw) }
+func redact(raw string) string { return idembroker.RedactURL(raw) }
 
 func (r *rabbitTransport) describe() string { return "RabbitMQ " + redact(r.url) }
 
@@ -111,7 +112,7 @@ func (r *rabbitTransport) start(ctx context.Context, s *side, stream string, pro
 		ReconnectBackoff:   idem.Backoff{Initial: 50 * time.Millisecond, Max: time.Second},
 		ConnectionName:     "idem-demo-" + s.name + "-" + stream,
 		Logger:             r.log,
-		Faults: func(ctx context.Context, _ idemrabbitmq.FaultPoint, msgs []idem.Message) error {
+		Faults: func(ctx context.Context, _ idem.FaultPoint, msgs []idem.Message) error {
 			return o.hold(ctx, len(msgs))
 		},
 	})

@@ -1,4 +1,4 @@
-package idem_test
+package idembroker_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 )
 
 // outageResult is a Retry the way the processor reports a database it
@@ -44,8 +45,8 @@ func dispose(r idem.Result) idem.Disposition {
 func TestHealthStateReadiness(t *testing.T) {
 	t.Parallel()
 	t0 := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
-	s := idem.NewHealthState("billing", "invoices")
-	if err := s.Health().Ready(); !errors.Is(err, idem.ErrNotReady) || !strings.Contains(err.Error(), "not running") {
+	s := idembroker.NewHealthState("billing", "invoices")
+	if err := s.Health().Ready(); !errors.Is(err, idembroker.ErrNotReady) || !strings.Contains(err.Error(), "not running") {
 		t.Fatalf("before Run: Ready() = %v, want not running", err)
 	}
 	s.Start(t0)
@@ -117,7 +118,7 @@ func TestHealthStateHoldsOnlyForOutages(t *testing.T) {
 		{"commit unknown", idem.Result{Outcome: idem.Retry, Err: idem.ErrCommitUnknown}, false},
 	}
 	for _, c := range cases {
-		s := idem.NewHealthState("billing", "invoices")
+		s := idembroker.NewHealthState("billing", "invoices")
 		s.Start(now)
 		s.Connect(now)
 		s.Settle(dispose(c.res), c.res, now)
@@ -136,7 +137,7 @@ func TestHealthStateHoldsOnlyForOutages(t *testing.T) {
 func TestHealthStateUnreachableAtStart(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
-	s := idem.NewHealthState("billing", "invoices")
+	s := idembroker.NewHealthState("billing", "invoices")
 	s.Start(now)
 	s.Connect(now)
 	s.Unreachable(fmt.Errorf("%w: %w: dial tcp: i/o timeout", idem.ErrInboxNotReady, idem.ErrUnavailable), now)
@@ -152,14 +153,14 @@ func TestHealthStateUnreachableAtStart(t *testing.T) {
 func TestHealthStateWedged(t *testing.T) {
 	t.Parallel()
 	t0 := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
-	s := idem.NewHealthState("billing", "invoices")
+	s := idembroker.NewHealthState("billing", "invoices")
 	s.Start(t0)
 	first := s.Begin(t0)
 	second := s.Begin(t0.Add(time.Minute))
-	if err := s.Health().Live(t0.Add(idem.StallAfter)); err != nil {
+	if err := s.Health().Live(t0.Add(idembroker.StallAfter)); err != nil {
 		t.Fatalf("busy for StallAfter: Live() = %v", err)
 	}
-	if err := s.Health().Live(t0.Add(idem.StallAfter + time.Second)); err == nil || !strings.Contains(err.Error(), "wedged") {
+	if err := s.Health().Live(t0.Add(idembroker.StallAfter + time.Second)); err == nil || !strings.Contains(err.Error(), "wedged") {
 		t.Fatalf("busy past StallAfter: Live() = %v, want wedged", err)
 	}
 	s.End(first, t0.Add(10*time.Minute)) // the oldest came back
@@ -179,7 +180,7 @@ func TestHealthStateWedged(t *testing.T) {
 
 	// One batch that never comes back is seen however many others do (a
 	// Kafka partition whose handler blocks while the others flow).
-	s = idem.NewHealthState("billing", "invoices")
+	s = idembroker.NewHealthState("billing", "invoices")
 	s.Start(t0)
 	s.Begin(t0) // never ends
 	for m := 1; m <= 10; m++ {
@@ -191,28 +192,28 @@ func TestHealthStateWedged(t *testing.T) {
 	}
 }
 
-type checker struct{ s *idem.HealthState }
+type checker struct{ s *idembroker.HealthState }
 
-func (c checker) Health() idem.Health { return c.s.Health() }
+func (c checker) Health() idembroker.Health { return c.s.Health() }
 
 func TestHealthHandlers(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
-	a := idem.NewHealthState("billing", "invoices")
-	b := idem.NewHealthState("ledger", "payments")
-	for _, s := range []*idem.HealthState{a, b} {
+	a := idembroker.NewHealthState("billing", "invoices")
+	b := idembroker.NewHealthState("ledger", "payments")
+	for _, s := range []*idembroker.HealthState{a, b} {
 		s.Start(now)
 		s.Connect(now)
 	}
 	mux := http.NewServeMux()
-	idem.HandleHealth(mux, checker{a}, checker{b})
+	idembroker.HandleHealth(mux, checker{a}, checker{b})
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 
 	type body struct {
-		Status    string        `json:"status"`
-		Errors    []string      `json:"errors"`
-		Consumers []idem.Health `json:"consumers"`
+		Status    string              `json:"status"`
+		Errors    []string            `json:"errors"`
+		Consumers []idembroker.Health `json:"consumers"`
 	}
 	get := func(path string) (int, body) {
 		t.Helper()
@@ -257,14 +258,14 @@ func TestHealthHandlers(t *testing.T) {
 // A service serves its consumers' probes in one line; here a consumer
 // whose database went away answers /readyz with 503 and why.
 func ExampleHandleHealth() {
-	s := idem.NewHealthState("billing", "invoices") // a consumer's, e.g. idemrabbitmq.Consumer
+	s := idembroker.NewHealthState("billing", "invoices") // a consumer's, e.g. idemrabbitmq.Consumer
 	s.Start(time.Now())
 	s.Connect(time.Now())
 	out := outageResult()
 	s.Settle(idem.Disposition{Action: idem.ActionHold, Reason: out.Err.Error()}, out, time.Now())
 
 	mux := http.NewServeMux()
-	idem.HandleHealth(mux, checker{s}) // idem.HandleHealth(mux, consumer)
+	idembroker.HandleHealth(mux, checker{s}) // idembroker.HandleHealth(mux, consumer)
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	for _, path := range []string{"/healthz", "/readyz"} {
@@ -285,7 +286,7 @@ func ExampleHandleHealth() {
 // BenchmarkHealthStateSettle is what keeping the health costs each
 // settled message, with the adapters' goroutines settling at once.
 func BenchmarkHealthStateSettle(b *testing.B) {
-	s := idem.NewHealthState("billing", "invoices")
+	s := idembroker.NewHealthState("billing", "invoices")
 	r := idem.Result{Outcome: idem.Applied}
 	d := idem.Disposition{Action: idem.ActionAck}
 	b.RunParallel(func(pb *testing.PB) {

@@ -1,4 +1,4 @@
-package idem
+package idembroker
 
 import (
 	"encoding/json"
@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/logfmt"
 )
 
@@ -321,19 +322,19 @@ func (s *HealthState) hold(reason string, now time.Time) {
 // Settle records the disposition d of result r once the adapter carried
 // it out: an ack ends a hold and, like a dead letter, counts as a
 // success; a hold for an outage or a misconfigured inbox (r.Err wraps
-// [ErrUnavailable], [ErrMisconfigured] or [ErrInboxNotReady]) begins or
+// [idem.ErrUnavailable], [idem.ErrMisconfigured] or [idem.ErrInboxNotReady]) begins or
 // continues one; a redelivery is a failure. A hold for any other reason
 // (a shutdown, a message ahead of it in order) changes nothing.
-func (s *HealthState) Settle(d Disposition, r Result, now time.Time) {
+func (s *HealthState) Settle(d idem.Disposition, r idem.Result, now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch d.Action {
-	case ActionAck:
+	case idem.ActionAck:
 		s.h.LastSuccess = now
 		s.endHold(now)
-	case ActionDeadLetter:
+	case idem.ActionDeadLetter:
 		s.h.LastSuccess = now
-	case ActionHold:
+	case idem.ActionHold:
 		if outage(r.Err) {
 			s.hold(d.Reason, now)
 			s.failed(r.Err, now)
@@ -344,7 +345,7 @@ func (s *HealthState) Settle(d Disposition, r Result, now time.Time) {
 				s.held[r.MessageID] = struct{}{}
 			}
 		}
-	case ActionRedeliver:
+	case idem.ActionRedeliver:
 		if r.Err != nil {
 			s.failed(r.Err, now)
 		}
@@ -355,7 +356,7 @@ func (s *HealthState) Settle(d Disposition, r Result, now time.Time) {
 // of its own that a probe should see: the database unreachable or not set
 // up for the consumer.
 func outage(err error) bool {
-	return errors.Is(err, ErrUnavailable) || errors.Is(err, ErrMisconfigured) || errors.Is(err, ErrInboxNotReady)
+	return errors.Is(err, idem.ErrUnavailable) || errors.Is(err, idem.ErrMisconfigured) || errors.Is(err, idem.ErrInboxNotReady)
 }
 
 // Begin records that a batch went to the database; End takes the token it

@@ -1,4 +1,4 @@
-package idem_test
+package idembroker_test
 
 import (
 	"bytes"
@@ -16,27 +16,28 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/pgxinbox"
 )
 
-type healthOf struct{ s *idem.HealthState }
+type healthOf struct{ s *idembroker.HealthState }
 
-func (h healthOf) Health() idem.Health { return h.s.Health() }
+func (h healthOf) Health() idembroker.Health { return h.s.Health() }
 
 // /readyz of a consumer holding for an outage says the error once: not
 // again as the consumer's hold reason and last error. A driver's
 // multi-line error is one line there.
 func TestReadyzSaysEachErrorOnce(t *testing.T) {
 	now := time.Now()
-	s := idem.NewHealthState("ledger", "credits")
+	s := idembroker.NewHealthState("ledger", "credits")
 	s.Start(now)
 	s.Connect(now)
 	cause := errors.Join(errors.New("failed to connect to `user=app database=ledger`:"), errors.New("\t127.0.0.1:5432 (localhost): dial error: connection refused"))
 	r := idem.Result{MessageID: "m1", Outcome: idem.Retry, Blameless: true, Err: fmt.Errorf("for 1m0s: %w: %w", idem.ErrUnavailable, cause)}
 	s.Settle(dispose(r), r, now)
 	rec := httptest.NewRecorder()
-	idem.ReadyHandler(healthOf{s}).ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+	idembroker.ReadyHandler(healthOf{s}).ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
 	body := rec.Body.String()
 	if n := strings.Count(body, "connection refused"); n != 1 {
 		t.Errorf("/readyz says the error %d times, want once:\n%s", n, body)
@@ -52,7 +53,7 @@ func TestReadyzSaysEachErrorOnce(t *testing.T) {
 func TestOutageEndIsLogged(t *testing.T) {
 	var buf bytes.Buffer
 	now := time.Now()
-	s := idem.NewHealthState("ledger", "credits")
+	s := idembroker.NewHealthState("ledger", "credits")
 	s.LogTo(slog.New(slog.NewJSONHandler(&buf, nil)))
 	s.Start(now)
 	s.Connect(now)
