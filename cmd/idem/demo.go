@@ -47,6 +47,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	)
 	f.StringVar(&opts.Postgres, "database", "", "PostgreSQL URL; the demo recreates the schemas idem_demo_naive and idem_demo_idem there and keeps them (default: SQLite)")
 	f.StringVar(&opts.MySQL, "mysql", "", "MySQL or MariaDB DSN, the driver's form user:password@tcp(host:3306)/database (as mysqlinbox.Open takes); the demo recreates the databases idem_demo_naive and idem_demo_idem on that server and keeps them (default: SQLite)")
+	f.StringVar(&opts.SchemaPrefix, "prefix", "idem_demo", "name prefix of the demo's PostgreSQL schemas or MySQL databases (prefix_naive, prefix_idem)")
 	f.StringVar(&opts.SQLiteDir, "sqlite-dir", "", "without --database or --mysql: keep the SQLite files naive.db and idem.db in this directory, replacing them (default: a temporary directory removed at exit)")
 	f.StringVar(&opts.RabbitMQ, "amqp", "", "RabbitMQ URL, e.g. amqp://guest:guest@127.0.0.1:5672/ (default: Kafka in process)")
 	f.StringVar(&kafka, "brokers", "", "comma-separated Kafka seed brokers of a real cluster (default: Kafka in process)")

@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -327,18 +328,21 @@ func TestOneLine(t *testing.T) {
 // deliveries, shows the doubles.
 func TestDemoCommandMySQL(t *testing.T) {
 	dsn := mysqltest.ServerDSN(t)
+	// A prefix of this process's own: another test binary running the
+	// demo on the same server recreates the default databases.
+	prefix := fmt.Sprintf("idem_demo_p%d", os.Getpid())
 	t.Cleanup(func() {
 		db, err := sql.Open("mysql", dsn)
 		if err != nil {
 			return
 		}
 		defer db.Close()
-		for _, name := range []string{"idem_demo_naive", "idem_demo_idem"} {
+		for _, name := range []string{prefix + "_naive", prefix + "_idem"} {
 			_, _ = db.Exec("DROP DATABASE IF EXISTS " + name)
 		}
 	})
 	var out, errb bytes.Buffer
-	code := run(context.Background(), []string{"demo", "--events", "200", "--seed", "3", "--quiet", "--json", "--mysql", dsn}, &out, &errb)
+	code := run(context.Background(), []string{"demo", "--events", "200", "--seed", "3", "--quiet", "--json", "--mysql", dsn, "--prefix", prefix}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit %d; stderr:\n%s\nstdout:\n%s", code, errb.String(), out.String())
 	}
@@ -373,10 +377,10 @@ func TestDemoCommandMySQL(t *testing.T) {
 	// The text report of the same databases says it in words.
 	out.Reset()
 	errb.Reset()
-	if code := run(context.Background(), []string{"demo", "--events", "200", "--seed", "3", "--quiet", "--mysql", dsn}, &out, &errb); code != 0 {
+	if code := run(context.Background(), []string{"demo", "--events", "200", "--seed", "3", "--quiet", "--mysql", dsn, "--prefix", prefix}, &out, &errb); code != 0 {
 		t.Fatalf("text run: exit %d; stderr:\n%s", code, errb.String())
 	}
-	for _, want := range []string{"idem: 0 rows", "applied exactly once", "database idem_demo_idem"} {
+	for _, want := range []string{"idem: 0 rows", "applied exactly once", "database " + prefix + "_idem"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("text report lacks %q:\n%s", want, out.String())
 		}
