@@ -144,3 +144,10 @@ func NewUUIDv7(at time.Time) string {
 	h := hex.EncodeToString(b[:])
 	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
 }
+
+// Window is the horizon in force: how old a message may be and still be
+// guarded by its marker. After [Processor.Check] (or the first message) it
+// reflects the inbox's stored window; 0 or less means no horizon guard.
+// Adapters compare it with how long their broker keeps messages, so that a
+// replay cannot reach past it unnoticed.
+func (p *Processor[TTx]) Window() time.Duration { return p.horizon().Window }
