@@ -98,21 +98,8 @@ type Config[TTx any] struct {
 	// outcomes, failed tries, settlements, dead letters. Optional; package
 	// idemprom's Metrics implements every hook. See [Hook].
 	Hooks []Hook
-	// Observer receives every result, for metrics. Optional.
-	//
-	// Deprecated: put an [OutcomeHook] in Hooks; an Observer is its older,
-	// narrower form.
-	Observer Observer
 	// Faults injects failures at named points, for tests. Optional.
 	Faults FaultFunc
-}
-
-// Observer receives every result a processor produces, with the time its
-// transaction took (for a batch, the whole batch's time).
-//
-// Deprecated: implement [OutcomeHook] and put the value in Config.Hooks.
-type Observer interface {
-	Observe(consumer string, r Result, elapsed time.Duration)
 }
 
 var consumerName = regexp.MustCompile(`^[a-z][a-z0-9_.-]{0,62}$`)

@@ -82,8 +82,8 @@ type TraceHook interface {
 	TraceAttempt(ctx context.Context, consumer string, a Attempt)
 }
 
-// Hooks returns the processor's hooks (Config.Hooks, and Config.Observer
-// when set), for the adapters that call them.
+// Hooks returns the processor's hooks (Config.Hooks), for the adapters
+// that call them.
 func (p *Processor[TTx]) Hooks() []Hook { return p.hooks }
 
 // Each calls f with every hook of hs that implements H.
@@ -93,13 +93,6 @@ func Each[H any](hs []Hook, f func(H)) {
 			f(x)
 		}
 	}
-}
-
-// observerHook lets a Config.Observer be an OutcomeHook.
-type observerHook struct{ o Observer }
-
-func (h observerHook) OnOutcome(consumer string, r Result, elapsed time.Duration) {
-	h.o.Observe(consumer, r, elapsed)
 }
 
 // startMessage starts msg's spans with every TraceHook; end ends them.

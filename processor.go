@@ -66,9 +66,6 @@ func NewProcessor[TTx any](store idemstore.Store[TTx], cfg *Config[TTx]) (*Proce
 	h := c.Horizon
 	p.inbox.horizon.Store(&h)
 	p.hooks = append(p.hooks, c.Hooks...)
-	if c.Observer != nil {
-		p.hooks = append(p.hooks, observerHook{c.Observer})
-	}
 	Each(p.hooks, func(t TraceHook) { p.tracers = append(p.tracers, t) })
 	if store.Layout() == idemstore.LayoutPartitioned && !c.Natural {
 		switch {

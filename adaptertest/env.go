@@ -18,8 +18,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/idembroker"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/netfault"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/pooltest"

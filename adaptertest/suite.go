@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/idembroker"
+	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/internal/netfault"
 	"github.com/idemkit/idem/pgxinbox"
 )

@@ -49,8 +49,8 @@ func Example() {
 			_, err := tx.Exec(ctx, `INSERT INTO invoices VALUES ($1, $2)`, m.ID, m.Body)
 			return err
 		},
-		Observer: counts,
-		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Hooks:  []idem.Hook{counts},
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
 		log.Fatal(err)

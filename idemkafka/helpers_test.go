@@ -127,7 +127,7 @@ func produce(t testing.TB, cl *kgo.Client, topic string, parts int32, from, n in
 
 func msgID(i int) string { return fmt.Sprintf("evt-%06d", i) }
 
-// outcomes counts the processor's results; it is the test's idem.Observer.
+// outcomes counts the processor's results; it is the test's idem.OutcomeHook.
 type outcomes struct {
 	mu      sync.Mutex
 	n       map[idem.Outcome]int
@@ -142,7 +142,7 @@ type waiter struct {
 
 func newOutcomes() *outcomes { return &outcomes{n: make(map[idem.Outcome]int)} }
 
-func (o *outcomes) Observe(_ string, r idem.Result, _ time.Duration) {
+func (o *outcomes) OnOutcome(_ string, r idem.Result, _ time.Duration) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.n[r.Outcome]++
@@ -336,12 +336,12 @@ func write(ctx context.Context, tx pgx.Tx, m idem.Message) error {
 	return err
 }
 
-func (d *db) processor(t testing.TB, obs idem.Observer, h idem.Handler[pgx.Tx], mod ...func(*idem.Config[pgx.Tx])) *idem.Processor[pgx.Tx] {
+func (d *db) processor(t testing.TB, obs idem.OutcomeHook, h idem.Handler[pgx.Tx], mod ...func(*idem.Config[pgx.Tx])) *idem.Processor[pgx.Tx] {
 	t.Helper()
 	if h == nil {
 		h = write
 	}
-	cfg := &idem.Config[pgx.Tx]{Consumer: "kafka-test", Key: idem.ByMessageID, Handler: h, Observer: obs, Logger: testLogger,
+	cfg := &idem.Config[pgx.Tx]{Consumer: "kafka-test", Key: idem.ByMessageID, Handler: h, Hooks: []idem.Hook{obs}, Logger: testLogger,
 		Retry: idem.RetryPolicy{MaxAttempts: 2, Backoff: idem.Backoff{Initial: time.Millisecond, Max: 5 * time.Millisecond}}}
 	for _, f := range mod {
 		f(cfg)

@@ -123,10 +123,10 @@ func (h *holdHooks) OnRetry(*kgo.Record, int, idem.Result) { h.holds.count() }
 // outageProcessor is a processor over store (the schema reached through a
 // proxy) that waits 100ms for an unreachable database before it hands the
 // record back, with a budget of 2 runs.
-func outageProcessor(t testing.TB, store idemstore.Store[pgx.Tx], out idem.Observer) *idem.Processor[pgx.Tx] {
+func outageProcessor(t testing.TB, store idemstore.Store[pgx.Tx], out idem.OutcomeHook) *idem.Processor[pgx.Tx] {
 	t.Helper()
 	proc, err := idem.NewProcessor[pgx.Tx](store, &idem.Config[pgx.Tx]{
-		Consumer: "kafka-test", Key: idem.ByMessageID, Handler: write, Observer: out, Logger: testLogger,
+		Consumer: "kafka-test", Key: idem.ByMessageID, Handler: write, Hooks: []idem.Hook{out}, Logger: testLogger,
 		Retry: idem.RetryPolicy{MaxAttempts: 2, Backoff: idem.Backoff{Initial: time.Millisecond, Max: 5 * time.Millisecond},
 			WaitUnavailable: 100 * time.Millisecond},
 	})
@@ -306,7 +306,7 @@ func TestHalfOpenConnectionUnderHandler(t *testing.T) {
 		return write(ctx, tx, m)
 	}
 	proc, err := idem.NewProcessor[pgx.Tx](store, &idem.Config[pgx.Tx]{
-		Consumer: "kafka-test", Key: idem.ByMessageID, Handler: handler, Observer: out, Logger: testLogger,
+		Consumer: "kafka-test", Key: idem.ByMessageID, Handler: handler, Hooks: []idem.Hook{out}, Logger: testLogger,
 		TxTimeout: 500 * time.Millisecond, CommitTimeout: 500 * time.Millisecond,
 		Retry: idem.RetryPolicy{MaxAttempts: 2, Backoff: idem.Backoff{Initial: time.Millisecond, Max: 5 * time.Millisecond},
 			WaitUnavailable: 100 * time.Millisecond},

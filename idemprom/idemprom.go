@@ -63,8 +63,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/idembroker"
+	"github.com/idemkit/idem/idemstore"
 )
 
 // Metrics records to Prometheus what the processor and the broker adapters
@@ -213,14 +213,6 @@ func (m *Metrics) OnOutcome(consumer string, r idem.Result, elapsed time.Duratio
 	if !r.PrunedOn.IsZero() {
 		m.late.WithLabelValues(consumer, r.Outcome.String()).Inc()
 	}
-}
-
-// Observe implements idem.Observer, for processors configured with
-// Config.Observer.
-//
-// Deprecated: put m in idem.Config.Hooks; it is an idem.OutcomeHook.
-func (m *Metrics) Observe(consumer string, r idem.Result, elapsed time.Duration) {
-	m.OnOutcome(consumer, r, elapsed)
 }
 
 var classNames = map[idemstore.ErrorClass]string{

@@ -36,7 +36,7 @@ func TestCountsOutcomes(t *testing.T) {
 		t.Fatal("second New on the same registry must reuse the collectors")
 	}
 	p, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{
-		Consumer: "ledger", Key: idem.ByMessageID, Observer: m,
+		Consumer: "ledger", Key: idem.ByMessageID, Hooks: []idem.Hook{m},
 		Handler: func(context.Context, pgx.Tx, idem.Message) error { return nil },
 	})
 	if err != nil {

@@ -584,16 +584,16 @@ func TestFailingMessageFirstDoesNotSinkItsNeighbours(t *testing.T) {
 	}
 }
 
-// observerFunc is an idem.Observer from a function.
+// observerFunc is an idem.OutcomeHook from a function.
 type observerFunc func(idem.Result)
 
-func (f observerFunc) Observe(_ string, r idem.Result, _ time.Duration) { f(r) }
+func (f observerFunc) OnOutcome(_ string, r idem.Result, _ time.Duration) { f(r) }
 
 // outageCounter observes the processor: how many results were a Retry
 // because the database stayed unreachable.
 type outageCounter struct{ unavailable atomic.Int64 }
 
-func (o *outageCounter) Observe(_ string, r idem.Result, _ time.Duration) {
+func (o *outageCounter) OnOutcome(_ string, r idem.Result, _ time.Duration) {
 	if r.Outcome == idem.Retry && errors.Is(r.Err, idem.ErrUnavailable) {
 		o.unavailable.Add(1)
 	}
@@ -602,12 +602,12 @@ func (o *outageCounter) Observe(_ string, r idem.Result, _ time.Duration) {
 // outageProcessor is the billing processor on a pool that reaches the
 // database through a proxy the test can cut, waiting waitUnavailable for
 // the database before each Retry.
-func outageProcessor(t *testing.T, d *db, waitUnavailable time.Duration, obs idem.Observer) (*idem.Processor[pgx.Tx], *netfault.Proxy) {
+func outageProcessor(t *testing.T, d *db, waitUnavailable time.Duration, obs idem.OutcomeHook) (*idem.Processor[pgx.Tx], *netfault.Proxy) {
 	t.Helper()
 	pool, proxy := d.poolVia(t)
 	return d.processorOn(t, pool, nil, func(c *idem.Config[pgx.Tx]) {
 		c.Retry = idem.RetryPolicy{MaxAttempts: 3, Backoff: idem.Backoff{Initial: 5 * time.Millisecond, Max: 50 * time.Millisecond}, WaitUnavailable: waitUnavailable}
-		c.Observer = obs
+		c.Hooks = append(c.Hooks, obs)
 	}), proxy
 }
 
@@ -714,7 +714,7 @@ type heldWatch struct {
 
 func newHeldWatch() *heldWatch { return &heldWatch{seen: map[string]int{}} }
 
-func (h *heldWatch) Observe(_ string, r idem.Result, _ time.Duration) {
+func (h *heldWatch) OnOutcome(_ string, r idem.Result, _ time.Duration) {
 	if r.Outcome != idem.Retry || !r.Blameless || !errors.Is(r.Err, idem.ErrUnavailable) {
 		return
 	}
@@ -981,7 +981,7 @@ func TestRepublishWithAnotherTimestampIsADuplicate(t *testing.T) {
 	cfg := config(t, topo.Queue)
 	rec := newSettlements()
 	cfg.Hooks = []idem.Hook{rec}
-	c, err := idemrabbitmq.NewConsumer(d.processor(t, nil, func(c *idem.Config[pgx.Tx]) { c.Observer = obs }), cfg)
+	c, err := idemrabbitmq.NewConsumer(d.processor(t, nil, func(c *idem.Config[pgx.Tx]) { c.Hooks = append(c.Hooks, obs) }), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

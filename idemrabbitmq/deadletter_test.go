@@ -304,11 +304,11 @@ func TestRetriesExhaustedAreDeadLetteredOnce(t *testing.T) {
 			proc := d.processor(t, h, func(c *idem.Config[pgx.Tx]) {
 				c.Retry = idem.RetryPolicy{MaxAttempts: maxAttempts, Backoff: idem.Backoff{Initial: time.Millisecond, Max: 5 * time.Millisecond}}
 				c.Logger = logger
-				c.Observer = observerFunc(func(r idem.Result) {
+				c.Hooks = append(c.Hooks, observerFunc(func(r idem.Result) {
 					if r.MessageID == msgID(0) && r.Outcome == idem.DeadLettered {
 						attempts.Store(int64(r.Attempts))
 					}
-				})
+				}))
 			})
 			publish(t, conn, topo.Queue, 0, 4, msgID)
 			cfg := config(t, topo.Queue)

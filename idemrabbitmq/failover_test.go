@@ -81,7 +81,7 @@ func TestURLsFailOverToTheNextNode(t *testing.T) {
 	}
 	cfg.Hooks = []idem.Hook{rec}
 	obs := newOutcomes()
-	proc := d.processor(t, nil, func(c *idem.Config[pgx.Tx]) { c.Observer = obs })
+	proc := d.processor(t, nil, func(c *idem.Config[pgx.Tx]) { c.Hooks = append(c.Hooks, obs) })
 	c, err := idemrabbitmq.NewConsumer(proc, cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -29,7 +29,7 @@ type outcomes struct {
 
 func newOutcomes() *outcomes { return &outcomes{seen: map[string][]idem.Result{}} }
 
-func (o *outcomes) Observe(_ string, r idem.Result, _ time.Duration) {
+func (o *outcomes) OnOutcome(_ string, r idem.Result, _ time.Duration) {
 	o.mu.Lock()
 	o.seen[r.MessageID] = append(o.seen[r.MessageID], r)
 	o.mu.Unlock()
@@ -102,7 +102,7 @@ func TestConnectionLossLetsInFlightBatchesCommit(t *testing.T) {
 	obs := newOutcomes()
 	proc := d.processor(t, h, func(c *idem.Config[pgx.Tx]) {
 		c.Logger = logger
-		c.Observer = obs
+		c.Hooks = append(c.Hooks, obs)
 	})
 	publish(t, conn, topo.Queue, 0, n, msgID)
 	cfg := config(t, topo.Queue)
@@ -197,7 +197,7 @@ func TestInboxTableDroppedWhileRunning(t *testing.T) {
 	obs := newOutcomes()
 	proc := d.processor(t, nil, func(c *idem.Config[pgx.Tx]) {
 		c.Retry = idem.RetryPolicy{Backoff: idem.Backoff{Initial: 5 * time.Millisecond, Max: 50 * time.Millisecond}, WaitUnavailable: 100 * time.Millisecond}
-		c.Observer = obs
+		c.Hooks = append(c.Hooks, obs)
 	})
 	cfg := config(t, topo.Queue)
 	cfg.BatchSize = 10
@@ -261,7 +261,7 @@ func TestDatabaseStopsAnswering(t *testing.T) {
 	proc := d.processorOn(t, pool, nil, func(c *idem.Config[pgx.Tx]) {
 		c.Retry = idem.RetryPolicy{Backoff: idem.Backoff{Initial: 5 * time.Millisecond, Max: 50 * time.Millisecond}, WaitUnavailable: 300 * time.Millisecond}
 		c.TxTimeout, c.CommitTimeout = time.Second, time.Second
-		c.Observer = obs
+		c.Hooks = append(c.Hooks, obs)
 	})
 	publish(t, conn, topo.Queue, 0, n, msgID)
 	cfg := config(t, topo.Queue)

@@ -110,7 +110,7 @@
 // [Config.Hooks] receives markers pruned, partitions dropped and the age of
 // the oldest marker (on [Store.Stats]), labelled with the table's name as
 // written, as sqlinbox labels them; messages refused by the guard are
-// counted by the processor's idem.Observer with outcome Expired.
+// counted by the processor's idem.OutcomeHook with outcome Expired.
 //
 // The SQL is in package internal/inboxdb, one file per dialect, shared with
 // sqlinbox: the migrations, the claim, the prune and the settings.

@@ -16,7 +16,7 @@ const InvoicesConsumer = "billing-invoice"
 // InvoicesConfig is the idem configuration of the invoices service. Its key
 // is the business key invoice:<customer>:<period>, so that two different
 // messages asking for the same invoice (a producer that published twice with
-// two IDs) also cause one invoice. Set Observer, Logger or Retry on the copy
+// two IDs) also cause one invoice. Set Hooks, Logger or Retry on the copy
 // it returns as needed.
 func InvoicesConfig() *idem.Config[*sql.Tx] { return Services{}.InvoicesConfig() }
 

@@ -1048,7 +1048,7 @@ type countObserver struct {
 	n  map[idem.Outcome]int
 }
 
-func (o *countObserver) Observe(_ string, r idem.Result, _ time.Duration) {
+func (o *countObserver) OnOutcome(_ string, r idem.Result, _ time.Duration) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.n == nil {
@@ -1077,7 +1077,7 @@ func (s suite[TTx]) outageDuringFallback(t *testing.T) {
 		return nil
 	}, func(c *idem.Config[TTx]) {
 		c.Retry.WaitUnavailable = 30 * time.Millisecond
-		c.Observer = obs
+		c.Hooks = append(c.Hooks, obs)
 	})
 	down = d
 	rs := p.ProcessBatch(ctx, []idem.Message{msg("poison"), msg("a"), msg("b"), msg("c")})

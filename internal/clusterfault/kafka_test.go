@@ -540,7 +540,7 @@ func (r *kafkaRig) mayGoBack(p int32, offset int64) bool {
 	return ok && offset >= f
 }
 
-func (r *kafkaRig) Observe(_ string, res idem.Result, _ time.Duration) {
+func (r *kafkaRig) OnOutcome(_ string, res idem.Result, _ time.Duration) {
 	if res.Outcome == idem.Applied {
 		r.applied.Add(1)
 	}
@@ -548,7 +548,7 @@ func (r *kafkaRig) Observe(_ string, res idem.Result, _ time.Duration) {
 
 func (r *kafkaRig) processor(t *testing.T) *idem.Processor[pgx.Tx] {
 	p, err := idem.NewProcessor(r.store, &idem.Config[pgx.Tx]{
-		Consumer: "ledger", Key: idem.ByMessageID, Observer: r, Logger: r.log,
+		Consumer: "ledger", Key: idem.ByMessageID, Hooks: []idem.Hook{r}, Logger: r.log,
 		Handler: func(ctx context.Context, tx pgx.Tx, m idem.Message) error {
 			_, err := tx.Exec(ctx, `INSERT INTO ledger (message_id, source) VALUES ($1, $2)`, m.ID, m.Source)
 			return err

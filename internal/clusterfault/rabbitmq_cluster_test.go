@@ -151,8 +151,8 @@ func (l *rabbitLedger) processor(t testing.TB, obs *rabbitResults) *idem.Process
 			_, err := tx.Exec(ctx, `INSERT INTO ledger (message_id, amount) VALUES ($1, 100)`, m.ID)
 			return err
 		},
-		Observer: obs,
-		Logger:   rabbitQuiet,
+		Hooks:  []idem.Hook{obs},
+		Logger: rabbitQuiet,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -261,7 +261,7 @@ func (r *rabbitResults) delivered(m idem.Message) {
 	r.mu.Unlock()
 }
 
-func (r *rabbitResults) Observe(_ string, res idem.Result, _ time.Duration) {
+func (r *rabbitResults) OnOutcome(_ string, res idem.Result, _ time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	switch res.Outcome {

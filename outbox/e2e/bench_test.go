@@ -290,11 +290,11 @@ func BenchmarkEndToEndLatency(b *testing.B) {
 				b.Fatal(err)
 			}
 			proc, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{Consumer: "consumer-b", Key: idem.ByMessageID, Logger: quiet,
-				Observer: observerFunc(func(res idem.Result) {
+				Hooks: []idem.Hook{observerFunc(func(res idem.Result) {
 					if res.Outcome == idem.Applied {
 						applied <- res.MessageID
 					}
-				}),
+				})},
 				Handler: func(ctx context.Context, tx pgx.Tx, m idem.Message) error {
 					_, err := tx.Exec(ctx, `INSERT INTO b_effects (message_id, n, cause) VALUES ($1, 0, '')`, m.ID)
 					return err
@@ -353,4 +353,4 @@ func BenchmarkEndToEndLatency(b *testing.B) {
 
 type observerFunc func(idem.Result)
 
-func (f observerFunc) Observe(_ string, r idem.Result, _ time.Duration) { f(r) }
+func (f observerFunc) OnOutcome(_ string, r idem.Result, _ time.Duration) { f(r) }

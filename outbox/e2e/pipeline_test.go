@@ -241,7 +241,7 @@ func TestCrashBetweenPublishAndMark(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	proc, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{Consumer: "consumer-b", Key: idem.ByMessageID, Observer: obs, Logger: quiet,
+	proc, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{Consumer: "consumer-b", Key: idem.ByMessageID, Hooks: []idem.Hook{obs}, Logger: quiet,
 		Handler: func(ctx context.Context, tx pgx.Tx, m idem.Message) error {
 			v, err := strconv.Atoi(string(m.Body))
 			if err != nil {
@@ -308,7 +308,7 @@ type outcomes struct {
 	n  map[idem.Outcome]int
 }
 
-func (o *outcomes) Observe(_ string, r idem.Result, _ time.Duration) {
+func (o *outcomes) OnOutcome(_ string, r idem.Result, _ time.Duration) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.n[r.Outcome]++

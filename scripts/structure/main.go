@@ -57,7 +57,7 @@ func main() {
 					if !ok || !ts.Name.IsExported() {
 						continue
 					}
-					if _, ok := ts.Type.(*ast.InterfaceType); ok && (strings.HasSuffix(ts.Name.Name, "Hook") || strings.HasSuffix(ts.Name.Name, "Hooks") || ts.Name.Name == "Observer") {
+					if _, ok := ts.Type.(*ast.InterfaceType); ok && (strings.HasSuffix(ts.Name.Name, "Hook") || strings.HasSuffix(ts.Name.Name, "Hooks")) {
 						hooks = append(hooks, filepath.Dir(path)+"."+ts.Name.Name)
 					}
 				}

@@ -40,13 +40,13 @@ type side struct {
 	where   string                              // how to inspect it afterwards
 }
 
-// observer counts a side's outcomes; it is the processors' idem.Observer.
+// observer counts a side's outcomes; it is the processors' idem.OutcomeHook.
 type observer struct {
 	mu sync.Mutex
 	n  map[idem.Outcome]int
 }
 
-func (o *observer) Observe(_ string, r idem.Result, _ time.Duration) {
+func (o *observer) OnOutcome(_ string, r idem.Result, _ time.Duration) {
 	o.mu.Lock()
 	o.n[r.Outcome]++
 	o.mu.Unlock()
@@ -164,7 +164,7 @@ func (s *side) processors(opts *Options) error {
 		}
 	}
 	for stream, cfg := range cfgs {
-		cfg.Observer = s.obs
+		cfg.Hooks = append(cfg.Hooks, s.obs)
 		cfg.Logger = opts.Logger
 		p, err := idem.NewProcessor(s.store, cfg)
 		if err != nil {
