@@ -21,7 +21,7 @@ import (
 // (they leave the stream whatever happens before them).
 func (p *Processor[TTx]) batch(ctx context.Context, msgs []Message, inOrder bool) []Result {
 	if len(p.tracers) == 0 {
-		return p.runCall(ctx, msgs, inOrder, nil)
+		return p.disposeAll(p.runCall(ctx, msgs, inOrder, nil))
 	}
 	var endBatch func([]Result)
 	if len(msgs) > 1 {
@@ -38,6 +38,14 @@ func (p *Processor[TTx]) batch(ctx context.Context, msgs []Message, inOrder bool
 	}
 	if endBatch != nil {
 		endBatch(results)
+	}
+	return p.disposeAll(results)
+}
+
+// disposeAll sets each result's disposition.
+func (p *Processor[TTx]) disposeAll(results []Result) []Result {
+	for i := range results {
+		results[i].Disposition = p.Dispose(results[i])
 	}
 	return results
 }

@@ -78,4 +78,8 @@ type Result struct {
 	// that day (see Config.RefuseLate): an Applied message with PrunedOn is
 	// probably applied a second time; an Expired one was refused for it.
 	PrunedOn time.Time
+	// Disposition is what the adapter does with the delivery, decided by
+	// [Processor.Dispose] when Process, ProcessBatch, ProcessBatchInOrder or
+	// ProcessTx returns: the adapter carries it out and decides nothing.
+	Disposition Disposition
 }

@@ -121,11 +121,18 @@ func (it *item) within(ctx context.Context) context.Context {
 // failures per the retry policy, and returns its outcome.
 func (p *Processor[TTx]) Process(ctx context.Context, msg Message) Result {
 	if len(p.tracers) == 0 {
-		return p.process(ctx, msg)
+		return p.disposed(p.process(ctx, msg))
 	}
 	ctx, end := p.startMessage(ctx, msg)
 	r := p.process(ctx, msg)
 	end(r)
+	return p.disposed(r)
+}
+
+// disposed is r with its disposition: the one decision an adapter carries
+// out (docs/design.md 16).
+func (p *Processor[TTx]) disposed(r Result) Result {
+	r.Disposition = p.Dispose(r)
 	return r
 }
 
@@ -175,10 +182,12 @@ func (p *Processor[TTx]) ProcessBatchInOrder(ctx context.Context, msgs []Message
 // caller that then rolls back has still been counted as Applied.
 func (p *Processor[TTx]) ProcessTx(ctx context.Context, tx TTx, msg Message) (Result, error) {
 	if len(p.tracers) == 0 {
-		return p.processTx(ctx, tx, msg)
+		r, err := p.processTx(ctx, tx, msg)
+		return p.disposed(r), err
 	}
 	ctx, end := p.startMessage(ctx, msg)
 	r, err := p.processTx(ctx, tx, msg)
+	r = p.disposed(r)
 	if err != nil {
 		// The caller rolls back: the message is not applied.
 		traced := r

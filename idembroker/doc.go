@@ -8,7 +8,7 @@
 //
 // An adapter turns deliveries into idem.Message values, hands them to an
 // idem.Processor, and carries out on its broker the disposition the
-// processor decides (idem.Processor.Dispose). It decides nothing about a
+// processor decides (idem.Result.Disposition). It decides nothing about a
 // message itself. With this kit and the adapter suite (package
 // adaptertest), an adapter for a new broker is written in these steps:
 //
@@ -26,8 +26,9 @@
 //     as the broker session comes and goes, Begin and End around each
 //     batch in the database, Unreachable and Reachable for the inbox check
 //     at start, and Fail for a failure that does not end the session.
-//  3. For each result, take the disposition from idem.Processor.Dispose
-//     and map its action to the broker's verbs in one table: Ack
+//  3. For each result, take the disposition the processor gave it
+//     (idem.Result.Disposition, decided by idem.Processor.Dispose; call
+//     Dispose again only after changing a result) and map its action to the broker's verbs in one table: Ack
 //     acknowledges (commits the offset), Redeliver gives the message back
 //     after the delay, Hold keeps it without spending any delivery budget,
 //     DeadLetter writes the dead letter and acknowledges only once the

@@ -88,7 +88,7 @@ func NewConsumer[TTx any](cl *kgo.Client, proc *idem.Processor[TTx], cfg *Config
 	}
 	cons.dlTopics = deadLetterTopics{cl: dlq, name: c.DeadLetterTopic, create: c.CreateDeadLetterTopics, known: map[string]bool{}}
 	cons.settler = settler{
-		dispose: proc.Dispose, deadLetter: cons.deadLetter,
+		deadLetter: cons.deadLetter,
 		minDelay: c.Backoff.Initial, stats: &cons.stats,
 	}
 	return cons, nil

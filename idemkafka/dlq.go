@@ -29,7 +29,7 @@ func origin(r *kgo.Record) string {
 func (c *Consumer[TTx]) deadLetterRecord(r *kgo.Record, res idem.Result) *kgo.Record {
 	h := make([]kgo.RecordHeader, 0, len(r.Headers)+len(idembroker.EnvelopeHeaders))
 	h = append(h, r.Headers...)
-	idembroker.NewEnvelope(c.proc.Consumer(), origin(r), res, c.proc.Dispose(res)).Write(
+	idembroker.NewEnvelope(c.proc.Consumer(), origin(r), res, res.Disposition).Write(
 		func(k, v string) { h = append(h, kgo.RecordHeader{Key: k, Value: []byte(v)}) },
 		func(k string, n int64) { h = append(h, kgo.RecordHeader{Key: k, Value: strconv.AppendInt(nil, n, 10)}) })
 	return &kgo.Record{

@@ -47,6 +47,15 @@ func dispose(r idem.Result) idem.Disposition {
 	return idem.Disposition{Action: idem.ActionRedeliver}
 }
 
+// disposed is results with the dispositions dispose gives them, as the
+// processor returns them.
+func disposed(results []idem.Result) []idem.Result {
+	for i := range results {
+		results[i].Disposition = dispose(results[i])
+	}
+	return results
+}
+
 func records(topic string, partition int32, from, n int64) []*kgo.Record {
 	recs := make([]*kgo.Record, n)
 	for i := range recs {
@@ -58,7 +67,6 @@ func records(topic string, partition int32, from, n int64) []*kgo.Record {
 func TestSettleStopsAtTheFirstRecordToRetry(t *testing.T) {
 	var dead []int64
 	s := settler{
-		dispose: dispose,
 		deadLetter: func(_ context.Context, r *kgo.Record, _ idem.Result) error {
 			dead = append(dead, r.Offset)
 			return nil
@@ -72,7 +80,7 @@ func TestSettleStopsAtTheFirstRecordToRetry(t *testing.T) {
 		{Outcome: idem.Applied}, {Outcome: idem.Duplicate}, badTime, {Outcome: idem.DeadLettered},
 		{Outcome: idem.Retry, Blameless: true}, {Outcome: idem.Applied},
 	}
-	got := s.settle(context.Background(), recs, results)
+	got := s.settle(context.Background(), recs, disposed(results))
 	if got.n != 4 || !got.retry || got.delay != 7*time.Millisecond || got.halt {
 		t.Errorf("settled %+v; want 4 done, then a retry after the disposition's 7ms", got)
 	}
@@ -87,12 +95,12 @@ func TestSettleStopsAtTheFirstRecordToRetry(t *testing.T) {
 
 	// A counted retry with no delay waits the floor; a dead letter that
 	// cannot be produced halts before its record.
-	got = s.settle(context.Background(), recs[:1], []idem.Result{{Outcome: idem.Retry}})
+	got = s.settle(context.Background(), recs[:1], disposed([]idem.Result{{Outcome: idem.Retry}}))
 	if got.n != 0 || !got.retry || got.delay != time.Second || s.stats.retried.Load() != 1 {
 		t.Errorf("settled %+v; want a counted retry after the 1s floor", got)
 	}
 	s.deadLetter = func(context.Context, *kgo.Record, idem.Result) error { return context.Canceled }
-	got = s.settle(context.Background(), recs[:2], []idem.Result{{Outcome: idem.Applied}, {Outcome: idem.DeadLettered}})
+	got = s.settle(context.Background(), recs[:2], disposed([]idem.Result{{Outcome: idem.Applied}, {Outcome: idem.DeadLettered}}))
 	if got.n != 1 || !got.halt {
 		t.Errorf("settled %+v; want 1 done, then a halt", got)
 	}

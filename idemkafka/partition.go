@@ -65,11 +65,11 @@ func (c *Consumer[TTx]) runPartition(ctx context.Context, stop <-chan struct{}, 
 	return nil
 }
 
-// settler turns the results of one batch into broker actions, in order. Its
-// function fields are the consumer's processor and dead-letter producer;
-// tests give their own.
+// settler turns the results of one batch into broker actions, in order,
+// each by the disposition the processor gave it (Result.Disposition). Its
+// function field is the consumer's dead-letter producer; tests give their
+// own.
 type settler struct {
-	dispose    func(idem.Result) idem.Disposition
 	deadLetter func(ctx context.Context, r *kgo.Record, res idem.Result) error
 	minDelay   time.Duration // the wait when a disposition names none
 	stats      *counters
@@ -97,7 +97,7 @@ type settled struct {
 func (s *settler) settle(ctx context.Context, recs []*kgo.Record, results []idem.Result) settled {
 	done := make([]idem.Disposition, 0, len(results))
 	for i, res := range results {
-		d := s.dispose(res)
+		d := res.Disposition
 		switch verbFor(d) {
 		case commit:
 			if res.Outcome == idem.Duplicate {
@@ -162,6 +162,7 @@ func (c *Consumer[TTx]) process(ctx context.Context, recs []*kgo.Record, runs in
 			if noID := noIDs[idx[j]]; noID != nil && r.Outcome == idem.DeadLettered && errors.Is(r.Err, idem.ErrNoMessageID) {
 				// The dead letter says where the ID was looked for.
 				r.Err = noID
+				r.Disposition = c.proc.Dispose(r)
 			}
 			results[idx[j]] = r
 		}

@@ -542,7 +542,7 @@ func (l *loop[TTx]) work(b pending) completion {
 	l.c.health.End(busy, time.Now())
 	r := completion{batch: b, decisions: make([]decision, len(results))}
 	for i, res := range results {
-		r.decisions[i] = decide(l.c.proc.Dispose(res), res)
+		r.decisions[i] = decide(res.Disposition, res)
 	}
 	if f := l.c.cfg.Faults; f != nil {
 		if err := f(l.bctx, BeforeSettle, b.msgs); err != nil {
