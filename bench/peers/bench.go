@@ -137,14 +137,13 @@ type Options struct {
 	NATSURL   string   // empty: an embedded nats-server
 	RedisAddr string
 	Timeout   time.Duration
+	// Settle is how long a run waits after publishing before it starts
+	// the consumer: the broker done writing what it confirmed.
+	Settle time.Duration
 }
 
 // Result is one consumer's run.
 type Result = report.Result
-
-// settle is how long a run waits after publishing before it starts the
-// consumer.
-const settle = 2 * time.Second
 
 // Bench is a run's database and settings.
 type Bench struct {
@@ -174,7 +173,7 @@ func (bn *Bench) Run(ctx context.Context, b *Broker, c Consumer, w *Workload, it
 	// previous run's writes under way (a superuser's CHECKPOINT; others
 	// skip it), and the broker done writing the workload it confirmed.
 	_, _ = pool.Exec(ctx, `CHECKPOINT`)
-	time.Sleep(settle)
+	time.Sleep(opts.Settle)
 	e := &Env{Pool: pool, Store: bn.Store, Consumer: run, Source: source, Batch: opts.Batch, Prefetch: opts.Prefetch,
 		AMQPURL: opts.AMQPURL, Kafka: opts.Kafka, NATSURL: opts.NATSURL, RedisAddr: opts.RedisAddr, want: int64(len(w.Msgs)), done: make(chan struct{})}
 	rctx, cancel := context.WithCancel(ctx)

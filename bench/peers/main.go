@@ -73,6 +73,7 @@ func run(args []string, stdout io.Writer) error {
 	only := fs.String("only", "", "comma-separated brokers or consumer keys to run (default: all)")
 	repeat := fs.Int("repeat", 1, "rounds of every consumer; the table shows each one's best")
 	out := fs.String("out", "", "write the figures as JSON to this file")
+	fs.DurationVar(&opts.Settle, "settle", 2*time.Second, "pause between publishing a run's workload and starting its consumer")
 	fs.DurationVar(&opts.Timeout, "timeout", 10*time.Minute, "longest a single run may take")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	if err := fs.Parse(args); err != nil {

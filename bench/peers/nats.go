@@ -48,14 +48,11 @@ const natsIDHeader = "x-message-id"
 const natsFetchWait = 20 * time.Millisecond
 
 // embedded is the NATS server of a process without -nats, started by the
-// first run that needs it and kept for the next ones; stopNATS shuts it
-// down and removes its store.
+// first run that needs it and kept for the next ones, until stopNATS.
 var embedded struct {
-	once sync.Once
-	srv  *server.Server
-	dir  string
-	url  string
-	err  error
+	mu  sync.Mutex
+	srv *server.Server
+	dir string
 }
 
 // natsURL returns url, or the embedded server's URL when url is empty.
@@ -63,40 +60,45 @@ func natsURL(url string) (string, error) {
 	if url != "" {
 		return url, nil
 	}
-	embedded.once.Do(func() {
-		embedded.dir, embedded.err = os.MkdirTemp("", "peers-nats-")
-		if embedded.err != nil {
-			return
-		}
-		// Port -1: a free one. SyncAlways: a PubAck means the message is
-		// on disk, as the RabbitMQ quorum queues and Kafka's all-ISR acks
-		// promise.
-		srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true,
-			StoreDir: embedded.dir, NoLog: true, NoSigs: true, SyncAlways: true})
-		if err != nil {
-			embedded.err = fmt.Errorf("starting an embedded nats-server: %w", err)
-			return
-		}
-		go srv.Start()
-		if !srv.ReadyForConnections(30 * time.Second) {
-			srv.Shutdown()
-			embedded.err = errors.New("the embedded nats-server did not accept connections within 30s")
-			return
-		}
-		embedded.srv, embedded.url = srv, srv.ClientURL()
-	})
-	return embedded.url, embedded.err
+	embedded.mu.Lock()
+	defer embedded.mu.Unlock()
+	if embedded.srv != nil {
+		return embedded.srv.ClientURL(), nil
+	}
+	dir, err := os.MkdirTemp("", "peers-nats-")
+	if err != nil {
+		return "", err
+	}
+	// Port -1: a free one. SyncAlways: a PubAck means the message is on
+	// disk, as RabbitMQ's quorum queues and Kafka's all-ISR acks promise.
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true,
+		StoreDir: dir, NoLog: true, NoSigs: true, SyncAlways: true})
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return "", fmt.Errorf("starting an embedded nats-server: %w", err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(30 * time.Second) {
+		srv.Shutdown()
+		_ = os.RemoveAll(dir)
+		return "", errors.New("the embedded nats-server did not accept connections within 30s")
+	}
+	embedded.srv, embedded.dir = srv, dir
+	return srv.ClientURL(), nil
 }
 
-// stopNATS shuts down the embedded server, if one was started.
+// stopNATS shuts down the embedded server, if one runs, and removes its
+// store.
 func stopNATS() {
-	if embedded.srv != nil {
-		embedded.srv.Shutdown()
-		embedded.srv.WaitForShutdown()
+	embedded.mu.Lock()
+	defer embedded.mu.Unlock()
+	if embedded.srv == nil {
+		return
 	}
-	if embedded.dir != "" {
-		_ = os.RemoveAll(embedded.dir)
-	}
+	embedded.srv.Shutdown()
+	embedded.srv.WaitForShutdown()
+	_ = os.RemoveAll(embedded.dir)
+	embedded.srv, embedded.dir = nil, ""
 }
 
 // natsVersion is the server's version.
