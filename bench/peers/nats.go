@@ -114,7 +114,7 @@ func natsVersion(url string) string {
 	return nc.ConnectedServerVersion()
 }
 
-// jsConnect connects to e's server.
+// jsConnect connects to the server at url.
 func jsConnect(url string) (*nats.Conn, jetstream.JetStream, error) {
 	nc, err := nats.Connect(url)
 	if err != nil {
