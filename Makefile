@@ -30,9 +30,11 @@ bench: services
 	$(GO) test -run '^$$' -bench 'Claim|VersusHandRolled' -benchtime 3s -count 1 ./pgxinbox/ ./sqlinbox/ ./mysqlinbox/
 
 # idem side by side with the peers (no guard, the inbox SQL by hand, a
-# hand-rolled batched inbox, Watermill) on RabbitMQ and Kafka (kfake unless
-# IDEM_KAFKA_BROKERS is set), every run checked for exactly-once; writes the
-# figures and the chart under docs/bench/. See docs/performance.md.
+# hand-rolled batched inbox, Watermill) on RabbitMQ, Kafka (kfake unless
+# IDEM_KAFKA_BROKERS is set), NATS JetStream (an embedded nats-server unless
+# IDEM_NATS_URL is set) and Redis Streams, every run checked for
+# exactly-once; writes the figures and the chart under docs/bench/. See
+# docs/performance.md.
 PEERS_MESSAGES ?= 50000
 PEERS_REPEAT ?= 1
 bench-peers: services

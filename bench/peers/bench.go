@@ -73,14 +73,16 @@ func uuid4() string {
 
 // Env is what a consumer is given for one run.
 type Env struct {
-	Pool     *pgxpool.Pool
-	Store    *pgxinbox.Store // the idem inbox
-	Consumer string          // the consumer's name: its inbox scope and its effects' label
-	Source   string          // the queue or topic holding the workload
-	Batch    int             // messages per transaction for the batched consumers
-	Prefetch int             // deliveries in flight (RabbitMQ prefetch; Kafka max poll records)
-	AMQPURL  string
-	Kafka    []string // seed brokers
+	Pool      *pgxpool.Pool
+	Store     *pgxinbox.Store // the idem inbox
+	Consumer  string          // the consumer's name: its inbox scope and its effects' label
+	Source    string          // the queue or topic holding the workload
+	Batch     int             // messages per transaction for the batched consumers
+	Prefetch  int             // deliveries in flight (RabbitMQ prefetch; Kafka max poll records; JetStream MaxAckPending)
+	AMQPURL   string
+	Kafka     []string // seed brokers
+	NATSURL   string   // empty: the embedded server
+	RedisAddr string
 
 	acked atomic.Int64
 	// first is when the first ack went out (Unix nanoseconds), and
@@ -126,21 +128,22 @@ type Broker struct {
 
 // Options are a run's settings.
 type Options struct {
-	Messages int
-	Dups     int
-	Batch    int
-	Prefetch int
-	AMQPURL  string
-	Kafka    []string // empty: an in-process kfake cluster
-	Timeout  time.Duration
+	Messages  int
+	Dups      int
+	Batch     int
+	Prefetch  int
+	AMQPURL   string
+	Kafka     []string // empty: an in-process kfake cluster
+	NATSURL   string   // empty: an embedded nats-server
+	RedisAddr string
+	Timeout   time.Duration
+	// Settle is how long a run waits after publishing before it starts
+	// the consumer: the broker done writing what it confirmed.
+	Settle time.Duration
 }
 
 // Result is one consumer's run.
 type Result = report.Result
-
-// settle is how long a run waits after publishing before it starts the
-// consumer.
-const settle = 2 * time.Second
 
 // Bench is a run's database and settings.
 type Bench struct {
@@ -170,9 +173,9 @@ func (bn *Bench) Run(ctx context.Context, b *Broker, c Consumer, w *Workload, it
 	// previous run's writes under way (a superuser's CHECKPOINT; others
 	// skip it), and the broker done writing the workload it confirmed.
 	_, _ = pool.Exec(ctx, `CHECKPOINT`)
-	time.Sleep(settle)
+	time.Sleep(opts.Settle)
 	e := &Env{Pool: pool, Store: bn.Store, Consumer: run, Source: source, Batch: opts.Batch, Prefetch: opts.Prefetch,
-		AMQPURL: opts.AMQPURL, Kafka: opts.Kafka, want: int64(len(w.Msgs)), done: make(chan struct{})}
+		AMQPURL: opts.AMQPURL, Kafka: opts.Kafka, NATSURL: opts.NATSURL, RedisAddr: opts.RedisAddr, want: int64(len(w.Msgs)), done: make(chan struct{})}
 	rctx, cancel := context.WithCancel(ctx)
 	errc := make(chan error, 1)
 	start := time.Now()

@@ -1,8 +1,8 @@
 // Command peers measures idem side by side with the ways a team guards a
 // consumer without it — no guard, the inbox SQL by hand per message, the
 // best batched inbox written by hand, Watermill with the inbox SQL in its
-// handler — on RabbitMQ and on Kafka, with the same workload and the same
-// effect, one after another in one run. After every run it checks that
+// handler — on RabbitMQ, Kafka, NATS JetStream and Redis Streams, with the
+// same workload and the same effect, one after another in one run. After every run it checks that
 // each message was applied exactly once. It prints a table and writes the
 // figures as JSON, from which the chart command draws docs/bench/peers.svg.
 //
@@ -36,7 +36,7 @@ import (
 // the table.
 var brokers = map[string]func() *Broker{"rabbitmq": RabbitMQ}
 
-var brokerOrder = []string{"rabbitmq", "kafka"}
+var brokerOrder = []string{"rabbitmq", "kafka", "nats", "redis"}
 
 // Report is the JSON file's content.
 type Report = report.Report
@@ -67,10 +67,13 @@ func run(args []string, stdout io.Writer) error {
 	fs.IntVar(&opts.Prefetch, "prefetch", 500, "deliveries in flight")
 	fs.StringVar(&opts.AMQPURL, "amqp", env("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL (env IDEM_AMQP_URL)")
 	kafka := fs.String("kafka-brokers", os.Getenv("IDEM_KAFKA_BROKERS"), "Kafka seed brokers, comma-separated (env IDEM_KAFKA_BROKERS); empty: an in-process kfake cluster")
+	fs.StringVar(&opts.NATSURL, "nats", os.Getenv("IDEM_NATS_URL"), "NATS server URL (env IDEM_NATS_URL); empty: an embedded nats-server with JetStream")
+	fs.StringVar(&opts.RedisAddr, "redis", env("IDEM_REDIS_ADDR", "127.0.0.1:6379"), "Redis address (env IDEM_REDIS_ADDR); streams are named peers:<run>")
 	pgURL := fs.String("database", env("IDEM_PEERS_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idem_peers?sslmode=disable"), "PostgreSQL URL (env IDEM_PEERS_DATABASE_URL); its database is created when missing")
 	only := fs.String("only", "", "comma-separated brokers or consumer keys to run (default: all)")
 	repeat := fs.Int("repeat", 1, "rounds of every consumer; the table shows each one's best")
 	out := fs.String("out", "", "write the figures as JSON to this file")
+	fs.DurationVar(&opts.Settle, "settle", 2*time.Second, "pause between publishing a run's workload and starting its consumer")
 	fs.DurationVar(&opts.Timeout, "timeout", 10*time.Minute, "longest a single run may take")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	if err := fs.Parse(args); err != nil {
@@ -96,6 +99,7 @@ func run(args []string, stdout io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	defer stopNATS()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 
@@ -215,13 +219,16 @@ func machine(ctx context.Context, pool *pgxpool.Pool, opts Options) Machine {
 		m.Kafka = strings.Join(opts.Kafka, ",")
 	}
 	m.RabbitMQ = rabbitVersion(opts.AMQPURL)
+	m.NATS = natsVersion(opts.NATSURL)
+	m.Redis = redisVersion(opts.RedisAddr)
 	return m
 }
 
 // PrintTable writes the best run of each consumer as a Markdown table.
 func PrintTable(w io.Writer, rep *Report) {
-	fmt.Fprintf(w, "\n%d messages + %d redeliveries, batch %d, prefetch %d; %d CPUs, %s, PostgreSQL %s, RabbitMQ %s, Kafka %s\n\n",
-		rep.Messages, rep.Dups, rep.Batch, rep.Prefetch, rep.Machine.CPUs, rep.Machine.Go, rep.Machine.Postgres, rep.Machine.RabbitMQ, rep.Machine.Kafka)
+	fmt.Fprintf(w, "\n%d messages + %d redeliveries, batch %d, prefetch %d; %d CPUs, %s, PostgreSQL %s, RabbitMQ %s, Kafka %s, NATS %s, Redis %s\n\n",
+		rep.Messages, rep.Dups, rep.Batch, rep.Prefetch, rep.Machine.CPUs, rep.Machine.Go, rep.Machine.Postgres, rep.Machine.RabbitMQ, rep.Machine.Kafka,
+		rep.Machine.NATS, rep.Machine.Redis)
 	fmt.Fprintln(w, "| broker | consumer | msgs/s | × hand-rolled batch | exactly once |")
 	fmt.Fprintln(w, "|---|---|---:|---:|---|")
 	for _, r := range report.Best(rep.Results) {

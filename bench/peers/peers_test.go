@@ -3,25 +3,44 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 )
 
-// TestSmoke runs every consumer on every broker with a small workload and
-// its redeliveries: each guarded consumer must apply every message exactly
-// once (run fails otherwise), and the unguarded one must show the double
-// effects the redeliveries cause, which proves the check can fail. No rate
-// is asserted.
+// TestSmoke runs every consumer on RabbitMQ and Kafka with a small
+// workload and its redeliveries: each guarded consumer must apply every
+// message exactly once (run fails otherwise), and the unguarded one must
+// show the double effects the redeliveries cause, which proves the check
+// can fail. No rate is asserted.
 func TestSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs PostgreSQL and RabbitMQ")
 	}
+	smoke(t, []string{"rabbitmq", "kafka"}, 2000, 40)
+}
+
+// TestSmokeStreams is TestSmoke on NATS JetStream (an embedded server)
+// and Redis Streams, with fewer messages: their per-message consumers
+// commit one transaction each.
+func TestSmokeStreams(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL and Redis")
+	}
+	smoke(t, []string{"nats", "redis"}, 200, 10, "-settle", "100ms")
+}
+
+// smoke runs every consumer of names with n messages and dups
+// redeliveries and checks what each left.
+func smoke(t *testing.T, names []string, n, dups int, args ...string) {
+	t.Helper()
 	out := filepath.Join(t.TempDir(), "peers.json")
 	db := strings.Replace(env("IDEM_PEERS_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/idem_peers?sslmode=disable"), "/idem_peers?", "/idem_peers_smoke?", 1)
 	var stdout bytes.Buffer
-	err := run([]string{"-messages", "2000", "-dups", "40", "-database", db, "-out", out}, &stdout)
+	args = append([]string{"-only", strings.Join(names, ","), "-messages", fmt.Sprint(n), "-dups", fmt.Sprint(dups), "-database", db, "-out", out}, args...)
+	err := run(args, &stdout)
 	t.Log(stdout.String())
 	if err != nil {
 		t.Fatal(err)
@@ -37,8 +56,8 @@ func TestSmoke(t *testing.T) {
 	seen := map[string]bool{}
 	for _, r := range rep.Results {
 		seen[r.Broker+"/"+r.Key] = true
-		if r.Messages != 2040 {
-			t.Errorf("%s/%s: %d deliveries, want 2040", r.Broker, r.Key, r.Messages)
+		if r.Messages != n+dups {
+			t.Errorf("%s/%s: %d deliveries, want %d", r.Broker, r.Key, r.Messages, n+dups)
 		}
 		switch {
 		case r.Guarded && !r.OK:
@@ -50,15 +69,15 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("%s/%s: rate %v, ratio %v", r.Broker, r.Key, r.Rate, r.Ratio)
 		}
 	}
-	for name, mk := range brokers {
-		for _, c := range mk().Consumers {
+	for _, name := range names {
+		for _, c := range brokers[name]().Consumers {
 			if !seen[name+"/"+c.Key] {
 				t.Errorf("%s/%s did not run", name, c.Key)
 			}
 		}
-	}
-	if !strings.Contains(stdout.String(), "| rabbitmq | idem batched (HandleBatch) |") {
-		t.Errorf("the table lacks idem's row:\n%s", stdout.String())
+		if row := "| " + name + " | idem batched (HandleBatch) |"; !strings.Contains(stdout.String(), row) {
+			t.Errorf("the table lacks %q:\n%s", row, stdout.String())
+		}
 	}
 }
 

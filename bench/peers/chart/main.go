@@ -109,6 +109,10 @@ func brokerName(b string) string {
 		return "RabbitMQ"
 	case "kafka":
 		return "Kafka"
+	case "nats":
+		return "NATS JetStream"
+	case "redis":
+		return "Redis Streams"
 	case "":
 		return "?"
 	}
@@ -153,6 +157,10 @@ func machineLine(rep *Report, gs []group) string {
 			v = m.RabbitMQ
 		case "kafka":
 			v = m.Kafka
+		case "nats":
+			v = m.NATS
+		case "redis":
+			v = m.Redis
 		}
 		if v == "" {
 			v = "version unknown"

@@ -24,6 +24,8 @@ type Machine struct {
 	Postgres string `json:"postgres"`
 	RabbitMQ string `json:"rabbitmq,omitempty"`
 	Kafka    string `json:"kafka"`
+	NATS     string `json:"nats,omitempty"`
+	Redis    string `json:"redis,omitempty"`
 }
 
 // Result is one consumer's run.
