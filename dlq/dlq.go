@@ -36,8 +36,8 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/idembroker"
+	"github.com/idemkit/idem/idemstore"
 )
 
 // Letter is one dead letter, as read from its dead-letter queue or topic.
