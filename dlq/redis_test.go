@@ -3,7 +3,9 @@ package dlq
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -169,5 +171,57 @@ func TestRedisListShowRedrivePurge(t *testing.T) {
 	}
 	if p, err := rdb.XPending(ctx, stream, "orders-ship").Result(); err != nil || p.Count != 0 {
 		t.Fatalf("pending after the redriven entries were applied: %+v %v", p, err)
+	}
+}
+
+// Two redrives of one dead-letter stream at once send each letter once:
+// the script copies a letter only while it is still in the stream.
+func TestRedisConcurrentRedrivesSendOnce(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rdb := redistest.Client(t)
+	p := redistest.Prefix(t, rdb)
+	stream, dlqStream := p+"orders", p+"orders.dlq"
+	if err := rdb.XGroupCreateMkStream(ctx, stream, "g", "$").Err(); err != nil {
+		t.Fatal(err)
+	}
+	const n = 200
+	for i := range n {
+		if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: dlqStream, Values: []any{
+			idemredis.DefaultIDField, "ord-" + strconv.Itoa(i), idembroker.HeaderReason, "boom",
+			idembroker.HeaderConsumer, "c", idembroker.HeaderOrigin, stream + "/" + strconv.FormatInt(time.Now().UnixMilli(), 10) + "-0",
+		}}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	results := make([]Result, 2)
+	errs := make([]error, 2)
+	for w := range 2 {
+		src, err := NewRedis(ctx, RedisConfig{Client: rdb, Stream: dlqStream})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[w], errs[w] = Redrive(ctx, src, nil, Selection{Apply: true})
+		}()
+	}
+	wg.Wait()
+	for w := range 2 {
+		if errs[w] != nil {
+			t.Fatalf("redrive %d: %v", w, errs[w])
+		}
+	}
+	if got := results[0].Done + results[1].Done; got != n {
+		t.Errorf("redrives report %d+%d letters done; want %d in all", results[0].Done, results[1].Done, n)
+	}
+	if l, _ := rdb.XLen(ctx, dlqStream).Result(); l != 0 {
+		t.Errorf("%d letters left", l)
+	}
+	if l, _ := rdb.XLen(ctx, stream).Result(); l != n {
+		t.Errorf("%s holds %d entries; want each of the %d letters once", stream, l, n)
 	}
 }
