@@ -3,8 +3,9 @@
 // redrive or purge a selection, and replay a message whose marker exists by
 // retiring the marker, on purpose and with an audit row, first.
 //
-// The sources are a RabbitMQ dead-letter queue ([RabbitMQ]) and a Kafka
-// dead-letter topic ([Kafka]), as idemrabbitmq and idemkafka fill them. The
+// The sources are a RabbitMQ dead-letter queue ([RabbitMQ]), a Kafka
+// dead-letter topic ([Kafka]) and a Redis dead-letter stream ([Redis]), as
+// idemrabbitmq, idemkafka and idemredis fill them. The
 // verdict of a redrive is the consumer's own decision: its processor
 // predicts what a delivery would do (idem.Processor.Predict), with the
 // settings and pruned-key summaries read again before a letter is shown

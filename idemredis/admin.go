@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -68,6 +69,42 @@ func (c *Consumer[TTx]) ensureDeadLetterStream(ctx context.Context) error {
 			ErrDeadLetterStream, dlq, c.cfg.Stream)}
 	}
 	return CreateStream(ctx, c.rdb, dlq)
+}
+
+// checkReplay refuses a stream that holds, or by its declared retention
+// (Config.MaxAge) will hold, entries older than the inbox window: group
+// reset with XGROUP SETID, or a group restored from a backup, delivers
+// them again, and a message older than the window may have lost its
+// marker. The age of the oldest entry is read from its ID's milliseconds
+// (an ID given by the producer is trusted as a time, as Redis does).
+// Nothing is checked when the processor has no horizon (Window <= 0) or
+// the caller accepts the replay.
+func (c *Consumer[TTx]) checkReplay(ctx context.Context) error {
+	window := c.proc.Window()
+	if window <= 0 || c.cfg.AcceptReplayPastWindow {
+		return nil
+	}
+	if c.cfg.MaxAge > window {
+		return &refusal{fmt.Errorf("%w: stream %s keeps entries for %v (Config.MaxAge), longer than the inbox window of %v: a replay (XGROUP SETID, a restored group) could deliver entries whose markers were pruned; trim to at most the window, lengthen the window, or set idemredis.Config.AcceptReplayPastWindow",
+			ErrConfig, c.cfg.Stream, c.cfg.MaxAge, window)}
+	}
+	first, err := c.rdb.XRangeN(ctx, c.cfg.Stream, "-", "+", 1).Result()
+	if err != nil {
+		return fmt.Errorf("reading the first entry of %s: %w", c.cfg.Stream, err)
+	}
+	var age time.Duration
+	if len(first) > 0 {
+		age = time.Since(entryTime(first[0].ID)).Round(time.Second)
+	}
+	if age <= window {
+		if c.cfg.MaxAge == 0 {
+			c.cfg.Logger.Warn("the stream declares no retention (idemredis.Config.MaxAge): once its entries are older than the inbox window, Run refuses to start",
+				"consumer", c.consumer, "stream", c.cfg.Stream, "window", window)
+		}
+		return nil
+	}
+	return &refusal{fmt.Errorf("%w: stream %s holds entries %v old (first entry %s), older than the inbox window of %v: a replay (XGROUP SETID, a restored group) could deliver entries whose markers were pruned; trim the stream (XTRIM %s MINID <ms>) and declare it in idemredis.Config.MaxAge, lengthen the window, or set idemredis.Config.AcceptReplayPastWindow",
+		ErrConfig, c.cfg.Stream, age, first[0].ID, window, c.cfg.Stream)}
 }
 
 // CreateStream creates stream empty when it does not exist (a dead-letter

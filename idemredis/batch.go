@@ -51,7 +51,7 @@ func (c *Consumer[TTx]) handle(ctx context.Context, entries []Entry) {
 		case s.halt:
 			return
 		case s.retry:
-			c.k.settled(c.cfg.Stream, s.d, s.res)
+			c.set.Settle(c.cfg.Stream, s.d, s.res, now())
 			runs++
 			if sleep(ctx, s.delay) != nil {
 				return
@@ -97,7 +97,7 @@ func (c *Consumer[TTx]) settle(ctx context.Context, batch []Entry, results []ide
 			} else {
 				c.stats.applied.Add(1)
 			}
-			c.k.settled(c.cfg.Stream, a.d, a.res)
+			c.set.Settle(c.cfg.Stream, a.d, a.res, now())
 		}
 		return true
 	}
@@ -115,12 +115,7 @@ func (c *Consumer[TTx]) settle(ctx context.Context, batch []Entry, results []ide
 			}
 			if written {
 				c.stats.deadLettered.Add(1)
-				if errors.Is(res.Err, ErrBadTime) {
-					// Refused before the processor saw it: reported once
-					// the dead letter is in its stream.
-					c.proc.Report(res)
-				}
-				c.k.settled(c.cfg.Stream, d, res)
+				c.set.Settle(c.cfg.Stream, d, res, now())
 			}
 		default: // Leave
 			if !flush() {
@@ -169,55 +164,45 @@ func (c *Consumer[TTx]) ack(ctx context.Context, ids []string) bool {
 	defer context.AfterFunc(ctx, func() { time.AfterFunc(c.cfg.AckTimeout, cancel) })()
 	for try := 1; ; try++ {
 		err := c.rdb.XAck(actx, c.cfg.Stream, c.cfg.Group, ids...).Err()
-		c.k.acked(c.cfg.Stream, ids, err)
+		c.acked(c.cfg.Stream, ids, err)
 		if err == nil {
 			c.stats.acks.Add(1)
 			return true
 		}
 		c.stats.ackErrors.Add(1)
-		c.k.health.Disconnect(fmt.Errorf("XACK of %d entries: %w", len(ids), err), now())
-		c.cfg.Logger.Warn("XACK failed; trying again (the entries stay pending meanwhile)", "consumer", c.k.consumer, "stream", c.cfg.Stream, "entries", len(ids), "error", err)
-		if sleep(actx, c.k.pause(try)) != nil {
-			c.cfg.Logger.Warn("XACK given up; the entries stay pending, to be taken over and found in the inbox", "consumer", c.k.consumer, "stream", c.cfg.Stream, "entries", len(ids))
+		c.health.Disconnect(fmt.Errorf("XACK of %d entries: %w", len(ids), err), now())
+		c.cfg.Logger.Warn("XACK failed; trying again (the entries stay pending meanwhile)", "consumer", c.consumer, "stream", c.cfg.Stream, "entries", len(ids), "error", err)
+		if sleep(actx, c.cfg.Backoff.Delay(try)) != nil {
+			c.cfg.Logger.Warn("XACK given up; the entries stay pending, to be taken over and found in the inbox", "consumer", c.consumer, "stream", c.cfg.Stream, "entries", len(ids))
 			return false
 		}
 	}
 }
 
 // process runs one batch through the processor, in order. runs is how
-// often the first entry ran before. An entry whose event-time field is bad
-// gets a DeadLettered result without touching the database; every other
-// entry, one without an ID included, goes to the processor.
+// often the first entry ran before. Every entry goes to the processor, one
+// without an ID or with a bad event time included: it decides.
 func (c *Consumer[TTx]) process(ctx context.Context, batch []Entry, runs int) []idem.Result {
-	results := make([]idem.Result, len(batch))
-	msgs := make([]idem.Message, 0, len(batch))
-	idx := make([]int, 0, len(batch))
+	msgs := make([]idem.Message, len(batch))
 	noIDs := make(map[int]error)
 	for i, e := range batch {
 		r := 0
 		if i == 0 {
 			r = runs
 		}
-		m, noID, err := c.cfg.message(e, r)
-		if err != nil {
-			results[i] = idem.Result{Outcome: idem.DeadLettered, MessageID: m.ID, Err: err}
-			continue
-		}
+		m, noID := c.cfg.message(e, r)
 		if noID != nil {
 			noIDs[i] = noID
 		}
-		msgs = append(msgs, m)
-		idx = append(idx, i)
+		msgs[i] = m
 	}
 	c.stats.delivered.Add(uint64(len(batch)))
-	if len(msgs) > 0 {
-		busy := c.k.health.Begin(now())
-		defer func() { c.k.health.End(busy, now()) }()
-		for j, r := range c.proc.ProcessBatchInOrder(ctx, msgs) {
-			if noID := noIDs[idx[j]]; noID != nil && r.Outcome == idem.DeadLettered && errors.Is(r.Err, idem.ErrNoMessageID) {
-				r.Err = noID
-			}
-			results[idx[j]] = r
+	busy := c.health.Begin(now())
+	defer func() { c.health.End(busy, now()) }()
+	results := c.proc.ProcessBatchInOrder(ctx, msgs)
+	for i, r := range results {
+		if noID := noIDs[i]; noID != nil && r.Outcome == idem.DeadLettered && errors.Is(r.Err, idem.ErrNoMessageID) {
+			results[i].Err = noID
 		}
 	}
 	return results
@@ -264,7 +249,7 @@ func (c *Consumer[TTx]) keep(ctx context.Context, entries []Entry) *keeper {
 				Stream: c.cfg.Stream, Group: c.cfg.Group, Consumer: c.cfg.Name, MinIdle: every, Messages: ids,
 			}).Err()
 			if err != nil && ctx.Err() == nil {
-				c.cfg.Logger.Debug("keeping entries from going idle failed", "consumer", c.k.consumer, "error", err)
+				c.cfg.Logger.Debug("keeping entries from going idle failed", "consumer", c.consumer, "error", err)
 			}
 		}
 	}()

@@ -14,19 +14,6 @@ import (
 	"github.com/idemkit/idem/internal/logfmt"
 )
 
-// Field names of an entry, when Config leaves them unset.
-const (
-	// DefaultIDField carries the producer-assigned message ID.
-	DefaultIDField = "idem-message-id"
-	// DefaultTimeField carries the producer's event time, RFC 3339 or
-	// Unix milliseconds.
-	DefaultTimeField = "x-event-time"
-	// DefaultBodyField carries the payload.
-	DefaultBodyField = "body"
-	// DefaultKeyField carries the routing key (idem.Message.Key).
-	DefaultKeyField = "key"
-)
-
 // ErrConfig is wrapped by every configuration error of [New].
 var ErrConfig = errors.New("invalid idemredis configuration")
 
@@ -77,6 +64,23 @@ type Config struct {
 	// CreateDeadLetterStream lets Run create a missing dead-letter stream.
 	CreateDeadLetterStream bool
 
+	// MaxAge is the stream's retention as its producers keep it: entries
+	// older than this are trimmed (XADD ... MINID ~ <now - MaxAge>, or
+	// XTRIM MINID on a schedule). Redis has no time retention of its own
+	// and a MAXLEN bound says nothing about age, so 0 means the stream
+	// keeps its entries forever. Run refuses to start when MaxAge, or the
+	// age of the stream's oldest entry, is longer than the inbox window
+	// (idem.Processor.Window): a replay (XGROUP SETID, a group restored
+	// from a backup) would then deliver entries whose markers may be
+	// pruned. See AcceptReplayPastWindow.
+	MaxAge time.Duration
+	// AcceptReplayPastWindow lets Run start in front of a stream that
+	// holds, or may hold, entries older than the inbox window: the
+	// operator takes it that the group is never moved back past the
+	// window (a message older than the window is then judged by the
+	// processor's horizon guard, not by its marker).
+	AcceptReplayPastWindow bool
+
 	// BatchSize bounds the entries read at once (XREADGROUP COUNT) and
 	// processed in one transaction. Defaults to 100.
 	BatchSize int
@@ -112,19 +116,15 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// FaultPoint names a place in the consumer where a test or a drill can
-// make it crash.
-type FaultPoint string
-
-// BeforeAck: the entries committed in the database and are not yet
-// acked. A crash here leaves them pending; whoever takes them over finds
-// their markers.
-const BeforeAck FaultPoint = "before_ack"
+// BeforeAck is the fault point where the entries committed in the
+// database and are not yet acked. A crash here leaves them pending;
+// whoever takes them over finds their markers.
+const BeforeAck idem.FaultPoint = "before_ack"
 
 // FaultFunc is called at every fault point with the entry IDs about to be
 // acked. A non-nil error crashes the consumer there: nothing more is sent
 // to Redis, and Run returns an error wrapping [ErrCrashed].
-type FaultFunc func(ctx context.Context, point FaultPoint, stream string, ids []string) error
+type FaultFunc func(ctx context.Context, point idem.FaultPoint, stream string, ids []string) error
 
 // ErrCrashed is wrapped by Run's error after a fault.
 var ErrCrashed = errors.New("idemredis consumer crashed")
@@ -172,6 +172,9 @@ func (c *Config) validate() error {
 	}
 	if c.DeadLetterStream == c.Stream {
 		errs = append(errs, fmt.Errorf("the dead-letter stream is the stream consumed (%s)", c.Stream))
+	}
+	if c.MaxAge < 0 {
+		errs = append(errs, fmt.Errorf("max age %v must not be negative", c.MaxAge))
 	}
 	if c.BatchSize < 1 {
 		errs = append(errs, fmt.Errorf("batch size %d must be positive", c.BatchSize))

@@ -104,7 +104,7 @@ func (h *conformanceHarness) Consumer(t testing.TB, stream string, proc *idem.Pr
 	}
 	if opts.CrashBeforeAck {
 		var once sync.Once
-		cfg.Faults = func(context.Context, idemredis.FaultPoint, string, []string) (err error) {
+		cfg.Faults = func(context.Context, idem.FaultPoint, string, []string) (err error) {
 			once.Do(func() { err = errors.New("process died between commit and XACK") })
 			return err
 		}

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/idemkit/idem/idembroker"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 )
 
 // Consumer reads a Redis stream as a member of a consumer group and
@@ -25,8 +26,14 @@ type Consumer[TTx any] struct {
 	rdb   redis.UniversalClient
 	proc  *idem.Processor[TTx]
 	cfg   Config
-	k     kit
 	stats counters
+
+	// consumer is the processor's name. set keeps the health and calls
+	// the hooks: the processor's, then the consumer's own; health is its
+	// state.
+	consumer string
+	set      *idembroker.Settler
+	health   *idembroker.HealthState
 
 	running  atomic.Bool
 	inFlight atomic.Int64
@@ -61,9 +68,11 @@ func New[TTx any](rdb redis.UniversalClient, proc *idem.Processor[TTx], cfg *Con
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
+	// The settler logs the end of an outage's hold.
+	set := idembroker.NewSettler(proc.Consumer(), c.Stream, append(slices.Clip(proc.Hooks()), c.Hooks...), c.Logger)
 	return &Consumer[TTx]{
 		rdb: rdb, proc: proc, cfg: c,
-		k:       newKit(proc, c.Stream, &c),
+		consumer: proc.Consumer(), set: set, health: set.Health(),
 		backlog: "0", claimFrom: "0-0",
 		crashed: make(chan struct{}),
 	}, nil
@@ -81,7 +90,7 @@ func (c *Consumer[TTx]) Name() string { return c.cfg.Name }
 // stream and not yet read by the group). It asks neither Redis nor the
 // database.
 func (c *Consumer[TTx]) Health() idembroker.Health {
-	h := c.k.health.Health()
+	h := c.health.Health()
 	h.InFlight = int(c.inFlight.Load())
 	if lag := c.lag.Load(); lag >= 0 {
 		h.TotalLag = lag
@@ -113,7 +122,10 @@ func (c *Consumer[TTx]) crashing() bool {
 // Before it reads an entry, Run checks that the inbox can be used
 // (idem.Processor.Check: an error wraps idem.ErrInboxNotReady), that the
 // group exists ([ErrNoGroup]) and that the dead-letter stream exists and
-// is a stream ([ErrDeadLetterStream]); it refuses to start otherwise. An
+// is a stream ([ErrDeadLetterStream]), and that the stream holds no entry
+// older than the inbox window, nor keeps any that long by Config.MaxAge
+// ([ErrConfig], naming both; see Config.AcceptReplayPastWindow); it
+// refuses to start otherwise. An
 // inbox database or a Redis that does not answer is an outage, not a
 // refusal: Run waits for it. It logs the risks [Consumer.Durability]
 // finds. Then it reads its own pending entries (a restart under the same
@@ -124,12 +136,12 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("idemredis: Run called twice")
 	}
-	c.k.health.Start(now())
-	defer func() { c.k.health.Stop(now()) }()
+	c.health.Start(now())
+	defer func() { c.health.Stop(now()) }()
 	if err := c.start(ctx); err != nil {
 		return err
 	}
-	if c.k.health.Health().Holding {
+	if c.health.Health().Holding {
 		defer c.recheck(ctx)()
 	}
 	ctx, cancel := context.WithCancel(ctx)
@@ -154,14 +166,14 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 			if ctx.Err() != nil {
 				continue
 			}
-			c.k.health.Disconnect(err, now())
-			c.cfg.Logger.Warn("reading the stream failed; trying again", "consumer", c.k.consumer, "stream", c.cfg.Stream, "error", err)
-			_ = sleep(ctx, c.k.pause(try))
+			c.health.Disconnect(err, now())
+			c.cfg.Logger.Warn("reading the stream failed; trying again", "consumer", c.consumer, "stream", c.cfg.Stream, "error", err)
+			_ = sleep(ctx, c.cfg.Backoff.Delay(try))
 			try++
 			continue
 		}
 		try = 1
-		c.k.health.Connect(now())
+		c.health.Connect(now())
 		if len(entries) > 0 {
 			c.handle(ctx, entries)
 		}
@@ -176,7 +188,7 @@ func (c *Consumer[TTx]) leave(ctx context.Context) {
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.AckTimeout)
 	defer cancel()
 	if err := DeleteConsumer(dctx, c.rdb, c.cfg.Stream, c.cfg.Group, c.cfg.Name); err != nil {
-		c.cfg.Logger.Debug("consumer left in its group", "consumer", c.k.consumer, "name", c.cfg.Name, "error", err)
+		c.cfg.Logger.Debug("consumer left in its group", "consumer", c.consumer, "name", c.cfg.Name, "error", err)
 	}
 }
 
@@ -188,16 +200,16 @@ func (c *Consumer[TTx]) start(ctx context.Context) error {
 	cancel()
 	switch {
 	case err == nil:
-		c.k.health.Reachable(now())
+		c.health.Reachable(now())
 	case ctx.Err() != nil:
 		return fmt.Errorf("idemredis: not starting: %w", ctx.Err())
 	case errors.Is(err, idem.ErrUnavailable), timedOut:
 		if !errors.Is(err, idem.ErrUnavailable) {
 			err = fmt.Errorf("%w: %w", idem.ErrUnavailable, err)
 		}
-		c.k.health.Unreachable(err, now())
+		c.health.Unreachable(err, now())
 		c.cfg.Logger.Warn("inbox database unreachable at start; consuming, entries are held until it answers",
-			"consumer", c.k.consumer, "error", err)
+			"consumer", c.consumer, "error", err)
 	default:
 		return fmt.Errorf("idemredis: not starting: %w", err)
 	}
@@ -205,6 +217,9 @@ func (c *Consumer[TTx]) start(ctx context.Context) error {
 		err := c.ensureGroup(ctx)
 		if err == nil {
 			err = c.ensureDeadLetterStream(ctx)
+		}
+		if err == nil {
+			err = c.checkReplay(ctx)
 		}
 		if err == nil {
 			break
@@ -215,18 +230,18 @@ func (c *Consumer[TTx]) start(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return fmt.Errorf("idemredis: not starting: %w", ctx.Err())
 		}
-		c.k.health.Disconnect(err, now())
-		c.cfg.Logger.Warn("redis unreachable at start; trying again", "consumer", c.k.consumer, "error", err)
-		if sleep(ctx, c.k.pause(try)) != nil {
+		c.health.Disconnect(err, now())
+		c.cfg.Logger.Warn("redis unreachable at start; trying again", "consumer", c.consumer, "error", err)
+		if sleep(ctx, c.cfg.Backoff.Delay(try)) != nil {
 			return fmt.Errorf("idemredis: not starting: %w", ctx.Err())
 		}
 	}
-	c.k.health.Connect(now())
+	c.health.Connect(now())
 	if d, err := c.Durability(ctx); err != nil {
-		c.cfg.Logger.Warn("reading redis durability settings failed", "consumer", c.k.consumer, "error", err)
+		c.cfg.Logger.Warn("reading redis durability settings failed", "consumer", c.consumer, "error", err)
 	} else {
 		for _, r := range d.Risks {
-			c.cfg.Logger.Warn("redis durability risk", "consumer", c.k.consumer, "stream", c.cfg.Stream, "risk", r.What, "fix", r.Fix)
+			c.cfg.Logger.Warn("redis durability risk", "consumer", c.consumer, "stream", c.cfg.Stream, "risk", r.What, "fix", r.Fix)
 		}
 	}
 	return nil
@@ -270,17 +285,17 @@ func (c *Consumer[TTx]) read(ctx context.Context) ([]Entry, error) {
 			c.observeLag(ctx)
 		}
 		if len(msgs) > 0 || len(deleted) > 0 {
-			c.k.claimed(c.cfg.Stream, idsOf(msgs), deleted)
+			c.claimed(c.cfg.Stream, idsOf(msgs), deleted)
 		}
 		if len(deleted) > 0 {
 			c.stats.trimmed.Add(uint64(len(deleted)))
 			err := fmt.Errorf("%d pending entries of %s were deleted or trimmed from the stream before they were acked (%v): they are lost", len(deleted), c.cfg.Stream, deleted)
-			c.k.health.Fail(err, now())
-			c.cfg.Logger.Error("pending entries deleted from the stream before they were processed", "consumer", c.k.consumer, "stream", c.cfg.Stream, "ids", deleted)
+			c.health.Fail(err, now())
+			c.cfg.Logger.Error("pending entries deleted from the stream before they were processed", "consumer", c.consumer, "stream", c.cfg.Stream, "ids", deleted)
 		}
 		if len(msgs) > 0 {
 			c.stats.claimed.Add(uint64(len(msgs)))
-			c.cfg.Logger.Info("took over idle entries", "consumer", c.k.consumer, "stream", c.cfg.Stream, "entries", len(msgs), "first", msgs[0].ID)
+			c.cfg.Logger.Info("took over idle entries", "consumer", c.consumer, "stream", c.cfg.Stream, "entries", len(msgs), "first", msgs[0].ID)
 			return c.withCounts(ctx, msgs)
 		}
 		if c.claimFrom != "0-0" {
@@ -334,8 +349,8 @@ func (c *Consumer[TTx]) withCounts(ctx context.Context, msgs []redis.XMessage) (
 	}
 	if len(gone) > 0 {
 		c.stats.trimmed.Add(uint64(len(gone)))
-		c.k.health.Fail(fmt.Errorf("%d pending entries of %s were deleted or trimmed before they were acked: they are lost", len(gone), c.cfg.Stream), now())
-		c.cfg.Logger.Error("pending entries deleted from the stream before they were processed; acking them", "consumer", c.k.consumer, "stream", c.cfg.Stream, "ids", gone)
+		c.health.Fail(fmt.Errorf("%d pending entries of %s were deleted or trimmed before they were acked: they are lost", len(gone), c.cfg.Stream), now())
+		c.cfg.Logger.Error("pending entries deleted from the stream before they were processed; acking them", "consumer", c.consumer, "stream", c.cfg.Stream, "ids", gone)
 		c.ack(ctx, gone)
 	}
 	return out, nil
@@ -386,15 +401,15 @@ func (c *Consumer[TTx]) recheck(ctx context.Context) (stop func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for try := 1; c.k.health.Health().Holding; try++ {
-			if sleep(ctx, c.k.pause(try)) != nil {
+		for try := 1; c.health.Health().Holding; try++ {
+			if sleep(ctx, c.cfg.Backoff.Delay(try)) != nil {
 				return
 			}
 			cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
 			err := c.proc.Check(cctx)
 			ccancel()
 			if err == nil {
-				c.k.health.Reachable(now())
+				c.health.Reachable(now())
 				return
 			}
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 )
 
 // ErrDeadLetterStream is wrapped by Run's error when the dead-letter
@@ -40,28 +41,22 @@ return 1
 `)
 
 // deadLetterFields are the fields of e's dead letter: its own (the ID,
-// body and trace context with them; x-idem-* fields of an earlier dead
-// letter dropped), then why, who, how often and where from.
+// body and trace context with them; the envelope of an earlier dead letter
+// dropped, its redrive count kept), then its idembroker.Envelope (why,
+// who, how often, where from) and the delivery counter.
 func (c *Consumer[TTx]) deadLetterFields(e Entry, res idem.Result) []any {
-	reason := "unknown"
-	if res.Err != nil {
-		reason = res.Err.Error()
-	}
-	args := make([]any, 0, 2*len(e.Fields)+12)
+	args := make([]any, 0, 2*len(e.Fields)+2*len(idembroker.EnvelopeHeaders)+2)
 	for k, v := range e.Fields {
-		if strings.HasPrefix(k, "x-idem-") {
+		if strings.HasPrefix(k, "x-idem-") && k != FieldRedriven {
 			continue
 		}
 		args = append(args, k, v)
 	}
-	return append(args,
-		FieldReason, reason,
-		FieldOutcome, res.Outcome.String(),
-		FieldConsumer, c.k.consumer,
-		FieldAttempts, strconv.Itoa(res.Attempts),
-		FieldOrigin, e.origin(),
-		FieldDeliveries, strconv.FormatInt(e.Deliveries, 10),
-	)
+	env := idembroker.NewEnvelope(c.consumer, e.origin(), res, c.proc.Dispose(res))
+	env.Write(
+		func(k, v string) { args = append(args, k, v) },
+		func(k string, n int64) { args = append(args, k, strconv.FormatInt(n, 10)) })
+	return append(args, FieldDeliveries, strconv.FormatInt(e.Deliveries, 10))
 }
 
 // deadLetter runs the dead-letter script for e until it is applied or ctx
@@ -78,19 +73,19 @@ func (c *Consumer[TTx]) deadLetter(ctx context.Context, e Entry, res idem.Result
 		}
 		if err == nil && n == 0 {
 			c.cfg.Logger.Info("entry no longer pending when dead-lettered: another consumer settled it",
-				"consumer", c.k.consumer, "origin", e.origin(), "message_id", res.MessageID)
+				"consumer", c.consumer, "origin", e.origin(), "message_id", res.MessageID)
 			return false, nil
 		}
-		c.k.deadLettered(e, c.cfg.DeadLetterStream, res, err)
+		c.deadLettered(e, c.cfg.DeadLetterStream, res, err)
 		if err == nil {
-			c.cfg.Logger.Debug("dead letter written", "consumer", c.k.consumer, "origin", e.origin(),
+			c.cfg.Logger.Debug("dead letter written", "consumer", c.consumer, "origin", e.origin(),
 				"message_id", res.MessageID, "dead_letter_stream", c.cfg.DeadLetterStream)
 			return true, nil
 		}
-		c.k.health.Fail(fmt.Errorf("dead letter of %s: %w", e.origin(), err), now())
+		c.health.Fail(fmt.Errorf("dead letter of %s: %w", e.origin(), err), now())
 		c.cfg.Logger.Error("writing dead letter failed; the entry stays pending and the stream waits",
-			"consumer", c.k.consumer, "origin", e.origin(), "dead_letter_stream", c.cfg.DeadLetterStream, "error", err)
-		if err := sleep(ctx, c.k.pause(try)); err != nil {
+			"consumer", c.consumer, "origin", e.origin(), "dead_letter_stream", c.cfg.DeadLetterStream, "error", err)
+		if err := sleep(ctx, c.cfg.Backoff.Delay(try)); err != nil {
 			return false, err
 		}
 	}

@@ -10,8 +10,8 @@
 //	ack          → XACK, after the COMMIT; one XACK per batch
 //	redeliver    → leave it pending, run it again after the delay
 //	hold         → leave it pending (the database is away: nothing spent)
-//	dead_letter  → one Lua script: XADD to the dead-letter stream with the
-//	               x-idem-* fields, then XACK; atomic on the server
+//	dead_letter  → one Lua script: XADD to the dead-letter stream with its
+//	               idembroker.Envelope, then XACK; atomic on the server
 //
 // Redis's own facts, and what the consumer does about them:
 //
@@ -33,6 +33,12 @@
 //     read, and pending entries with them. [Consumer.Durability] reports
 //     entries deleted past the group's position; pending entries found
 //     deleted are counted (Stats.Trimmed), logged as lost and acked.
+//   - Redis has no time retention: a stream keeps its entries until they
+//     are trimmed, and a group moved back (XGROUP SETID) or restored
+//     delivers them again. Run refuses a stream whose first entry, or
+//     whose declared retention (Config.MaxAge), is older than the inbox
+//     window (idem.Processor.Window), naming both ([ErrConfig]), unless
+//     Config.AcceptReplayPastWindow accepts it.
 //   - Deleting a consumer drops its pending entries: [DeleteConsumer]
 //     refuses while it has any.
 //   - Replication is asynchronous and appendfsync may be lazy:
@@ -40,13 +46,15 @@
 //     failover can lose. An ack undone is harmless (the entry comes back
 //     and meets its marker); an entry or a dead letter lost is not.
 //
-// An entry's fields: the message ID (Config.IDField, "idem-message-id"),
-// the body ("body"), the event time ("x-event-time"), the key ("key"); every
+// An entry's fields, named as package idembroker names headers: the message
+// ID (Config.IDField, "idem-message-id"), the body ("body"), the event time
+// ("x-event-time"), the key ("key"); every
 // other field, the W3C trace context (traceparent, tracestate) among them,
 // is in idem.Message.Headers. The entry ID is a delivery's address, never
 // the message's identity: a republish gets another. An entry without an ID,
-// or with an event time that does not parse, is dead-lettered with the
-// reason.
+// or with an event time that does not parse (idem.Message.TimeErr), is
+// dead-lettered by the processor with the reason. Health and the broker
+// hooks go through one idembroker.Settler, as on every broker.
 //
 // One consumer of a stream applies its entries in stream order: a batch
 // stops at an entry to run again, which then runs alone. Several consumers

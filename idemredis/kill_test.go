@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemredis"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/redistest"
@@ -95,7 +96,7 @@ func killedChild(t *testing.T) {
 	_, store := inbox(t, os.Getenv(childDB))
 	c, err := idemredis.New(rdb, processor(t, store), &idemredis.Config{
 		Stream: os.Getenv(childStream), Group: "g", BatchSize: 5, Logger: quiet(t),
-		Faults: func(context.Context, idemredis.FaultPoint, string, []string) error {
+		Faults: func(context.Context, idem.FaultPoint, string, []string) error {
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			select {} // the signal is on its way
 		},

@@ -1,7 +1,6 @@
 package idemredis
 
 import (
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -10,11 +9,15 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 )
 
 // ErrBadTime is wrapped by the dead-letter reason of an entry whose
-// event-time field does not parse.
-var ErrBadTime = errors.New("invalid event time field")
+// event-time field does not parse (and whose ID carries no time).
+//
+// Deprecated: it is idem.ErrBadTime, which the processor decides the same
+// on every broker.
+var ErrBadTime = idem.ErrBadTime
 
 // Entry is one stream entry as the consumer holds it.
 type Entry struct {
@@ -59,12 +62,12 @@ func entryTime(id string) time.Time {
 }
 
 // message turns an entry into the processor's message; runs counts the
-// earlier runs of the entry by this consumer. A non-nil err means the
-// event-time field does not parse: the entry is dead-lettered without
-// touching the database. An entry without an ID is handed over with an
-// empty ID, so that the processor dead-letters it; noID is then the reason
-// its dead letter gives.
-func (c *Config) message(e Entry, runs int) (m idem.Message, noID, err error) {
+// earlier runs of the entry by this consumer. An entry whose event-time
+// field does not parse (and whose ID carries no time) is handed over with
+// Message.TimeErr set, and one without an ID with an empty ID: the
+// processor dead-letters both as bad input (idem.ErrBadTime,
+// idem.ErrNoMessageID); noID is then the reason its dead letter gives.
+func (c *Config) message(e Entry, runs int) (m idem.Message, noID error) {
 	attempt := int(max(e.Deliveries, 1)) + runs
 	m = idem.Message{
 		Source:      e.Stream,
@@ -84,27 +87,18 @@ func (c *Config) message(e Entry, runs int) (m idem.Message, noID, err error) {
 		m.Headers[k] = v
 	}
 	if m.ID == "" {
-		return m, fmt.Errorf("%w: entry %s has no %s field", idem.ErrNoMessageID, e.origin(), c.IDField), nil
+		noID = fmt.Errorf("%w: entry %s has no %s field", idem.ErrNoMessageID, e.origin(), c.IDField)
 	}
 	var field time.Time
 	if v, ok := e.Fields[c.TimeField]; ok {
-		if _, fromID := idem.TimeFromUUIDv7(m.ID); !fromID {
-			if field, err = parseTime(v); err != nil {
-				return m, nil, fmt.Errorf("%w %s: %w", ErrBadTime, c.TimeField, err)
-			}
+		t, err := idembroker.ParseEventTime(v)
+		if _, fromID := idem.TimeFromUUIDv7(m.ID); err != nil && !fromID {
+			// The time inside a UUIDv7 ID wins; a bad field matters only
+			// when the ID carries none.
+			m.TimeErr = fmt.Errorf("field %s: %w", c.TimeField, err)
 		}
+		field = t
 	}
 	m.Time, m.TimeSource = idem.EventTime(m.ID, field, entryTime(e.ID))
-	return m, nil, nil
-}
-
-func parseTime(v string) (time.Time, error) {
-	if ms, err := strconv.ParseInt(v, 10, 64); err == nil {
-		return time.UnixMilli(ms), nil
-	}
-	t, err := time.Parse(time.RFC3339Nano, v)
-	if err != nil {
-		return time.Time{}, fmt.Errorf("parsing %q as RFC 3339 or Unix milliseconds: %w", v, err)
-	}
-	return t, nil
+	return m, noID
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -53,6 +54,11 @@ to the queue (publisher confirm) before it acknowledges it, so no list,
 show or dry run counts against a quorum queue's delivery limit, whatever
 it is, and the letters keep their order; a Kafka read commits no offset.
 
+A Redis dead-letter stream, as idemredis fills it, is named with --stream S
+(and --redis URL): a read is XRANGE, which moves no group and counts no
+delivery; a redrive copies the letter to its origin stream and deletes it
+in one atomic script.
+
 Exit 1 when letters were refused or stayed in the DLQ; with --json, a run
 that fails part-way prints one error object that says what it did.
 
@@ -93,6 +99,8 @@ type dlqFlags struct {
 	queue    string
 	brokers  string
 	topic    string
+	redisURL string
+	stream   string
 	group    string
 	idHeader string
 	table    string
@@ -129,6 +137,7 @@ func newDLQFlags(name, synopsis, doc string, stdout io.Writer, inbox bool) *dlqF
 	f := &dlqFlags{fs: newCmdFlags("dlq "+name, synopsis, doc, stdout), inbox: inbox}
 	f.fs.StringVar(&f.queue, "queue", "", "RabbitMQ dead-letter queue (\"billing.dlq\")")
 	f.fs.StringVar(&f.topic, "topic", "", "Kafka dead-letter topic (\"billing.dlq\"), instead of --queue")
+	f.fs.StringVar(&f.stream, "stream", "", "Redis dead-letter stream (\"billing.dlq\"), instead of --queue")
 	f.addSource()
 	if inbox {
 		f.addInbox("inbox table, optionally schema-qualified, that judges the redrive")
@@ -142,6 +151,7 @@ func newDLQFlags(name, synopsis, doc string, stdout io.Writer, inbox bool) *dlqF
 func (f *dlqFlags) addSource() {
 	f.fs.StringVar(&f.amqpURL, "amqp", "", "RabbitMQ URL (default $IDEM_AMQP_URL, else "+defaultAMQPURL+")")
 	f.fs.StringVar(&f.brokers, "brokers", "", "Kafka seed brokers, comma-separated (default $IDEM_KAFKA_BROKERS)")
+	f.fs.StringVar(&f.redisURL, "redis", "", "Redis URL (default $IDEM_REDIS_URL, else "+dlq.DefaultRedisURL+")")
 	f.fs.StringVar(&f.group, "group", dlq.DefaultGroup, "Kafka consumer group whose committed offsets mark the letters settled")
 	f.fs.StringVar(&f.idHeader, "id-header", "", "header carrying the message ID (RabbitMQ default: the message_id property; Kafka: idem-message-id)")
 	f.fs.StringVar(&f.timeHdr, "time-header", "", "Kafka: the producers' event-time header (default x-event-time)")
@@ -178,10 +188,10 @@ func (f *dlqFlags) parse(args []string) error {
 		return err
 	}
 	switch {
-	case f.queue == "" && f.topic == "":
-		return f.fs.usagef("name the dead letters: --queue (RabbitMQ) or --topic (Kafka)")
-	case f.queue != "" && f.topic != "":
-		return f.fs.usagef("--queue and --topic name two DLQs: give one")
+	case f.queue == "" && f.topic == "" && f.stream == "":
+		return f.fs.usagef("name the dead letters: --queue (RabbitMQ), --topic (Kafka) or --stream (Redis)")
+	case f.queue != "" && f.topic != "" || (f.queue != "" || f.topic != "") && f.stream != "":
+		return f.fs.usagef("--queue, --topic and --stream name different DLQs: give one")
 	case f.topic != "" && f.brokerList() == nil:
 		return f.fs.usagef("--topic needs --brokers (or IDEM_KAFKA_BROKERS)")
 	}
@@ -214,6 +224,10 @@ func (f *dlqFlags) brokerList() []string {
 
 // source opens the DLQ the flags name.
 func (f *dlqFlags) source(ctx context.Context) (dlq.Source, error) {
+	if f.stream != "" {
+		u := cmp.Or(f.redisURL, os.Getenv("IDEM_REDIS_URL"))
+		return dlq.NewRedis(ctx, dlq.RedisConfig{URL: u, Stream: f.stream, IDField: f.idHeader, TimeField: f.timeHdr})
+	}
 	if f.topic != "" {
 		return dlq.NewKafka(ctx, dlq.KafkaConfig{Brokers: f.brokerList(), Topic: f.topic, Group: f.group, IDHeader: f.idHeader, TimeHeader: f.timeHdr})
 	}
