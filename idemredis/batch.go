@@ -102,7 +102,7 @@ func (c *Consumer[TTx]) settle(ctx context.Context, batch []Entry, results []ide
 		return true
 	}
 	for i, res := range results {
-		d := c.proc.Dispose(res)
+		d := res.Disposition
 		switch VerbFor(d.Action) {
 		case Ack:
 			acks = append(acks, batch[i].ID)
@@ -203,6 +203,7 @@ func (c *Consumer[TTx]) process(ctx context.Context, batch []Entry, runs int) []
 	for i, r := range results {
 		if noID := noIDs[i]; noID != nil && r.Outcome == idem.DeadLettered && errors.Is(r.Err, idem.ErrNoMessageID) {
 			results[i].Err = noID
+			results[i].Disposition = c.proc.Dispose(results[i])
 		}
 	}
 	return results

@@ -52,7 +52,7 @@ func (c *Consumer[TTx]) deadLetterFields(e Entry, res idem.Result) []any {
 		}
 		args = append(args, k, v)
 	}
-	env := idembroker.NewEnvelope(c.consumer, e.origin(), res, c.proc.Dispose(res))
+	env := idembroker.NewEnvelope(c.consumer, e.origin(), res, res.Disposition)
 	env.Write(
 		func(k, v string) { args = append(args, k, v) },
 		func(k string, n int64) { args = append(args, k, strconv.FormatInt(n, 10)) })

@@ -5,7 +5,7 @@
 // after its effect committed in the database (docs/design.md 4).
 //
 // What the consumer does with an entry is the processor's decision
-// (idem.Processor.Dispose), mapped to Redis verbs in one table, [VerbFor]:
+// (idem.Result.Disposition), mapped to Redis verbs in one table, [VerbFor]:
 //
 //	ack          → XACK, after the COMMIT; one XACK per batch
 //	redeliver    → leave it pending, run it again after the delay
