@@ -99,7 +99,7 @@ type Config struct {
 	// age limit when the processor has no horizon guard). Defaults to
 	// false: a dead-letter stream's retention is the operator's choice.
 	CreateDeadLetterStream bool
-	// AcceptRetentionBeyondWindow lets Run start on a stream, or a
+	// AcceptReplayPastWindow lets Run start on a stream, or a
 	// dead-letter stream, that keeps messages longer than the inbox
 	// window (idem.Processor.Window), or for ever (MaxAge 0). Defaults to
 	// false: Run refuses such a stream, with an error wrapping [ErrConfig]
@@ -111,7 +111,7 @@ type Config struct {
 	// stream's retention is deliberate and its messages carry their
 	// event time (a UUIDv7 ID or the time header), which the horizon
 	// guard reads.
-	AcceptRetentionBeyondWindow bool
+	AcceptReplayPastWindow bool
 	// ConfirmAcks sends every ack as a DoubleAck: the server confirms it
 	// before the message counts as settled. Defaults to false: an ack is
 	// sent once the transaction committed and not waited for; one lost
@@ -153,7 +153,7 @@ const BeforeSettle idem.FaultPoint = "before_settle"
 // delivering in no dead-letter queue; an AckWait shorter than the
 // processing budget; acks not explicit) and for a stream that keeps
 // messages longer than the inbox window (see
-// [Config.AcceptRetentionBeyondWindow]).
+// [Config.AcceptReplayPastWindow]).
 var ErrConfig = errors.New("invalid idemnats configuration")
 
 // ErrNoDeadLetterDestination is wrapped by Run's error when the

@@ -131,7 +131,7 @@ func TestRunCreatesDurableAndDeadLetterStream(t *testing.T) {
 
 // A 1-hour inbox in front of a stream that keeps messages 7 days is
 // refused at start, naming both numbers, as is one in front of a
-// dead-letter stream that keeps them for ever; AcceptRetentionBeyondWindow
+// dead-letter stream that keeps them for ever; AcceptReplayPastWindow
 // lets it run.
 func TestRunRefusesRetentionBeyondWindow(t *testing.T) {
 	t.Parallel()
@@ -189,7 +189,7 @@ func TestRunRefusesRetentionBeyondWindow(t *testing.T) {
 	}
 
 	publish(t, js, week, "m", 3)
-	c, err := idemnats.NewConsumer(proc, &idemnats.Config{URL: srv.URL(), Stream: week, Logger: quiet, FetchWait: time.Second, AcceptRetentionBeyondWindow: true})
+	c, err := idemnats.NewConsumer(proc, &idemnats.Config{URL: srv.URL(), Stream: week, Logger: quiet, FetchWait: time.Second, AcceptReplayPastWindow: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -334,7 +334,7 @@ func (c *Consumer[TTx]) prepare(ctx context.Context, js jetstream.JetStream) (je
 // inbox window (idem.Processor.Window, read by the inbox check), or for ever
 // (MaxAge 0), naming both numbers: a replay from it could reach past the
 // horizon, where markers are pruned. what says which stream it is ("" for
-// the consumed one). Config.AcceptRetentionBeyondWindow accepts it with a
+// the consumed one). Config.AcceptReplayPastWindow accepts it with a
 // warning; a processor without a horizon guard (a window of 0 or less)
 // has nothing to compare.
 func (c *Consumer[TTx]) checkRetention(sc *jetstream.StreamConfig, what string) error {
@@ -346,10 +346,10 @@ func (c *Consumer[TTx]) checkRetention(sc *jetstream.StreamConfig, what string) 
 	if sc.MaxAge <= 0 {
 		keeps = "for ever (MaxAge 0)"
 	}
-	err := fmt.Errorf("%sstream %s keeps messages %s; the inbox window is %v: a replay from it (a durable reset, a redrive, a redelivery after a restore) could bring back a message whose marker is pruned, and apply it again; set the stream's MaxAge to at most %v, lengthen the inbox window, or set idemnats.Config.AcceptRetentionBeyondWindow",
+	err := fmt.Errorf("%sstream %s keeps messages %s; the inbox window is %v: a replay from it (a durable reset, a redrive, a redelivery after a restore) could bring back a message whose marker is pruned, and apply it again; set the stream's MaxAge to at most %v, lengthen the inbox window, or set idemnats.Config.AcceptReplayPastWindow",
 		what, sc.Name, keeps, w, w)
-	if c.cfg.AcceptRetentionBeyondWindow {
-		c.cfg.Logger.Warn("accepted by AcceptRetentionBeyondWindow: "+err.Error(), slog.String("consumer", c.proc.Consumer()))
+	if c.cfg.AcceptReplayPastWindow {
+		c.cfg.Logger.Warn("accepted by AcceptReplayPastWindow: "+err.Error(), slog.String("consumer", c.proc.Consumer()))
 		return nil
 	}
 	return fmt.Errorf("%w: %w", ErrConfig, err)

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idembroker"
 )
 
@@ -83,21 +84,37 @@ func origin(stream string, m jetstream.Msg) string {
 	return stream + "/?"
 }
 
+// expectedPrefix begins the headers of JetStream's publish expectations
+// (Nats-Expected-Stream, Nats-Expected-Last-Subject-Sequence), which a
+// stream stores with the message: they were meant for the original
+// publish, and would make the dead letter's publish, or a redrive, fail.
+const expectedPrefix = "Nats-Expected-"
+
 // deadLetterMsg copies m for the dead-letter subject: its data and
 // headers (the ID, the event time and the trace context survive for a
 // replay), its envelope ([idembroker.Envelope]: why, who, how often, from
 // where) and the subject it was published to ([HeaderSubject]), where a
-// redrive sends it back.
+// redrive sends it back. A message whose event time was the time the
+// stream stored it gets that time in the time header, so that a redrive
+// keeps it.
 func (c *Consumer[TTx]) deadLetterMsg(m jetstream.Msg, d decision) *nats.Msg {
 	h := nats.Header{}
 	for k, v := range m.Headers() {
-		h[k] = append([]string(nil), v...)
+		if !strings.HasPrefix(k, expectedPrefix) {
+			h[k] = append([]string(nil), v...)
+		}
 	}
 	from := origin(c.cfg.Stream, m)
 	idembroker.NewEnvelope(c.proc.Consumer(), from, d.res, d.disp).Write(
 		func(k, v string) { h.Set(k, v) },
 		func(k string, n int64) { h.Set(k, strconv.FormatInt(n, 10)) })
 	h.Set(HeaderSubject, m.Subject())
+	if im := Message(m, c.cfg.Stream, c.cfg.IDHeader, c.cfg.TimeHeader); im.TimeSource == idem.TimeFromBroker {
+		// The time the stream stored the original, which a redrive's
+		// republish would replace: the horizon guard reads it from the
+		// header when the letter comes back.
+		h.Set(c.cfg.TimeHeader, im.Time.UTC().Format(time.RFC3339Nano))
+	}
 	if h.Get(jetstream.MsgIDHeader) == "" {
 		// The stream's dedupe key: a message whose Term was lost comes
 		// back and is dead-lettered again, into the same copy.

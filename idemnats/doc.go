@@ -32,7 +32,7 @@
 //     and names the numbers. It refuses, too, a stream or dead-letter
 //     stream that keeps messages longer than the inbox window
 //     (idem.Processor.Window), unless
-//     [Config.AcceptRetentionBeyondWindow]: a replay from it could reach
+//     [Config.AcceptReplayPastWindow]: a replay from it could reach
 //     past the horizon, where markers are pruned.
 //   - Identity comes from the producer: the Nats-Msg-Id header by default
 //     (Config.IDHeader), never the stream sequence. Event time from a

@@ -24,7 +24,7 @@ func init() {
 
 const consoleDoc = `Serves a small web console on --listen (127.0.0.1 by default): per consumer of the
 inbox, the markers, the oldest marker against the window, markers per hour and day and
-the untimed ones; the dead letters of each --queue and --topic grouped by reason, with
+the untimed ones; the dead letters of each --queue, --topic and --stream grouped by reason, with
 each letter's verdict (apply, duplicate, expire) and a redrive previewed as a dry run and
 confirmed by a form; the audit check of each --guard table; and the actions taken.
 
@@ -113,6 +113,7 @@ func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) er
 type consoleOpts struct {
 	f                     *dlqFlags
 	queues, topics, hosts listFlag
+	streams               listFlag // JetStream dead-letter streams
 	guards                guardFlag
 	listen, host, token   string
 	readOnly              bool
@@ -129,6 +130,7 @@ func parseConsole(args []string, stdout io.Writer) (*consoleOpts, error) {
 	fs := f.fs
 	fs.Var(&o.queues, "queue", "RabbitMQ dead-letter queue to show, comma-separated or repeated")
 	fs.Var(&o.topics, "topic", "Kafka dead-letter topic to show, comma-separated or repeated (needs --brokers)")
+	fs.Var(&o.streams, "stream", "NATS JetStream dead-letter stream to show, comma-separated or repeated (on --nats)")
 	f.addSource()
 	f.addInbox("inbox table, optionally schema-qualified")
 	fs.Var(&o.guards, "guard", "guarded table whose audit check is shown, table:key[,key] with audit check's column defaults (id, created_at, status), or table:key;status=-;id=-;time=C;void=V; repeatable")
@@ -191,6 +193,14 @@ func (o *consoleOpts) open(ctx context.Context, pool *pgxpool.Pool, stderr io.Wr
 	}
 	for _, tp := range o.topics {
 		f.queue, f.topic = "", tp
+		s, err := f.source(ctx)
+		if err != nil {
+			return nil, err
+		}
+		srcs = append(srcs, s)
+	}
+	for _, st := range o.streams {
+		f.queue, f.topic, f.stream = "", "", st
 		s, err := f.source(ctx)
 		if err != nil {
 			return nil, err

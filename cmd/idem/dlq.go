@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -20,13 +21,14 @@ import (
 )
 
 func init() {
-	register(command{name: "dlq", summary: "dead letters: list, show, redrive, purge and replay (RabbitMQ queues, Kafka topics)", run: runDLQ})
+	register(command{name: "dlq", summary: "dead letters: list, show, redrive, purge and replay (RabbitMQ queues, Kafka topics, JetStream streams)", run: runDLQ})
 }
 
 const dlqUsage = `usage: idem dlq <list|show|redrive|purge|replay|ddl> (--queue Q | --topic T) [flags]
 
 Dead letters of a RabbitMQ dead-letter queue (--queue, as idemrabbitmq fills
-it) or a Kafka dead-letter topic (--topic):
+it), a Kafka dead-letter topic (--topic) or a NATS JetStream dead-letter
+stream (--stream, with --nats URL):
   list     group the letters by reason and consumer: counts, oldest and newest, attempts
   show     one letter: headers, body, reason, and what a redrive would do (apply,
            skip as a duplicate, expire), judged from the inbox and its window
@@ -51,7 +53,11 @@ same message wrote, and puts the marker back if the republish fails.
 Reading spends nothing: a read of a RabbitMQ DLQ copies each letter back
 to the queue (publisher confirm) before it acknowledges it, so no list,
 show or dry run counts against a quorum queue's delivery limit, whatever
-it is, and the letters keep their order; a Kafka read commits no offset.
+it is, and the letters keep their order; a Kafka read commits no offset; a
+JetStream read gets each message by its sequence, through no consumer.
+A JetStream redrive keeps Nats-Msg-Id: inside the origin stream's
+duplicate window it is refused (the stream would drop it as a duplicate of
+the original) and the letter stays; redrive it once the window has passed.
 
 Exit 1 when letters were refused or stayed in the DLQ; with --json, a run
 that fails part-way prints one error object that says what it did.
@@ -82,6 +88,10 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 }
 
+// defaultNATSURL is the NATS server when neither --nats nor IDEM_NATS_URL
+// names one.
+const defaultNATSURL = "nats://127.0.0.1:4222"
+
 // defaultAMQPURL is the broker when neither --amqp nor IDEM_AMQP_URL names one.
 const defaultAMQPURL = "amqp://guest:guest@127.0.0.1:5672/"
 
@@ -93,6 +103,8 @@ type dlqFlags struct {
 	queue    string
 	brokers  string
 	topic    string
+	natsURL  string
+	stream   string // a JetStream dead-letter stream
 	group    string
 	idHeader string
 	table    string
@@ -129,6 +141,7 @@ func newDLQFlags(name, synopsis, doc string, stdout io.Writer, inbox bool) *dlqF
 	f := &dlqFlags{fs: newCmdFlags("dlq "+name, synopsis, doc, stdout), inbox: inbox}
 	f.fs.StringVar(&f.queue, "queue", "", "RabbitMQ dead-letter queue (\"billing.dlq\")")
 	f.fs.StringVar(&f.topic, "topic", "", "Kafka dead-letter topic (\"billing.dlq\"), instead of --queue")
+	f.fs.StringVar(&f.stream, "stream", "", "NATS JetStream dead-letter stream (\"BILLING_DLQ\"), instead of --queue")
 	f.addSource()
 	if inbox {
 		f.addInbox("inbox table, optionally schema-qualified, that judges the redrive")
@@ -142,9 +155,10 @@ func newDLQFlags(name, synopsis, doc string, stdout io.Writer, inbox bool) *dlqF
 func (f *dlqFlags) addSource() {
 	f.fs.StringVar(&f.amqpURL, "amqp", "", "RabbitMQ URL (default $IDEM_AMQP_URL, else "+defaultAMQPURL+")")
 	f.fs.StringVar(&f.brokers, "brokers", "", "Kafka seed brokers, comma-separated (default $IDEM_KAFKA_BROKERS)")
+	f.fs.StringVar(&f.natsURL, "nats", "", "NATS server URL (default $IDEM_NATS_URL, else "+defaultNATSURL+")")
 	f.fs.StringVar(&f.group, "group", dlq.DefaultGroup, "Kafka consumer group whose committed offsets mark the letters settled")
-	f.fs.StringVar(&f.idHeader, "id-header", "", "header carrying the message ID (RabbitMQ default: the message_id property; Kafka: idem-message-id)")
-	f.fs.StringVar(&f.timeHdr, "time-header", "", "Kafka: the producers' event-time header (default x-event-time)")
+	f.fs.StringVar(&f.idHeader, "id-header", "", "header carrying the message ID (RabbitMQ default: the message_id property; Kafka: idem-message-id; NATS: Nats-Msg-Id)")
+	f.fs.StringVar(&f.timeHdr, "time-header", "", "Kafka and NATS: the producers' event-time header (default x-event-time)")
 	f.fs.IntVar(&f.limit, "delivery-limit", 0, "ignored, kept for scripts that pass it: a read spends no delivery, whatever the RabbitMQ queue's delivery limit (each letter read is copied back to the queue before it is acknowledged)")
 }
 
@@ -178,8 +192,10 @@ func (f *dlqFlags) parse(args []string) error {
 		return err
 	}
 	switch {
-	case f.queue == "" && f.topic == "":
-		return f.fs.usagef("name the dead letters: --queue (RabbitMQ) or --topic (Kafka)")
+	case f.queue == "" && f.topic == "" && f.stream == "":
+		return f.fs.usagef("name the dead letters: --queue (RabbitMQ), --topic (Kafka) or --stream (NATS JetStream)")
+	case f.stream != "" && (f.queue != "" || f.topic != ""):
+		return f.fs.usagef("--stream and --queue or --topic name two DLQs: give one")
 	case f.queue != "" && f.topic != "":
 		return f.fs.usagef("--queue and --topic name two DLQs: give one")
 	case f.topic != "" && f.brokerList() == nil:
@@ -214,6 +230,10 @@ func (f *dlqFlags) brokerList() []string {
 
 // source opens the DLQ the flags name.
 func (f *dlqFlags) source(ctx context.Context) (dlq.Source, error) {
+	if f.stream != "" {
+		u := cmp.Or(f.natsURL, os.Getenv("IDEM_NATS_URL"), defaultNATSURL)
+		return dlq.NewNATS(ctx, dlq.NATSConfig{URL: u, Stream: f.stream, IDHeader: f.idHeader, TimeHeader: f.timeHdr})
+	}
 	if f.topic != "" {
 		return dlq.NewKafka(ctx, dlq.KafkaConfig{Brokers: f.brokerList(), Topic: f.topic, Group: f.group, IDHeader: f.idHeader, TimeHeader: f.timeHdr})
 	}
