@@ -94,9 +94,10 @@ const expectedPrefix = "Nats-Expected-"
 // headers (the ID, the event time and the trace context survive for a
 // replay), its envelope ([idembroker.Envelope]: why, who, how often, from
 // where) and the subject it was published to ([HeaderSubject]), where a
-// redrive sends it back. A message whose event time was the time the
-// stream stored it gets that time in the time header, so that a redrive
-// keeps it.
+// redrive sends it back. A message without a time header whose event
+// time was the time the stream stored it gets that time in the time
+// header, so that a redrive keeps it; a header that is there, read or not,
+// is kept as the producer wrote it.
 func (c *Consumer[TTx]) deadLetterMsg(m jetstream.Msg, d decision) *nats.Msg {
 	h := nats.Header{}
 	for k, v := range m.Headers() {
@@ -109,7 +110,7 @@ func (c *Consumer[TTx]) deadLetterMsg(m jetstream.Msg, d decision) *nats.Msg {
 		func(k, v string) { h.Set(k, v) },
 		func(k string, n int64) { h.Set(k, strconv.FormatInt(n, 10)) })
 	h.Set(HeaderSubject, m.Subject())
-	if im := Message(m, c.cfg.Stream, c.cfg.IDHeader, c.cfg.TimeHeader); im.TimeSource == idem.TimeFromBroker {
+	if im := Message(m, c.cfg.Stream, c.cfg.IDHeader, c.cfg.TimeHeader); im.TimeSource == idem.TimeFromBroker && h.Get(c.cfg.TimeHeader) == "" {
 		// The time the stream stored the original, which a redrive's
 		// republish would replace: the horizon guard reads it from the
 		// header when the letter comes back.

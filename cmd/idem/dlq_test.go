@@ -607,36 +607,7 @@ func TestDLQCommandsNATS(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	srv := natstest.Start(t)
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, sc := range []jetstream.StreamConfig{
-		{Name: "ORDERS", Subjects: []string{"orders.>"}},
-		{Name: "ORDERS_DLQ", Subjects: []string{"idem.dlq.ORDERS"}},
-	} {
-		if _, err := js.CreateStream(ctx, sc); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for i, id := range []string{"ord-1", "ord-2"} {
-		m := &nats.Msg{Subject: "idem.dlq.ORDERS", Data: []byte(`{}`), Header: nats.Header{}}
-		m.Header.Set("Nats-Msg-Id", id)
-		m.Header.Set("x-idem-reason", "carrier unknown")
-		m.Header.Set("x-idem-consumer", "orders-ship")
-		m.Header.Set("x-idem-attempts", "1")
-		m.Header.Set("x-idem-origin", fmt.Sprintf("ORDERS/%d", i+7))
-		m.Header.Set("x-idem-subject", "orders.new")
-		if _, err := js.PublishMsg(ctx, m); err != nil {
-			t.Fatal(err)
-		}
-	}
+	srv, js := natsLetters(t, ctx)
 	db := pgtest.Schema(t)
 	pool, err := pgxpool.New(ctx, db)
 	if err != nil {
@@ -686,4 +657,42 @@ func TestDLQCommandsNATS(t *testing.T) {
 	if last.Subject != "orders.new" || last.Header.Get("Nats-Msg-Id") != "ord-2" || last.Header.Get("x-idem-redriven") != "1" || last.Header.Get("x-idem-reason") != "" {
 		t.Fatalf("redriven message %s %v", last.Subject, last.Header)
 	}
+}
+
+// natsLetters starts a JetStream server with streams ORDERS (orders.>) and
+// ORDERS_DLQ holding two dead letters, ord-1 and ord-2, as idemnats writes
+// them.
+func natsLetters(t *testing.T, ctx context.Context) (*natstest.Server, jetstream.JetStream) {
+	t.Helper()
+	srv := natstest.Start(t)
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sc := range []jetstream.StreamConfig{
+		{Name: "ORDERS", Subjects: []string{"orders.>"}},
+		{Name: "ORDERS_DLQ", Subjects: []string{"idem.dlq.ORDERS"}},
+	} {
+		if _, err := js.CreateStream(ctx, sc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, id := range []string{"ord-1", "ord-2"} {
+		m := &nats.Msg{Subject: "idem.dlq.ORDERS", Data: []byte(`{}`), Header: nats.Header{}}
+		m.Header.Set("Nats-Msg-Id", id)
+		m.Header.Set("x-idem-reason", "carrier unknown")
+		m.Header.Set("x-idem-consumer", "orders-ship")
+		m.Header.Set("x-idem-attempts", "1")
+		m.Header.Set("x-idem-origin", fmt.Sprintf("ORDERS/%d", i+7))
+		m.Header.Set("x-idem-subject", "orders.new")
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return srv, js
 }
