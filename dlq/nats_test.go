@@ -44,9 +44,11 @@ func newNATSEnv(t *testing.T, ctx context.Context) *natsEnv {
 		t.Fatal(err)
 	}
 	for _, sc := range []jetstream.StreamConfig{
-		// A duplicate window of an hour: a redrive within it is deduped
-		// against the original, which the test shows refused.
-		{Name: "ORDERS", Subjects: []string{"orders.>"}, Storage: jetstream.FileStorage, MaxAge: 24 * time.Hour, Duplicates: time.Hour},
+		// The shortest duplicate window JetStream takes: a redrive is
+		// deduped against the original until it has passed.
+		{Name: "ORDERS", Subjects: []string{"orders.>"}, Storage: jetstream.FileStorage, MaxAge: 24 * time.Hour, Duplicates: 100 * time.Millisecond},
+		// A duplicate window of an hour, which a redrive meets.
+		{Name: "LONG", Subjects: []string{"long.>"}, Storage: jetstream.FileStorage, MaxAge: 24 * time.Hour, Duplicates: time.Hour},
 		{Name: "ORDERS_DLQ", Subjects: []string{"idem.dlq.ORDERS"}, Storage: jetstream.FileStorage, MaxAge: 24 * time.Hour},
 	} {
 		if _, err := js.CreateStream(ctx, sc); err != nil {
@@ -128,10 +130,10 @@ func (e *natsEnv) effects(ctx context.Context, id string) int {
 
 // The JetStream round: a consumer whose handler fails permanently fills
 // the dead-letter stream; list groups the letters and show judges one,
-// reading without consuming; a redrive inside the origin stream's
-// duplicate window is refused and the letter stays; past the window it is
-// sent and deleted; the fixed consumer applies each message exactly once;
-// purge deletes a letter without sending it.
+// reading without consuming; a redrive is sent and deleted once the
+// origin stream's duplicate window has passed, and the fixed consumer
+// applies each message exactly once; a redrive inside a window is refused
+// and the letter stays; purge deletes letters without sending them.
 func TestNATSListShowRedrivePurge(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -189,33 +191,16 @@ func TestNATSListShowRedrivePurge(t *testing.T) {
 		t.Fatalf("dry run %+v %v", res, err)
 	}
 
-	// Inside ORDERS' duplicate window the republish is deduped against the
-	// original: refused, the letter stays.
-	_, err = Redrive(ctx, src, in, Selection{Filter: Filter{IDs: []string{"ord-2"}}, Apply: true})
-	if err == nil || !strings.Contains(err.Error(), "duplicate window (1h0m0s)") {
-		t.Fatalf("redrive inside the duplicate window: %v; want refused naming the window", err)
-	}
-	if n := peekN(); n != 3 {
-		t.Fatalf("%d letters after a refused redrive; want 3", n)
-	}
-	// Past the window (shortened, which makes the server forget the IDs)
-	// the redrive goes through.
-	s, err := e.js.Stream(ctx, "ORDERS")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := s.CachedInfo().Config
-	cfg.Duplicates = 100 * time.Millisecond
-	if _, err := e.js.UpdateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	// Once ORDERS' duplicate window has passed since the original was
+	// published, the redrive goes through; until then it is refused and
+	// the letter stays.
 	for {
 		res, err = Redrive(ctx, src, in, Selection{Filter: Filter{IDs: []string{"ord-2"}}, Apply: true})
 		if err == nil {
 			break
 		}
 		if !strings.Contains(err.Error(), "duplicate window") || ctx.Err() != nil {
-			t.Fatalf("redrive past the window: %v", err)
+			t.Fatalf("redrive of ord-2: %v", err)
 		}
 		if n := peekN(); n != 3 {
 			t.Fatalf("%d letters after a refused redrive; want 3", n)
@@ -234,6 +219,10 @@ func TestNATSListShowRedrivePurge(t *testing.T) {
 	}
 	// The redriven message carries its ID and the redrive count, not the
 	// dead-letter headers.
+	s, err := e.js.Stream(ctx, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
 	info, err := s.Info(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -252,9 +241,30 @@ func TestNATSListShowRedrivePurge(t *testing.T) {
 			t.Fatalf("%s applied %d times (outcomes %v)", id, n, o.m[id])
 		}
 	}
-	// Purge: ord-3 leaves for good, never applied.
-	res, err = Purge(ctx, src, in, Selection{Filter: Filter{IDs: []string{"ord-3"}}, Apply: true})
-	if err != nil || res.Done != 1 {
+	// Inside LONG's hour-long window, a redrive of a letter whose original
+	// LONG holds is refused, naming the window; the letter stays.
+	if _, err := e.js.Publish(ctx, "long.msgs", []byte(`{}`), jetstream.WithMsgID("dup-1")); err != nil {
+		t.Fatal(err)
+	}
+	dup := &nats.Msg{Subject: "idem.dlq.ORDERS", Data: []byte(`{}`), Header: nats.Header{}}
+	dup.Header.Set(jetstream.MsgIDHeader, "dup-1")
+	dup.Header.Set(idembroker.HeaderReason, "carrier unknown for order dup-1")
+	dup.Header.Set(idembroker.HeaderConsumer, "orders-ship")
+	dup.Header.Set(idembroker.HeaderOrigin, "LONG/1")
+	dup.Header.Set(idemnats.HeaderSubject, "long.msgs")
+	if _, err := e.js.PublishMsg(ctx, dup); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Redrive(ctx, src, in, Selection{Filter: Filter{IDs: []string{"dup-1"}}, Apply: true})
+	if err == nil || !strings.Contains(err.Error(), "duplicate window (1h0m0s)") {
+		t.Fatalf("redrive inside the duplicate window: %v; want refused naming the window", err)
+	}
+	if n := peekN(); n != 2 {
+		t.Fatalf("%d letters after a refused redrive; want 2", n)
+	}
+	// Purge: ord-3 and dup-1 leave for good, never applied.
+	res, err = Purge(ctx, src, in, Selection{Filter: Filter{IDs: []string{"ord-3", "dup-1"}}, Apply: true})
+	if err != nil || res.Done != 2 {
 		t.Fatalf("purge %+v %v", res, err)
 	}
 	if n := peekN(); n != 0 {

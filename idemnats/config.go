@@ -133,7 +133,7 @@ type Config struct {
 	// Hooks are hooks of this consumer alone, called after the
 	// processor's (idem.Config.Hooks): values implementing idem's hook
 	// interfaces (idembroker.SettleHook, idembroker.DeadLetterHook,
-	// idembroker.RedeliveredHook). Optional.
+	// idembroker.RedeliveredHook, idembroker.ReconnectHook). Optional.
 	Hooks []idem.Hook
 	// Faults injects failures at the adapter's fault points ([BeforeSettle]),
 	// for tests and drills. Optional; nil costs nothing.
