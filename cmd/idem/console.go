@@ -126,7 +126,7 @@ type consoleOpts struct {
 func parseConsole(args []string, stdout io.Writer) (*consoleOpts, error) {
 	o := &consoleOpts{f: &dlqFlags{inbox: true}}
 	f := o.f
-	f.fs = newCmdFlags("console", "[--queue Q,...] [--topic T,...] [--guard table:key,...] [--token T | $IDEM_CONSOLE_TOKEN] [flags]", consoleDoc, stdout)
+	f.fs = newCmdFlags("console", "[--queue Q,...] [--topic T,...] [--stream S,...] [--guard table:key,...] [--token T | $IDEM_CONSOLE_TOKEN] [flags]", consoleDoc, stdout)
 	fs := f.fs
 	fs.Var(&o.queues, "queue", "RabbitMQ dead-letter queue to show, comma-separated or repeated")
 	fs.Var(&o.topics, "topic", "Kafka dead-letter topic to show, comma-separated or repeated (needs --brokers)")
