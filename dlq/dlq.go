@@ -4,8 +4,9 @@
 // retiring the marker, on purpose and with an audit row, first.
 //
 // The sources are a RabbitMQ dead-letter queue ([RabbitMQ]), a Kafka
-// dead-letter topic ([Kafka]) and a Redis dead-letter stream ([Redis]), as
-// idemrabbitmq, idemkafka and idemredis fill them. The
+// dead-letter topic ([Kafka]), a NATS JetStream dead-letter stream ([NATS])
+// and a Redis dead-letter stream ([Redis]), as idemrabbitmq, idemkafka,
+// idemnats and idemredis fill them. The
 // verdict of a redrive is the consumer's own decision: its processor
 // predicts what a delivery would do (idem.Processor.Predict), with the
 // settings and pruned-key summaries read again before a letter is shown
@@ -16,7 +17,8 @@
 // [Selection.Apply] is set. A letter leaves its dead-letter queue only after
 // the broker confirmed its republish (RabbitMQ: publisher confirm, then the
 // dead-letter copy is acked; Kafka: acks=all, then the dead-letter group's
-// offset is committed): a failure in between leaves one copy in each place,
+// offset is committed; JetStream: the PubAck, then the letter is deleted
+// by its sequence): a failure in between leaves one copy in each place,
 // and the consumer's inbox absorbs the second. A replay retires a marker
 // at most once per consumer and key in a run (later copies of the message
 // are redriven plainly), retires only the marker it judged, in the

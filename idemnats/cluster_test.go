@@ -25,8 +25,8 @@ func TestClusterLeaderLoss(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	for _, sc := range []jetstream.StreamConfig{
-		{Name: stream, Subjects: []string{stream + ".msgs"}, Storage: jetstream.FileStorage, Replicas: 3},
-		{Name: stream + "_DLQ", Subjects: []string{"idem.dlq." + stream}, Storage: jetstream.FileStorage, Replicas: 3},
+		{Name: stream, Subjects: []string{stream + ".msgs"}, Storage: jetstream.FileStorage, Replicas: 3, MaxAge: testMaxAge},
+		{Name: stream + "_DLQ", Subjects: []string{"idem.dlq." + stream}, Storage: jetstream.FileStorage, Replicas: 3, MaxAge: testMaxAge},
 	} {
 		for {
 			_, err := js.CreateStream(ctx, sc)
@@ -56,7 +56,7 @@ func TestClusterLeaderLoss(t *testing.T) {
 	c, err := idemnats.NewConsumer(d.processor(t, &s), &idemnats.Config{
 		URL: cl.URLs(), Stream: stream, BatchSize: 10, AckWait: 6 * time.Second, FetchWait: time.Second,
 		Backoff: idem.Backoff{Initial: 50 * time.Millisecond, Max: time.Second}, Logger: quiet,
-		Faults: func(_ context.Context, point idemnats.FaultPoint, _ []idem.Message) error {
+		Faults: func(_ context.Context, point idem.FaultPoint, _ []idem.Message) error {
 			var k int
 			if point != idemnats.BeforeSettle || d.pool.QueryRow(context.Background(), `SELECT count(*) FROM effects`).Scan(&k) != nil {
 				return nil

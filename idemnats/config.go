@@ -1,7 +1,6 @@
 package idemnats
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,8 +10,23 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/idemkit/idem/internal/logfmt"
 )
+
+// HeaderSubject is the header of a dead letter that names the subject the
+// original message was published to, where a redrive sends it back; the
+// rest of its envelope is idembroker's ([idembroker.EnvelopeHeaders]).
+const HeaderSubject = "x-idem-subject"
+
+// DefaultIDHeader is the header that carries the producer's message ID
+// when [Config.IDHeader] is unset: JetStream's own publish-dedupe ID, which
+// the outbox publisher (package outbox/natspub) sets.
+const DefaultIDHeader = "Nats-Msg-Id"
+
+// DefaultTimeHeader is the header that carries the producer's event time
+// when [Config.TimeHeader] is unset: idembroker.HeaderEventTime.
+const DefaultTimeHeader = idembroker.HeaderEventTime
 
 // Config configures a [Consumer]. Pass it to [NewConsumer], which applies
 // the defaults below and refuses an invalid configuration; [Consumer.Run]
@@ -62,11 +76,13 @@ type Config struct {
 	// "Nats-Msg-Id". A message without it is dead-lettered, never applied.
 	IDHeader string
 	// TimeHeader names the producer's event-time header, RFC 3339 or Unix
-	// milliseconds. Defaults to "x-event-time". The event time
+	// milliseconds (idembroker.ParseEventTime). Defaults to
+	// idembroker.HeaderEventTime ("x-event-time"). The event time
 	// (idem.Message.Time) is taken from the most stable source a message
 	// has (idem.EventTime): the time inside a UUIDv7 ID, this header, the
-	// time the stream stored the message. A value it cannot read is
-	// ignored.
+	// time the stream stored the message. A value that is not a time, on
+	// a message whose ID carries none, is bad input: the processor
+	// dead-letters the message (idem.ErrBadTime), as on every broker.
 	TimeHeader string
 	// DeadLetterStream is the stream dead letters go to. Defaults to
 	// Stream + "_DLQ". Run checks at start that it exists and captures
@@ -79,9 +95,23 @@ type Config struct {
 	DeadLetterSubject string
 	// CreateDeadLetterStream lets Run create a missing DeadLetterStream
 	// with the storage and replicas of Stream, a 2-minute duplicate
-	// window and no age limit. Defaults to false: a dead-letter stream's
-	// retention is the operator's choice.
+	// window, and a MaxAge of the inbox window (idem.Processor.Window; no
+	// age limit when the processor has no horizon guard). Defaults to
+	// false: a dead-letter stream's retention is the operator's choice.
 	CreateDeadLetterStream bool
+	// AcceptReplayPastWindow lets Run start on a stream, or a
+	// dead-letter stream, that keeps messages longer than the inbox
+	// window (idem.Processor.Window), or for ever (MaxAge 0). Defaults to
+	// false: Run refuses such a stream, with an error wrapping [ErrConfig]
+	// that names both numbers, for a replay from it (a durable reset to an
+	// earlier sequence, a redrive of an old dead letter, a redelivery
+	// after a restore) could bring back a message whose marker the inbox
+	// has already pruned, and the message would be applied a second time
+	// unless its event time marks it as expired. Set it when the
+	// stream's retention is deliberate and its messages carry their
+	// event time (a UUIDv7 ID or the time header), which the horizon
+	// guard reads.
+	AcceptReplayPastWindow bool
 	// ConfirmAcks sends every ack as a DoubleAck: the server confirms it
 	// before the message counts as settled. Defaults to false: an ack is
 	// sent once the transaction committed and not waited for; one lost
@@ -103,33 +133,27 @@ type Config struct {
 	// Hooks are hooks of this consumer alone, called after the
 	// processor's (idem.Config.Hooks): values implementing idem's hook
 	// interfaces (idembroker.SettleHook, idembroker.DeadLetterHook,
-	// idembroker.RedeliveredHook). Optional.
+	// idembroker.RedeliveredHook, idembroker.ReconnectHook). Optional.
 	Hooks []idem.Hook
-	// Faults injects failures at the adapter's fault points, for tests and
-	// drills. Optional; nil costs nothing.
-	Faults FaultFunc
+	// Faults injects failures at the adapter's fault points ([BeforeSettle]),
+	// for tests and drills. Optional; nil costs nothing.
+	Faults idem.FaultFunc
 }
-
-// FaultPoint names a place in the consumer where a test or a drill can
-// inject a failure.
-type FaultPoint string
 
 // BeforeSettle: the batch's transaction has ended (committed, for the
 // Applied messages) and the server has not been told yet. An error there
 // makes Run return it at once without settling the batch, as a process
 // that dies there would: after AckWait the server redelivers the
 // messages, and the inbox turns those that committed into Duplicates.
-const BeforeSettle FaultPoint = "before_settle"
-
-// FaultFunc is called at every fault point with the messages concerned. A
-// non-nil error makes the step fail there.
-type FaultFunc func(ctx context.Context, point FaultPoint, msgs []idem.Message) error
+const BeforeSettle idem.FaultPoint = "before_settle"
 
 // ErrConfig is wrapped by every configuration error: from [NewConsumer],
 // and from [Consumer.Run] for a durable whose settings would discard
 // messages (MaxDeliver set, for JetStream keeps a message it stopped
 // delivering in no dead-letter queue; an AckWait shorter than the
-// processing budget; acks not explicit).
+// processing budget; acks not explicit) and for a stream that keeps
+// messages longer than the inbox window (see
+// [Config.AcceptReplayPastWindow]).
 var ErrConfig = errors.New("invalid idemnats configuration")
 
 // ErrNoDeadLetterDestination is wrapped by Run's error when the

@@ -7,10 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemnats"
 	"github.com/idemkit/idem/internal/natstest"
+	"github.com/idemkit/idem/pgxinbox"
 )
 
 // An AckWait not longer than two heartbeats is refused at construction,
@@ -97,7 +100,7 @@ func TestRunCreatesDurableAndDeadLetterStream(t *testing.T) {
 	}
 
 	stream := uniqueName(t)
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{stream + ".msgs"}, Storage: jetstream.FileStorage}); err != nil {
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{stream + ".msgs"}, Storage: jetstream.FileStorage, MaxAge: testMaxAge}); err != nil {
 		t.Fatal(err)
 	}
 	publish(t, js, stream, "m", 3)
@@ -123,5 +126,79 @@ func TestRunCreatesDurableAndDeadLetterStream(t *testing.T) {
 	}
 	if cc := cons.CachedInfo().Config; cc.AckPolicy != jetstream.AckExplicitPolicy || cc.MaxDeliver > 0 || cc.AckWait != 30*time.Second {
 		t.Errorf("durable created as %+v; want explicit acks, no MaxDeliver, AckWait 30s", cc)
+	}
+}
+
+// A 1-hour inbox in front of a stream that keeps messages 7 days is
+// refused at start, naming both numbers, as is one in front of a
+// dead-letter stream that keeps them for ever; AcceptReplayPastWindow
+// lets it run.
+func TestRunRefusesRetentionBeyondWindow(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t)
+	_, js := connect(t, srv.URL())
+	d := newDB(t)
+	store, err := pgxinbox.New(d.pool, &pgxinbox.Config{Window: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	proc, err := idem.NewProcessor(store, &idem.Config[pgx.Tx]{Consumer: "billing-invoice", Key: idem.ByMessageID, Handler: write, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	create := func(sc jetstream.StreamConfig) {
+		t.Helper()
+		if _, err := js.CreateStream(ctx, sc); err != nil {
+			t.Fatalf("creating stream %s: %v", sc.Name, err)
+		}
+	}
+	week := uniqueName(t)
+	create(jetstream.StreamConfig{Name: week, Subjects: []string{week + ".msgs"}, MaxAge: 7 * 24 * time.Hour})
+	create(jetstream.StreamConfig{Name: week + "_DLQ", Subjects: []string{"idem.dlq." + week}, MaxAge: time.Hour})
+	forever := uniqueName(t)
+	create(jetstream.StreamConfig{Name: forever, Subjects: []string{forever + ".msgs"}, MaxAge: 30 * time.Minute})
+	create(jetstream.StreamConfig{Name: forever + "_DLQ", Subjects: []string{"idem.dlq." + forever}})
+	for _, tc := range []struct {
+		stream string
+		want   []string
+	}{
+		{week, []string{"stream " + week + " keeps messages 168h0m0s", "the inbox window is 1h0m0s"}},
+		{forever, []string{"dead-letter stream " + forever + "_DLQ keeps messages for ever (MaxAge 0)", "the inbox window is 1h0m0s"}},
+	} {
+		c, err := idemnats.NewConsumer(proc, &idemnats.Config{URL: srv.URL(), Stream: tc.stream, Logger: quiet, FetchWait: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = c.Run(ctx)
+		if !errors.Is(err, idemnats.ErrConfig) {
+			t.Fatalf("Run on %s = %v; want ErrConfig", tc.stream, err)
+		}
+		for _, want := range tc.want {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("error %q does not say %q", err, want)
+			}
+		}
+	}
+	if rows, _ := d.effects(t); rows != 0 {
+		t.Errorf("%d effects after the refusals; want none", rows)
+	}
+
+	publish(t, js, week, "m", 3)
+	c, err := idemnats.NewConsumer(proc, &idemnats.Config{URL: srv.URL(), Stream: week, Logger: quiet, FetchWait: time.Second, AcceptReplayPastWindow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := running(t, c)
+	waitFor(t, 60*time.Second, "3 messages applied on the accepted stream", func() bool { return c.Stats().Applied == 3 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if rows, distinct := d.effects(t); rows != 3 || distinct != 3 {
+		t.Errorf("%d effects (%d distinct); want 3", rows, distinct)
 	}
 }

@@ -112,7 +112,7 @@ func (h *conformanceHarness) Consumer(t testing.TB, stream string, proc *idem.Pr
 	}
 	if opts.CrashBeforeAck {
 		var once sync.Once
-		cfg.Faults = func(_ context.Context, point idemnats.FaultPoint, _ []idem.Message) (err error) {
+		cfg.Faults = func(_ context.Context, point idem.FaultPoint, _ []idem.Message) (err error) {
 			if point == idemnats.BeforeSettle {
 				once.Do(func() { err = errors.New("process died between commit and ack") })
 			}

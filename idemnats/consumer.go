@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/idemkit/idem/idembroker"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 )
 
 // Consumer consumes one JetStream stream, through a durable pull
@@ -39,7 +40,10 @@ import (
 type Consumer[TTx any] struct {
 	proc *idem.Processor[TTx]
 	cfg  Config
-	k    *kit
+	// settler keeps health and calls the hooks: the processor's, then the
+	// consumer's own.
+	settler *idembroker.Settler
+	health  *idembroker.HealthState
 
 	running atomic.Bool
 	dialer  dialer
@@ -89,10 +93,9 @@ func NewConsumer[TTx any](proc *idem.Processor[TTx], cfg *Config) (*Consumer[TTx
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	return &Consumer[TTx]{
-		proc: proc, cfg: c,
-		k: newKit(proc, c.Stream, c.Hooks, c.Backoff, c.Logger.With(slog.String("stream", c.Stream))),
-	}, nil
+	// The settler logs the end of an outage's hold.
+	settler := idembroker.NewSettler(proc.Consumer(), c.Stream, append(slices.Clip(proc.Hooks()), c.Hooks...), c.Logger.With(slog.String("stream", c.Stream)))
+	return &Consumer[TTx]{proc: proc, cfg: c, settler: settler, health: settler.Health()}, nil
 }
 
 // Stats returns the consumer's counters.
@@ -113,7 +116,7 @@ func (c *Consumer[TTx]) Stats() Stats {
 // the reconnects so far and the messages fetched and not yet settled (at
 // most BatchSize). It asks neither the server nor the database.
 func (c *Consumer[TTx]) Health() idembroker.Health {
-	h := c.k.health()
+	h := c.health.Health()
 	h.Reconnects = c.stats.reconnects.Load()
 	h.InFlight = int(c.inFlight.Load())
 	return h
@@ -147,9 +150,9 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 		return ErrRunning
 	}
 	defer c.running.Store(false)
-	c.k.started()
-	defer c.k.stopped()
-	log := c.cfg.Logger.With(slog.String("consumer", c.k.consumer), slog.String("stream", c.cfg.Stream))
+	c.health.Start(time.Now())
+	defer func() { c.health.Stop(time.Now()) }()
+	log := c.cfg.Logger.With(slog.String("consumer", c.proc.Consumer()), slog.String("stream", c.cfg.Stream))
 	if err := c.checkInbox(ctx, log); err != nil || ctx.Err() != nil {
 		return err
 	}
@@ -185,8 +188,8 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 				break
 			}
 			failures++
-			c.k.failed(fmt.Errorf("fetching: %w", err))
-			wait := c.k.wait(failures)
+			c.health.Fail(fmt.Errorf("fetching: %w", err), time.Now())
+			wait := c.cfg.Backoff.Delay(failures)
 			log.Warn("fetch failed; fetching again", slog.Any("error", err), slog.Duration("backoff", wait))
 			_ = sleep(ctx, wait)
 			continue
@@ -213,15 +216,15 @@ func (c *Consumer[TTx]) checkInbox(ctx context.Context, log *slog.Logger) error 
 		err := c.proc.Check(ctx)
 		switch {
 		case err == nil:
-			c.k.reachable()
+			c.health.Reachable(time.Now())
 			return nil
 		case ctx.Err() != nil:
 			return nil
 		case !errors.Is(err, idem.ErrUnavailable):
 			return fmt.Errorf("idemnats: consuming stream %s: %w", c.cfg.Stream, err)
 		}
-		c.k.unreachable(err)
-		wait := c.k.wait(try)
+		c.health.Unreachable(err, time.Now())
+		wait := c.cfg.Backoff.Delay(try)
 		log.Warn("inbox database unreachable at start; checking again", slog.Any("error", err), slog.Duration("backoff", wait))
 		if sleep(ctx, wait) != nil {
 			return nil
@@ -232,17 +235,17 @@ func (c *Consumer[TTx]) checkInbox(ctx context.Context, log *slog.Logger) error 
 // connect opens the consumer's connection, which reconnects for ever and
 // reports its state to the health.
 func (c *Consumer[TTx]) connect(log *slog.Logger) (*nats.Conn, error) {
-	k := c.k
+	h := c.health
 	opts := append(append([]nats.Option(nil), c.cfg.Options...),
-		nats.Name("idem-"+c.k.consumer),
+		nats.Name("idem-"+c.proc.Consumer()),
 		nats.MaxReconnects(-1),
 		nats.RetryOnFailedConnect(true),
 		nats.ReconnectWait(c.cfg.Backoff.Initial),
 		nats.SetCustomDialer(&c.dialer),
-		nats.ConnectHandler(func(*nats.Conn) { k.connected() }),
+		nats.ConnectHandler(func(*nats.Conn) { h.Connect(time.Now()) }),
 		nats.ReconnectHandler(func(*nats.Conn) {
 			c.stats.reconnects.Add(1)
-			k.connected()
+			h.Connect(time.Now())
 			log.Info("reconnected")
 		}),
 		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
@@ -252,7 +255,8 @@ func (c *Consumer[TTx]) connect(log *slog.Logger) (*nats.Conn, error) {
 			if err == nil {
 				err = errors.New("disconnected")
 			}
-			k.disconnected(err)
+			h.Disconnect(err, time.Now())
+			c.settler.Reconnect(c.cfg.Stream, err)
 			log.Warn("connection lost; reconnecting", slog.Any("error", err))
 		}),
 	)
@@ -261,7 +265,7 @@ func (c *Consumer[TTx]) connect(log *slog.Logger) (*nats.Conn, error) {
 		return nil, fmt.Errorf("idemnats: connecting: %w", idembroker.RedactError(err, c.cfg.URL))
 	}
 	if nc.IsConnected() {
-		k.connected()
+		h.Connect(time.Now())
 	}
 	return nc, nil
 }
@@ -280,7 +284,7 @@ func (c *Consumer[TTx]) start(ctx context.Context, js jetstream.JetStream, log *
 		if errors.Is(err, ErrConfig) || errors.Is(err, ErrNoDeadLetterDestination) || errors.Is(err, jetstream.ErrStreamNotFound) {
 			return nil, fmt.Errorf("idemnats: not starting: %w", err)
 		}
-		wait := c.k.wait(try)
+		wait := c.cfg.Backoff.Delay(try)
 		log.Warn("JetStream not ready at start; trying again", slog.Any("error", err), slog.Duration("backoff", wait))
 		if sleep(ctx, wait) != nil {
 			return nil, nil
@@ -316,6 +320,9 @@ func (c *Consumer[TTx]) prepare(ctx context.Context, js jetstream.JetStream) (je
 	if err := c.checkDurable(&cons.CachedInfo().Config); err != nil {
 		return nil, err
 	}
+	if err := c.checkRetention(&st.CachedInfo().Config, ""); err != nil {
+		return nil, err
+	}
 	if err := c.ensureDeadLetters(rctx, js, st.CachedInfo()); err != nil {
 		return nil, err
 	}
@@ -323,12 +330,37 @@ func (c *Consumer[TTx]) prepare(ctx context.Context, js jetstream.JetStream) (je
 	return cons, nil
 }
 
+// checkRetention refuses a stream that keeps messages longer than the
+// inbox window (idem.Processor.Window, read by the inbox check), or for ever
+// (MaxAge 0), naming both numbers: a replay from it could reach past the
+// horizon, where markers are pruned. what says which stream it is ("" for
+// the consumed one). Config.AcceptReplayPastWindow accepts it with a
+// warning; a processor without a horizon guard (a window of 0 or less)
+// has nothing to compare.
+func (c *Consumer[TTx]) checkRetention(sc *jetstream.StreamConfig, what string) error {
+	w := c.proc.Window()
+	if w <= 0 || (sc.MaxAge > 0 && sc.MaxAge <= w) {
+		return nil
+	}
+	keeps := sc.MaxAge.String()
+	if sc.MaxAge <= 0 {
+		keeps = "for ever (MaxAge 0)"
+	}
+	err := fmt.Errorf("%sstream %s keeps messages %s; the inbox window is %v: a replay from it (a durable reset, a redrive, a redelivery after a restore) could bring back a message whose marker is pruned, and apply it again; set the stream's MaxAge to at most %v, lengthen the inbox window, or set idemnats.Config.AcceptReplayPastWindow",
+		what, sc.Name, keeps, w, w)
+	if c.cfg.AcceptReplayPastWindow {
+		c.cfg.Logger.Warn("accepted by AcceptReplayPastWindow: "+err.Error(), slog.String("consumer", c.proc.Consumer()))
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrConfig, err)
+}
+
 // durabilityRisks logs what of the stream's settings could lose a
 // message the server acknowledged: idem's exactly-once ends where the
 // stream loses what it said it stored. (A server's sync interval is its
 // own configuration, unseen by clients; see docs/nats.md.)
 func (c *Consumer[TTx]) durabilityRisks(sc *jetstream.StreamConfig) {
-	log := c.cfg.Logger.With(slog.String("consumer", c.k.consumer), slog.String("stream", sc.Name))
+	log := c.cfg.Logger.With(slog.String("consumer", c.proc.Consumer()), slog.String("stream", sc.Name))
 	if sc.Storage == jetstream.MemoryStorage {
 		log.Warn("the stream is kept in memory: a server restart loses every message it holds, acknowledged or not")
 	}
@@ -430,7 +462,7 @@ func (c *Consumer[TTx]) handle(ctx, bctx context.Context, js jetstream.JetStream
 		c.stats.delivered.Add(1)
 		if ims[i].Redelivered {
 			c.stats.redelivered.Add(1)
-			c.k.redelivered()
+			c.settler.Redelivered(c.cfg.Stream)
 		}
 	}
 	stop := c.heartbeat(jms)
@@ -444,9 +476,9 @@ func (c *Consumer[TTx]) handle(ctx, bctx context.Context, js jetstream.JetStream
 		for j, i := range todo {
 			batch[j] = ims[i]
 		}
-		busy := c.k.begin()
+		busy := c.health.Begin(time.Now())
 		results := c.proc.ProcessBatch(bctx, batch)
-		c.k.end(busy)
+		c.health.End(busy, time.Now())
 		if f := c.cfg.Faults; f != nil {
 			if err := f(bctx, BeforeSettle, batch); err != nil {
 				return fmt.Errorf("idemnats: withholding settlement (fault at %s): %w", BeforeSettle, err)
@@ -465,7 +497,9 @@ func (c *Consumer[TTx]) handle(ctx, bctx context.Context, js jetstream.JetStream
 				held = append(held, i)
 				c.stats.held.Add(1)
 				if ctx.Err() == nil {
-					c.k.settled(d.disp, d.res)
+					// Nothing is told to the server: the health
+					// records the hold, and no SettleHook hears of it.
+					c.health.Settle(d.disp, d.res, time.Now())
 				}
 				continue
 			}
@@ -511,7 +545,7 @@ func (c *Consumer[TTx]) settle(ctx context.Context, js jetstream.JetStream, m je
 			}
 		}
 	case DeadLetter:
-		if err = c.deadLetter(ctx, js, m, d.res); err == nil {
+		if err = c.deadLetter(ctx, js, m, d); err == nil {
 			if err = m.TermWithReason(d.disp.Reason); err == nil {
 				c.stats.deadLettered.Add(1)
 			}
@@ -526,7 +560,7 @@ func (c *Consumer[TTx]) settle(ctx context.Context, js jetstream.JetStream, m je
 			slog.String("message_id", d.res.MessageID), slog.Any("error", err))
 		return
 	}
-	c.k.settled(d.disp, d.res)
+	c.settler.Settle(c.cfg.Stream, d.disp, d.res, time.Now())
 }
 
 // heartbeat sends InProgress for each of msgs not settled yet, every

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idembroker"
 )
 
 // deadLetterWindow is the duplicate window of a dead-letter stream Run
@@ -30,7 +31,7 @@ func (c *Consumer[TTx]) ensureDeadLetters(ctx context.Context, js jetstream.JetS
 		subjects := s.CachedInfo().Config.Subjects
 		for _, f := range subjects {
 			if subjectMatches(f, cfg.DeadLetterSubject) {
-				return nil
+				return c.checkRetention(&s.CachedInfo().Config, "dead-letter ")
 			}
 		}
 		return fmt.Errorf("%w: stream %s captures %v, not the dead-letter subject %s", ErrNoDeadLetterDestination, cfg.DeadLetterStream, subjects, cfg.DeadLetterSubject)
@@ -48,6 +49,9 @@ func (c *Consumer[TTx]) ensureDeadLetters(ctx context.Context, js jetstream.JetS
 		Replicas:    src.Config.Replicas,
 		Retention:   jetstream.LimitsPolicy,
 		Duplicates:  deadLetterWindow,
+		// As long as the inbox can tell a redriven letter from one
+		// applied before.
+		MaxAge: max(c.proc.Window(), 0),
 	})
 	if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 		return fmt.Errorf("%w: creating stream %s: %w", ErrNoDeadLetterDestination, cfg.DeadLetterStream, err)
@@ -71,7 +75,8 @@ func subjectMatches(f, s string) bool {
 	return len(ft) == len(st)
 }
 
-// origin names a message the way [HeaderOrigin] does: stream/sequence.
+// origin names a message the way [idembroker.HeaderOrigin] does on
+// JetStream: stream/sequence.
 func origin(stream string, m jetstream.Msg) string {
 	if md, err := m.Metadata(); err == nil {
 		return stream + "/" + strconv.FormatUint(md.Sequence.Stream, 10)
@@ -79,25 +84,38 @@ func origin(stream string, m jetstream.Msg) string {
 	return stream + "/?"
 }
 
+// expectedPrefix begins the headers of JetStream's publish expectations
+// (Nats-Expected-Stream, Nats-Expected-Last-Subject-Sequence), which a
+// stream stores with the message: they were meant for the original
+// publish, and would make the dead letter's publish, or a redrive, fail.
+const expectedPrefix = "Nats-Expected-"
+
 // deadLetterMsg copies m for the dead-letter subject: its data and
 // headers (the ID, the event time and the trace context survive for a
-// replay), and why, who, how often, from where.
-func (c *Consumer[TTx]) deadLetterMsg(m jetstream.Msg, res idem.Result) *nats.Msg {
-	reason := "unknown"
-	if res.Err != nil {
-		reason = res.Err.Error()
-	}
+// replay), its envelope ([idembroker.Envelope]: why, who, how often, from
+// where) and the subject it was published to ([HeaderSubject]), where a
+// redrive sends it back. A message without a time header whose event
+// time was the time the stream stored it gets that time in the time
+// header, so that a redrive keeps it; a header that is there, read or not,
+// is kept as the producer wrote it.
+func (c *Consumer[TTx]) deadLetterMsg(m jetstream.Msg, d decision) *nats.Msg {
 	h := nats.Header{}
 	for k, v := range m.Headers() {
-		h[k] = append([]string(nil), v...)
+		if !strings.HasPrefix(k, expectedPrefix) {
+			h[k] = append([]string(nil), v...)
+		}
 	}
 	from := origin(c.cfg.Stream, m)
-	h.Set(HeaderReason, reason)
-	h.Set(HeaderOutcome, res.Outcome.String())
-	h.Set(HeaderConsumer, c.k.consumer)
-	h.Set(HeaderAttempts, strconv.Itoa(res.Attempts))
-	h.Set(HeaderOrigin, from)
+	idembroker.NewEnvelope(c.proc.Consumer(), from, d.res, d.disp).Write(
+		func(k, v string) { h.Set(k, v) },
+		func(k string, n int64) { h.Set(k, strconv.FormatInt(n, 10)) })
 	h.Set(HeaderSubject, m.Subject())
+	if im := Message(m, c.cfg.Stream, c.cfg.IDHeader, c.cfg.TimeHeader); im.TimeSource == idem.TimeFromBroker && h.Get(c.cfg.TimeHeader) == "" {
+		// The time the stream stored the original, which a redrive's
+		// republish would replace: the horizon guard reads it from the
+		// header when the letter comes back.
+		h.Set(c.cfg.TimeHeader, im.Time.UTC().Format(time.RFC3339Nano))
+	}
 	if h.Get(jetstream.MsgIDHeader) == "" {
 		// The stream's dedupe key: a message whose Term was lost comes
 		// back and is dead-lettered again, into the same copy.
@@ -111,20 +129,20 @@ func (c *Consumer[TTx]) deadLetterMsg(m jetstream.Msg, res idem.Result) *nats.Ms
 // a message that is in neither the database nor the dead-letter stream
 // would lose it. The caller keeps the message alive with heartbeats
 // meanwhile.
-func (c *Consumer[TTx]) deadLetter(ctx context.Context, js jetstream.JetStream, m jetstream.Msg, res idem.Result) error {
-	dl := c.deadLetterMsg(m, res)
+func (c *Consumer[TTx]) deadLetter(ctx context.Context, js jetstream.JetStream, m jetstream.Msg, d decision) error {
+	dl := c.deadLetterMsg(m, d)
 	for try := 1; ; try++ {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		_, err := js.PublishMsg(pctx, dl, jetstream.WithExpectStream(c.cfg.DeadLetterStream))
 		cancel()
-		c.k.deadLettered(c.cfg.DeadLetterStream, res, err)
+		c.settler.DeadLetter(c.cfg.DeadLetterStream, d.res, err)
 		if err == nil {
 			return nil
 		}
-		c.k.failed(fmt.Errorf("publishing dead letter: %w", err))
+		c.health.Fail(fmt.Errorf("publishing dead letter: %w", err), time.Now())
 		c.cfg.Logger.Error("publishing dead letter failed; the message is kept and published again",
-			"consumer", c.k.consumer, "origin", dl.Header.Get(HeaderOrigin), "dead_letter_stream", c.cfg.DeadLetterStream, "error", err)
-		if err := sleep(ctx, c.k.wait(try)); err != nil {
+			"consumer", c.proc.Consumer(), "origin", dl.Header.Get(idembroker.HeaderOrigin), "dead_letter_stream", c.cfg.DeadLetterStream, "error", err)
+		if err := sleep(ctx, c.cfg.Backoff.Delay(try)); err != nil {
 			return fmt.Errorf("publishing dead letter to %s: %w", c.cfg.DeadLetterStream, err)
 		}
 	}

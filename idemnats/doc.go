@@ -29,12 +29,22 @@
 //     (JetStream stops delivering such a message and puts it in no
 //     dead-letter queue), acks not explicit, or an AckWait shorter than
 //     the processing budget (two heartbeats); the error wraps [ErrConfig]
-//     and names the numbers.
+//     and names the numbers. It refuses, too, a stream or dead-letter
+//     stream that keeps messages longer than the inbox window
+//     (idem.Processor.Window), unless
+//     [Config.AcceptReplayPastWindow]: a replay from it could reach
+//     past the horizon, where markers are pruned.
 //   - Identity comes from the producer: the Nats-Msg-Id header by default
 //     (Config.IDHeader), never the stream sequence. Event time from a
-//     UUIDv7 ID, then the x-event-time header, then the stream's time.
+//     UUIDv7 ID, then the x-event-time header, then the stream's time; a
+//     header that is not a time is bad input (idem.ErrBadTime).
 //     Headers, W3C traceparent included, reach the handler and the
 //     tracing hooks.
+//
+// The adapter is written on the shared kit, package idembroker: one
+// [idembroker.Settler] keeps its health and calls the hooks, dead letters
+// carry the [idembroker.Envelope] (plus [HeaderSubject]), and its fault
+// point is an idem.FaultPoint.
 //
 // JetStream dedupes Nats-Msg-Id at publish, within the stream's duplicate
 // window (2 minutes by default); idem's inbox dedupes what comes after

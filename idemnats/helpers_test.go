@@ -58,13 +58,18 @@ func connect(t testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
 	return nc, js
 }
 
+// testMaxAge is the MaxAge of the tests' streams: within the inbox's
+// window (14 days by default), as Run requires.
+const testMaxAge = 24 * time.Hour
+
 // createStreams creates stream name on subject name+".msgs" and its
-// dead-letter stream name+"_DLQ" on "idem.dlq."+name, both file-backed.
+// dead-letter stream name+"_DLQ" on "idem.dlq."+name, both file-backed,
+// keeping messages testMaxAge.
 func createStreams(t testing.TB, js jetstream.JetStream, name string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".msgs"}, Storage: jetstream.FileStorage}); err != nil {
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".msgs"}, Storage: jetstream.FileStorage, MaxAge: testMaxAge}); err != nil {
 		t.Fatalf("creating stream %s: %v", name, err)
 	}
 	createDeadLetterStream(t, js, name)
@@ -74,7 +79,7 @@ func createDeadLetterStream(t testing.TB, js jetstream.JetStream, name string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name + "_DLQ", Subjects: []string{"idem.dlq." + name}, Storage: jetstream.FileStorage}); err != nil {
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name + "_DLQ", Subjects: []string{"idem.dlq." + name}, Storage: jetstream.FileStorage, MaxAge: testMaxAge}); err != nil {
 		t.Fatalf("creating stream %s_DLQ: %v", name, err)
 	}
 }

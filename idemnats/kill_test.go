@@ -88,7 +88,7 @@ func killChild(t *testing.T, env string) {
 	d := openDB(t, parts[0])
 	c, err := idemnats.NewConsumer(d.processor(t), &idemnats.Config{
 		URL: parts[1], Stream: parts[2], BatchSize: 5, AckWait: 4 * time.Second, Logger: quiet,
-		Faults: func(_ context.Context, point idemnats.FaultPoint, _ []idem.Message) error {
+		Faults: func(_ context.Context, point idem.FaultPoint, _ []idem.Message) error {
 			if point == idemnats.BeforeSettle {
 				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 				time.Sleep(time.Minute)

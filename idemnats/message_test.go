@@ -2,6 +2,7 @@ package idemnats_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/adaptertest"
+	"github.com/idemkit/idem/idembroker"
 	"github.com/idemkit/idem/idemnats"
 	"github.com/idemkit/idem/internal/natstest"
 )
@@ -146,5 +148,57 @@ func TestShutdownFinishesInFlight(t *testing.T) {
 	}
 	if info.NumAckPending != 0 || info.NumPending != 3 {
 		t.Errorf("after the shutdown: %d unacked, %d never delivered; want 0 and the 3 published later", info.NumAckPending, info.NumPending)
+	}
+}
+
+// A time header that is not a time, on a message whose ID carries none, is
+// bad input: the processor dead-letters it (idem.ErrBadTime), and its dead
+// letter carries the envelope idembroker.ReadEnvelope reads, plus the
+// subject. The same header beside a UUIDv7 ID is ignored: the ID's time
+// wins.
+func TestBadEventTimeHeader(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t)
+	_, js := connect(t, srv.URL())
+	stream := uniqueName(t)
+	createStreams(t, js, stream)
+	d := newDB(t)
+	v7 := adaptertest.UUIDv7(time.Now().Add(-time.Minute))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for _, id := range []string{"bad-1", v7} {
+		m := &nats.Msg{Subject: stream + ".msgs", Data: []byte(id), Header: nats.Header{"Nats-Msg-Id": {id}, idemnats.DefaultTimeHeader: {"yesterday"}}}
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := idemnats.NewConsumer(d.processor(t), &idemnats.Config{URL: srv.URL(), Stream: stream, Logger: quiet, FetchWait: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := running(t, c)
+	waitFor(t, 60*time.Second, "one applied, one dead-lettered", func() bool { s := c.Stats(); return s.Applied == 1 && s.DeadLettered == 1 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if rows, _ := d.effects(t); rows != 1 {
+		t.Errorf("%d effects; want the UUIDv7 message's alone", rows)
+	}
+	dl, err := js.Stream(ctx, stream+"_DLQ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := dl.GetMsg(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := map[string]string{}
+	for k, v := range raw.Header {
+		h[k] = v[0]
+	}
+	e := idembroker.ReadEnvelope(h)
+	if !strings.Contains(e.Reason, idem.ErrBadTime.Error()) || e.Consumer != "billing-invoice" || e.Outcome != "dead_lettered" || e.Origin != stream+"/1" ||
+		h["Nats-Msg-Id"] != "bad-1" || h[idemnats.HeaderSubject] != stream+".msgs" || h[idemnats.DefaultTimeHeader] != "yesterday" {
+		t.Errorf("dead letter %+v, headers %v; want the bad time, the consumer, origin %s/1, the ID, the subject and the producer's time header", e, h, stream)
 	}
 }

@@ -34,7 +34,7 @@ func TestServerRestartMidStream(t *testing.T) {
 	c, err := idemnats.NewConsumer(d.processor(t, &s), &idemnats.Config{
 		URL: srv.URL(), Stream: stream, BatchSize: 10, AckWait: 4 * time.Second, FetchWait: time.Second,
 		Backoff: idem.Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond}, Logger: quiet,
-		Faults: func(_ context.Context, point idemnats.FaultPoint, _ []idem.Message) error {
+		Faults: func(_ context.Context, point idem.FaultPoint, _ []idem.Message) error {
 			var k int
 			if point != idemnats.BeforeSettle || d.pool.QueryRow(context.Background(), `SELECT count(*) FROM effects`).Scan(&k) != nil {
 				return nil

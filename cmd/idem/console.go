@@ -113,7 +113,7 @@ func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) er
 type consoleOpts struct {
 	f                     *dlqFlags
 	queues, topics, hosts listFlag
-	streams               listFlag
+	streams               listFlag // NATS JetStream or Redis dead-letter streams
 	guards                guardFlag
 	listen, host, token   string
 	readOnly              bool
@@ -126,11 +126,11 @@ type consoleOpts struct {
 func parseConsole(args []string, stdout io.Writer) (*consoleOpts, error) {
 	o := &consoleOpts{f: &dlqFlags{inbox: true}}
 	f := o.f
-	f.fs = newCmdFlags("console", "[--queue Q,...] [--topic T,...] [--guard table:key,...] [--token T | $IDEM_CONSOLE_TOKEN] [flags]", consoleDoc, stdout)
+	f.fs = newCmdFlags("console", "[--queue Q,...] [--topic T,...] [--stream S,...] [--guard table:key,...] [--token T | $IDEM_CONSOLE_TOKEN] [flags]", consoleDoc, stdout)
 	fs := f.fs
 	fs.Var(&o.queues, "queue", "RabbitMQ dead-letter queue to show, comma-separated or repeated")
 	fs.Var(&o.topics, "topic", "Kafka dead-letter topic to show, comma-separated or repeated (needs --brokers)")
-	fs.Var(&o.streams, "stream", "Redis dead-letter stream to show, comma-separated or repeated (on --redis)")
+	fs.Var(&o.streams, "stream", "NATS JetStream (on --nats) or Redis (on --redis) dead-letter stream to show, comma-separated or repeated")
 	f.addSource()
 	f.addInbox("inbox table, optionally schema-qualified")
 	fs.Var(&o.guards, "guard", "guarded table whose audit check is shown, table:key[,key] with audit check's column defaults (id, created_at, status), or table:key;status=-;id=-;time=C;void=V; repeatable")

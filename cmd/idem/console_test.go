@@ -9,6 +9,11 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/pgxinbox"
 )
 
 func TestConsoleUsage(t *testing.T) {
@@ -135,5 +140,73 @@ func TestConsoleServes(t *testing.T) {
 	}
 	if !strings.Contains(errb.String(), "console: redrive") || !strings.Contains(errb.String(), "by=ops") {
 		t.Errorf("the redrive is not logged\nstderr: %s", errb.String())
+	}
+}
+
+// The console shows a JetStream dead-letter stream named by --stream on
+// --nats, and reading it leaves the letters there.
+func TestConsoleServesNATS(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv, js := natsLetters(t, ctx)
+	db := pgtest.Schema(t)
+	pool, err := pgxpool.New(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	store, err := pgxinbox.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	var out, errb syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(rctx, []string{"console", "--key", "id", "--database", db, "--listen", "127.0.0.1:0", "--nats", srv.URL(), "--stream", "ORDERS_DLQ"}, &out, &errb)
+	}()
+	var base string
+	for deadline := time.Now().Add(time.Minute); base == ""; {
+		if m := regexp.MustCompile(`serving (http://[^/]+)/`).FindStringSubmatch(out.String()); m != nil {
+			base = m[1]
+			break
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("idem console exited %d\nstdout: %s\nstderr: %s", code, out.String(), errb.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("idem console did not serve within a minute\nstdout: %s\nstderr: %s", out.String(), errb.String())
+		}
+	}
+	resp, err := http.Get(base + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if page := string(b); resp.StatusCode != http.StatusOK || !strings.Contains(page, `<span class="total">2</span> letters`) || !strings.Contains(page, "ORDERS_DLQ") {
+		t.Fatalf("GET /: %d\n%s", resp.StatusCode, page)
+	}
+	s, err := js.Stream(ctx, "ORDERS_DLQ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := s.Info(ctx); err != nil || info.State.Msgs != 2 {
+		t.Fatalf("ORDERS_DLQ after the console read it: %+v %v; want its 2 letters", info, err)
+	}
+	stop()
+	select {
+	case code := <-done:
+		if code != exitOK {
+			t.Errorf("idem console exited %d, want 0\nstderr: %s", code, errb.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("idem console did not stop within 30s of its cancel")
 	}
 }

@@ -21,13 +21,14 @@ import (
 )
 
 func init() {
-	register(command{name: "dlq", summary: "dead letters: list, show, redrive, purge and replay (RabbitMQ queues, Kafka topics)", run: runDLQ})
+	register(command{name: "dlq", summary: "dead letters: list, show, redrive, purge and replay (RabbitMQ queues, Kafka topics, JetStream streams)", run: runDLQ})
 }
 
 const dlqUsage = `usage: idem dlq <list|show|redrive|purge|replay|ddl> (--queue Q | --topic T) [flags]
 
 Dead letters of a RabbitMQ dead-letter queue (--queue, as idemrabbitmq fills
-it) or a Kafka dead-letter topic (--topic):
+it), a Kafka dead-letter topic (--topic) or a NATS JetStream dead-letter
+stream (--stream, with --nats URL):
   list     group the letters by reason and consumer: counts, oldest and newest, attempts
   show     one letter: headers, body, reason, and what a redrive would do (apply,
            skip as a duplicate, expire), judged from the inbox and its window
@@ -52,7 +53,11 @@ same message wrote, and puts the marker back if the republish fails.
 Reading spends nothing: a read of a RabbitMQ DLQ copies each letter back
 to the queue (publisher confirm) before it acknowledges it, so no list,
 show or dry run counts against a quorum queue's delivery limit, whatever
-it is, and the letters keep their order; a Kafka read commits no offset.
+it is, and the letters keep their order; a Kafka read commits no offset; a
+JetStream read gets each message by its sequence, through no consumer.
+A JetStream redrive keeps Nats-Msg-Id: inside the origin stream's
+duplicate window it is refused (the stream would drop it as a duplicate of
+the original) and the letter stays; redrive it once the window has passed.
 
 A Redis dead-letter stream, as idemredis fills it, is named with --stream S
 (and --redis URL): a read is XRANGE, which moves no group and counts no
@@ -88,6 +93,7 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 }
 
+
 // defaultAMQPURL is the broker when neither --amqp nor IDEM_AMQP_URL names one.
 const defaultAMQPURL = "amqp://guest:guest@127.0.0.1:5672/"
 
@@ -100,7 +106,8 @@ type dlqFlags struct {
 	brokers  string
 	topic    string
 	redisURL string
-	stream   string
+	natsURL  string
+	stream   string // a NATS JetStream or Redis dead-letter stream
 	group    string
 	idHeader string
 	table    string
@@ -137,7 +144,7 @@ func newDLQFlags(name, synopsis, doc string, stdout io.Writer, inbox bool) *dlqF
 	f := &dlqFlags{fs: newCmdFlags("dlq "+name, synopsis, doc, stdout), inbox: inbox}
 	f.fs.StringVar(&f.queue, "queue", "", "RabbitMQ dead-letter queue (\"billing.dlq\")")
 	f.fs.StringVar(&f.topic, "topic", "", "Kafka dead-letter topic (\"billing.dlq\"), instead of --queue")
-	f.fs.StringVar(&f.stream, "stream", "", "Redis dead-letter stream (\"billing.dlq\"), instead of --queue")
+	f.fs.StringVar(&f.stream, "stream", "", "NATS JetStream (\"BILLING_DLQ\", with --nats) or Redis (\"billing.dlq\", with --redis) dead-letter stream, instead of --queue")
 	f.addSource()
 	if inbox {
 		f.addInbox("inbox table, optionally schema-qualified, that judges the redrive")
@@ -151,10 +158,11 @@ func newDLQFlags(name, synopsis, doc string, stdout io.Writer, inbox bool) *dlqF
 func (f *dlqFlags) addSource() {
 	f.fs.StringVar(&f.amqpURL, "amqp", "", "RabbitMQ URL (default $IDEM_AMQP_URL, else "+defaultAMQPURL+")")
 	f.fs.StringVar(&f.brokers, "brokers", "", "Kafka seed brokers, comma-separated (default $IDEM_KAFKA_BROKERS)")
-	f.fs.StringVar(&f.redisURL, "redis", "", "Redis URL (default $IDEM_REDIS_URL, else "+dlq.DefaultRedisURL+")")
+	f.fs.StringVar(&f.redisURL, "redis", "", "Redis URL of --stream (default $IDEM_REDIS_URL)")
+	f.fs.StringVar(&f.natsURL, "nats", "", "NATS server URL of --stream (default $IDEM_NATS_URL)")
 	f.fs.StringVar(&f.group, "group", dlq.DefaultGroup, "Kafka consumer group whose committed offsets mark the letters settled")
-	f.fs.StringVar(&f.idHeader, "id-header", "", "header carrying the message ID (RabbitMQ default: the message_id property; Kafka: idem-message-id)")
-	f.fs.StringVar(&f.timeHdr, "time-header", "", "Kafka: the producers' event-time header (default x-event-time)")
+	f.fs.StringVar(&f.idHeader, "id-header", "", "header carrying the message ID (RabbitMQ default: the message_id property; Kafka: idem-message-id; NATS: Nats-Msg-Id)")
+	f.fs.StringVar(&f.timeHdr, "time-header", "", "Kafka and NATS: the producers' event-time header (default x-event-time)")
 	f.fs.IntVar(&f.limit, "delivery-limit", 0, "ignored, kept for scripts that pass it: a read spends no delivery, whatever the RabbitMQ queue's delivery limit (each letter read is copied back to the queue before it is acknowledged)")
 }
 
@@ -189,9 +197,15 @@ func (f *dlqFlags) parse(args []string) error {
 	}
 	switch {
 	case f.queue == "" && f.topic == "" && f.stream == "":
-		return f.fs.usagef("name the dead letters: --queue (RabbitMQ), --topic (Kafka) or --stream (Redis)")
-	case f.queue != "" && f.topic != "" || (f.queue != "" || f.topic != "") && f.stream != "":
-		return f.fs.usagef("--queue, --topic and --stream name different DLQs: give one")
+		return f.fs.usagef("name the dead letters: --queue (RabbitMQ), --topic (Kafka) or --stream (NATS JetStream or Redis)")
+	case f.stream != "" && (f.queue != "" || f.topic != ""):
+		return f.fs.usagef("--stream and --queue or --topic name two DLQs: give one")
+	case f.queue != "" && f.topic != "":
+		return f.fs.usagef("--queue and --topic name two DLQs: give one")
+	case f.natsURL != "" && f.redisURL != "":
+		return f.fs.usagef("--nats and --redis name two servers: give one")
+	case f.stream != "" && f.streamBroker() == "":
+		return f.fs.usagef("--stream names a NATS JetStream or a Redis stream: give --nats URL or --redis URL")
 	case f.topic != "" && f.brokerList() == nil:
 		return f.fs.usagef("--topic needs --brokers (or IDEM_KAFKA_BROKERS)")
 	}
@@ -222,9 +236,37 @@ func (f *dlqFlags) brokerList() []string {
 	return out
 }
 
+// streamBroker says which server --stream names a stream of: the one
+// whose URL flag is given, else the one whose environment variable
+// (IDEM_NATS_URL, IDEM_REDIS_URL) is set; "" when that names neither or
+// both.
+func (f *dlqFlags) streamBroker() string {
+	switch {
+	case f.natsURL != "":
+		return "nats"
+	case f.redisURL != "":
+		return "redis"
+	}
+	nats, redis := os.Getenv("IDEM_NATS_URL") != "", os.Getenv("IDEM_REDIS_URL") != ""
+	switch {
+	case nats && !redis:
+		return "nats"
+	case redis && !nats:
+		return "redis"
+	}
+	return ""
+}
+
 // source opens the DLQ the flags name.
 func (f *dlqFlags) source(ctx context.Context) (dlq.Source, error) {
 	if f.stream != "" {
+		switch f.streamBroker() {
+		case "":
+			return nil, f.fs.usagef("--stream names a NATS JetStream or a Redis stream: give --nats URL or --redis URL")
+		case "nats":
+			u := cmp.Or(f.natsURL, os.Getenv("IDEM_NATS_URL"))
+			return dlq.NewNATS(ctx, dlq.NATSConfig{URL: u, Stream: f.stream, IDHeader: f.idHeader, TimeHeader: f.timeHdr})
+		}
 		u := cmp.Or(f.redisURL, os.Getenv("IDEM_REDIS_URL"))
 		return dlq.NewRedis(ctx, dlq.RedisConfig{URL: u, Stream: f.stream, IDField: f.idHeader, TimeField: f.timeHdr})
 	}

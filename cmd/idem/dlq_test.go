@@ -25,6 +25,9 @@ import (
 	"github.com/idemkit/idem/internal/kafkatest"
 
 	"github.com/idemkit/idem/internal/amqptest"
+	"github.com/idemkit/idem/internal/natstest"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // dlqRun runs `idem dlq args...` and fails the test unless it exits with
@@ -595,4 +598,101 @@ func TestDLQShowBodyAndPosition(t *testing.T) {
 	if !strings.Contains(out, ": 1 dead letters") || strings.Contains(out, "too big") {
 		t.Fatalf("list --reason:\n%s", out)
 	}
+}
+
+// NATS JetStream: list, show and a redrive of a dead-letter stream on an
+// embedded server; reading leaves the letters where they are, a redrive
+// publishes each to its subject and deletes it from the stream.
+func TestDLQCommandsNATS(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv, js := natsLetters(t, ctx)
+	db := pgtest.Schema(t)
+	pool, err := pgxpool.New(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	store, err := pgxinbox.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dlqRun(t, 2, "list", "--stream", "ORDERS_DLQ", "--queue", "q")
+	k := []string{"--stream", "ORDERS_DLQ", "--nats", srv.URL()}
+	out, _ := dlqRun(t, 0, append([]string{"list"}, k...)...)
+	if !strings.Contains(out, "nats stream ORDERS_DLQ: 2 dead letters") || !strings.Contains(out, "carrier unknown") {
+		t.Fatalf("list: %s", out)
+	}
+	out, _ = dlqRun(t, 0, append([]string{"show", "--id", "ord-2", "--database", db, "--key", "id"}, k...)...)
+	if !strings.Contains(out, "ORDERS_DLQ at #2") || !strings.Contains(out, "orders.new") || !strings.Contains(out, "apply") {
+		t.Fatalf("show: %s", out)
+	}
+	out, _ = dlqRun(t, 0, append([]string{"redrive", "--apply", "--database", db, "--key", "id"}, k...)...)
+	if !strings.Contains(out, "redriven 2 of 2") {
+		t.Fatalf("redrive: %s", out)
+	}
+	out, _ = dlqRun(t, 0, append([]string{"list"}, k...)...)
+	if !strings.Contains(out, "0 dead letters") {
+		t.Fatalf("list after redrive: %s", out)
+	}
+	s, err := js.Stream(ctx, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 2 {
+		t.Fatalf("ORDERS holds %d messages, want the 2 redriven", info.State.Msgs)
+	}
+	last, err := s.GetMsg(ctx, info.State.LastSeq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last.Subject != "orders.new" || last.Header.Get("Nats-Msg-Id") != "ord-2" || last.Header.Get("x-idem-redriven") != "1" || last.Header.Get("x-idem-reason") != "" {
+		t.Fatalf("redriven message %s %v", last.Subject, last.Header)
+	}
+}
+
+// natsLetters starts a JetStream server with streams ORDERS (orders.>) and
+// ORDERS_DLQ holding two dead letters, ord-1 and ord-2, as idemnats writes
+// them.
+func natsLetters(t *testing.T, ctx context.Context) (*natstest.Server, jetstream.JetStream) {
+	t.Helper()
+	srv := natstest.Start(t)
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sc := range []jetstream.StreamConfig{
+		{Name: "ORDERS", Subjects: []string{"orders.>"}},
+		{Name: "ORDERS_DLQ", Subjects: []string{"idem.dlq.ORDERS"}},
+	} {
+		if _, err := js.CreateStream(ctx, sc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, id := range []string{"ord-1", "ord-2"} {
+		m := &nats.Msg{Subject: "idem.dlq.ORDERS", Data: []byte(`{}`), Header: nats.Header{}}
+		m.Header.Set("Nats-Msg-Id", id)
+		m.Header.Set("x-idem-reason", "carrier unknown")
+		m.Header.Set("x-idem-consumer", "orders-ship")
+		m.Header.Set("x-idem-attempts", "1")
+		m.Header.Set("x-idem-origin", fmt.Sprintf("ORDERS/%d", i+7))
+		m.Header.Set("x-idem-subject", "orders.new")
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return srv, js
 }
