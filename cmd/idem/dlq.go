@@ -93,7 +93,6 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 }
 
-
 // defaultAMQPURL is the broker when neither --amqp nor IDEM_AMQP_URL names one.
 const defaultAMQPURL = "amqp://guest:guest@127.0.0.1:5672/"
 
