@@ -68,6 +68,13 @@ func waitUntil(d time.Duration, cond func() bool) bool {
 	return true
 }
 
+// appliedCount is how many messages were applied.
+func (r *rabbitResults) appliedCount() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.applied
+}
+
 // settled is how many results the processor returned.
 func (r *rabbitResults) settled() int {
 	r.mu.Lock()
