@@ -355,3 +355,10 @@ func TestRedisPrimaryKilledReplicaPromoted(t *testing.T) {
 		t.Run(sc.name[len("redis/async: "):], func(t *testing.T) { runRedisScenario(t, sc) })
 	}
 }
+
+// The smoke case, in make test: the failover with the replica behind, on
+// a short stream. Two redis-server processes start in well under a
+// second; the test is skipped where redis-server is not installed.
+func TestRedisSmokePrimaryKilledReplicaBehind(t *testing.T) {
+	runRedisScenario(t, redisScenario{name: "redis/smoke: primary killed -9, replica behind, promoted", messages: 600, killAt: 200, behind: 100, timeout: 2 * time.Minute})
+}
