@@ -333,7 +333,7 @@ func runNATSScenario(t *testing.T, sc natsScenario) {
 		if !waitUntil(sc.timeout, func() bool { _, current := natsStreamState(js, stream); return current }) {
 			t.Fatalf("%s's replica of %s not current within %v of its restart", name, stream, sc.timeout)
 		}
-		notes = append(notes, fmt.Sprintf("leader %s killed at %d settled, %s elected in %v", name, settledAt, next, elected.Round(100*time.Millisecond)))
+		notes = append(notes, fmt.Sprintf("leader %s killed at %d settled, %s seen leading after %v", name, settledAt, next, elected.Round(100*time.Millisecond)))
 		to := (k + 1) * phase
 		if k == sc.kills {
 			to = sc.messages
