@@ -142,19 +142,24 @@ func runRedisScenario(t *testing.T, sc redisScenario) {
 	stop := testrun.Start(t, c, 30*time.Second)
 
 	// The publisher stays at most window entries ahead of the consumer,
-	// so that the fault lands mid-stream whatever the machine's speed.
+	// so that the fault lands mid-stream whatever the machine's speed,
+	// until the replication link froze.
 	const chunk, window = 20, 300
+	if sc.killAt+window+chunk+sc.behind > sc.messages {
+		t.Fatalf("scenario: %d messages cannot leave %d to publish after the fault at %d settled (the publisher runs up to %d ahead)", sc.messages, sc.behind, sc.killAt, window+chunk)
+	}
 	ids := make([]string, sc.messages)
 	for i := range ids {
 		ids[i] = fmt.Sprintf("entry-%06d", i)
 	}
 	var published atomic.Int64 // entries some primary answered, in order
+	var frozen atomic.Bool     // once the link froze, the publisher runs freely
 	var pubErrors atomic.Int64
 	pubDone := make(chan error, 1)
 	pub := f.client()
 	go func() {
 		for from := 0; from < len(ids); from += chunk {
-			for from-res.settled() > window {
+			for !frozen.Load() && from-res.settled() > window {
 				if time.Since(start) > sc.timeout {
 					pubDone <- fmt.Errorf("the consumer settled %d of %d published entries within %v", res.settled(), from, sc.timeout)
 					return
@@ -191,6 +196,7 @@ func runRedisScenario(t *testing.T, sc redisScenario) {
 	}
 	if sc.behind > 0 {
 		link.Freeze()
+		frozen.Store(true)
 		from := published.Load()
 		if !waitUntil(sc.timeout, func() bool { return published.Load() >= from+int64(sc.behind) }) {
 			t.Fatalf("the primary acknowledged %d entries after the replication link froze; want %d", published.Load()-from, sc.behind)
@@ -360,5 +366,5 @@ func TestRedisPrimaryKilledReplicaPromoted(t *testing.T) {
 // a short stream. Two redis-server processes start in well under a
 // second; the test is skipped where redis-server is not installed.
 func TestRedisSmokePrimaryKilledReplicaBehind(t *testing.T) {
-	runRedisScenario(t, redisScenario{name: "redis/smoke: primary killed -9, replica behind, promoted", messages: 600, killAt: 200, behind: 100, timeout: 2 * time.Minute})
+	runRedisScenario(t, redisScenario{name: "redis/smoke: primary killed -9, replica behind, promoted", messages: 1000, killAt: 150, behind: 100, timeout: 2 * time.Minute})
 }
