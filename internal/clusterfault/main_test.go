@@ -7,6 +7,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if runNATSNode() {
+		return
+	}
 	code := m.Run()
 	if path := os.Getenv("IDEM_CLUSTER_REPORT"); path != "" {
 		if err := WriteReport(path, os.Stdout); err != nil {
