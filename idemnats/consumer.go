@@ -144,7 +144,7 @@ func (c *Consumer[TTx]) DropConnection() bool { return c.dialer.cut() }
 // is waited for, with backoff.
 //
 // What becomes of each message is the processor's decision
-// ([idem.Processor.Dispose]), mapped to JetStream verbs by [VerbFor].
+// ([idem.Result.Disposition]), mapped to JetStream verbs by [VerbFor].
 func (c *Consumer[TTx]) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return ErrRunning
@@ -488,7 +488,7 @@ func (c *Consumer[TTx]) handle(ctx, bctx context.Context, js jetstream.JetStream
 		var delay time.Duration
 		for j, res := range results {
 			i := todo[j]
-			d := decision{disp: c.proc.Dispose(res), res: res}
+			d := decision{disp: res.Disposition, res: res}
 			d.verb = VerbFor(d.disp.Action)
 			if d.verb == Hold {
 				if len(held) == 0 || d.disp.Delay < delay {

@@ -288,7 +288,7 @@ func runNATSScenario(t *testing.T, sc natsScenario) {
 		Logger:  rabbitQuiet,
 		// The kill, once armed, lands between a batch's COMMIT and its
 		// acks, on the consumer's goroutine.
-		Faults: func(context.Context, idemnats.FaultPoint, []idem.Message) error {
+		Faults: func(context.Context, idem.FaultPoint, []idem.Message) error {
 			if n := armed.Swap(nil); n != nil {
 				n.kill()
 				killed <- n.name

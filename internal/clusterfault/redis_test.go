@@ -127,7 +127,7 @@ func runRedisScenario(t *testing.T, sc redisScenario) {
 		Block: 200 * time.Millisecond, ClaimIdle: time.Second, ClaimEvery: 500 * time.Millisecond,
 		Backoff: idem.Backoff{Initial: 50 * time.Millisecond, Max: time.Second},
 		Logger:  rabbitQuiet,
-		Faults: func(_ context.Context, _ idemredis.FaultPoint, _ string, ids []string) error {
+		Faults: func(_ context.Context, _ idem.FaultPoint, _ string, ids []string) error {
 			if armed.CompareAndSwap(true, false) {
 				primary.Kill()
 				killed <- len(ids)
