@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -38,8 +39,17 @@ func (p *Processor[TTx]) ready(ctx context.Context, force bool) error {
 
 // readyIn is ready, reading in *in, a transaction the caller holds, when in
 // is not nil ([idemstore.Store.SettingsIn]): the caller of ProcessTx may
-// hold the pool's only connection.
+// hold the pool's only connection. While the consumer is paused it fails
+// with a [*PausedError], which wraps [ErrPaused].
 func (p *Processor[TTx]) readyIn(ctx context.Context, force bool, in *TTx) error {
+	if err := p.readySettings(ctx, force, in); err != nil {
+		return err
+	}
+	return p.checkPause(ctx, in)
+}
+
+// readySettings reads the stored settings for readyIn.
+func (p *Processor[TTx]) readySettings(ctx context.Context, force bool, in *TTx) error {
 	if p.cfg.Natural {
 		return nil // a natural consumer keeps no markers: no inbox to read
 	}
@@ -155,8 +165,8 @@ func (p *Processor[TTx]) readyWait(ctx context.Context) error {
 	r := p.retrier(p.cfg.Retry)
 	for {
 		err := p.ready(ctx, false)
-		if err == nil {
-			return nil
+		if err == nil || errors.Is(err, ErrPaused) {
+			return err // a pause is held at once, not waited out
 		}
 		v := r.next(ctx, err)
 		if !v.again {
