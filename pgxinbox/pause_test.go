@@ -17,7 +17,9 @@ import (
 )
 
 // pauseHook records the pauses a processor reports.
-type pauseHook struct{ seen atomic.Pointer[idemstore.Pause] }
+type pauseHook struct {
+	seen atomic.Pointer[idemstore.Pause]
+}
 
 func (h *pauseHook) OnPause(_ string, p idemstore.Pause) { h.seen.Store(&p) }
 
