@@ -52,6 +52,8 @@ type pauseState struct {
 	mu   sync.Mutex
 	next atomic.Int64 // unix nanoseconds of the next read; 0: never read
 	cur  atomic.Pointer[idemstore.Pause]
+	// warned is set once a failed read was logged, until a read succeeds.
+	warned atomic.Bool
 }
 
 // Paused returns the consumer's pause as the processor last read it (at
@@ -117,8 +119,13 @@ func (p *Processor[TTx]) refreshPause(ctx context.Context, in *TTx) {
 			// Read again at the next message: nothing is known yet.
 			p.pause.next.Store(0)
 		}
+		if !p.pause.warned.Swap(true) {
+			p.cfg.Logger.Warn("could not read the consumer's pause: it goes on with the pause it read last (none at start)",
+				"consumer", p.cfg.Consumer, "error", err)
+		}
 		return
 	}
+	p.pause.warned.Store(false)
 	old := p.pause.cur.Swap(&got)
 	was := old != nil && old.Paused
 	switch {

@@ -205,7 +205,7 @@ type Dialect struct {
 	Horizons       string   // $1 table → consumer, horizon_ms, seen_at; longest first
 
 	// Operators' pauses of consumers.
-	PausesExist string // → count of the pauses tables that exist (catalog only: never fails on a missing table)
+	PausesExist string // → 0: no pauses table, 1: it exists, 2: it exists and the role may not read it (catalog only: never fails)
 	ReadPause   string // $1 table, $2 consumer → paused_at, paused_by, reason
 	ListPauses  string // $1 table → consumer, paused_at, paused_by, reason; by consumer
 	InsertPause string // $1 table, $2 consumer, $3 by, $4 why: affects no row when already paused

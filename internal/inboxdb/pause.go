@@ -45,8 +45,12 @@ func (b *Inbox) paused(ctx context.Context, c Conn, consumer string) (idemstore.
 		if err := c.QueryRow(ctx, b.D.PausesExist).Scan(&n); err != nil {
 			return p, fmt.Errorf("reading the pause of %s: %w", consumer, err)
 		}
-		if n == 0 {
+		switch n {
+		case 0:
 			return p, nil // migrated before pauses existed: none can be paused
+		case 2:
+			return p, fmt.Errorf("reading the pause of %s: the role may not read %s (fix: GRANT SELECT ON %[2]s TO the consumer's role)",
+				consumer, b.D.Table.Sibling(pausesTable))
 		}
 		b.pauses.ok.Store(true)
 	}
@@ -72,6 +76,9 @@ func (b *Inbox) Pauses(ctx context.Context) ([]ConsumerPause, error) {
 		var n int
 		if err := c.QueryRow(ctx, b.D.PausesExist).Scan(&n); err != nil || n == 0 {
 			return err
+		}
+		if n == 2 {
+			return fmt.Errorf("the role may not read %s", b.D.Table.Sibling(pausesTable))
 		}
 		return c.Query(ctx, b.D.ListPauses, func(r Row) error {
 			var cp ConsumerPause

@@ -181,7 +181,12 @@ FROM ` + q
     reason     text NOT NULL
 )`,
 	}
-	d.PausesExist = `SELECT (to_regclass('` + strings.ReplaceAll(pauses, "'", "''") + `') IS NOT NULL)::int`
+	// A role that may not read the pauses (granted only the inbox and
+	// its settings) is told apart without reading them: a failed read
+	// would abort the caller's transaction.
+	pausesLit := `'` + strings.ReplaceAll(pauses, "'", "''") + `'`
+	d.PausesExist = `SELECT CASE WHEN to_regclass(` + pausesLit + `) IS NULL THEN 0
+    WHEN has_table_privilege(to_regclass(` + pausesLit + `), 'SELECT') THEN 1 ELSE 2 END`
 	d.ReadPause = `SELECT paused_at, paused_by, reason FROM ` + pauses + ` WHERE table_name = $1 AND consumer = $2`
 	d.ListPauses = `SELECT consumer, paused_at, paused_by, reason FROM ` + pauses + ` WHERE table_name = $1 ORDER BY consumer`
 	d.InsertPause = `INSERT INTO ` + pauses + ` (table_name, consumer, paused_by, reason) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`
