@@ -15,6 +15,7 @@ import (
 	"github.com/idemkit/idem/audit"
 	"github.com/idemkit/idem/console"
 	"github.com/idemkit/idem/dlq"
+	"github.com/idemkit/idem/pgxinbox"
 )
 
 func init() {
@@ -172,7 +173,13 @@ func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		auditors = append(auditors, a)
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
-	c, err := console.New(console.Config{Inbox: in, DB: pool, Sources: srcs, Guards: auditors, Token: *token, ReadOnly: *readOnly,
+	// The consumers page pauses and resumes the inbox's consumers (its
+	// statements are the same in either layout).
+	pauses, err := pgxinbox.New(pool, &pgxinbox.Config{Table: f.table, Logger: logger})
+	if err != nil {
+		return err
+	}
+	c, err := console.New(console.Config{Inbox: in, DB: pool, Pauses: pauses, Sources: srcs, Guards: auditors, Token: *token, ReadOnly: *readOnly,
 		Hosts: hosts, CacheFor: *cacheFor, Rate: *rate, Logger: logger})
 	if err != nil {
 		return err
