@@ -112,13 +112,10 @@ func (p *Processor[TTx]) refreshPause(ctx context.Context, in *TTx) {
 	} else {
 		got, err = p.pauser.Paused(ctx, p.cfg.Consumer)
 	}
-	first := p.pause.next.Load() == 0
+	// A failed read is tried again after PauseTTL too: a role that may not
+	// read the pauses must not read them at every message.
 	p.pause.next.Store(time.Now().Add(PauseTTL).UnixNano())
 	if err != nil {
-		if first {
-			// Read again at the next message: nothing is known yet.
-			p.pause.next.Store(0)
-		}
 		if !p.pause.warned.Swap(true) {
 			p.cfg.Logger.Warn("could not read the consumer's pause: it goes on with the pause it read last (none at start)",
 				"consumer", p.cfg.Consumer, "error", err)
