@@ -14,7 +14,7 @@ import (
 // PauseTTL is how long a processor trusts the pause it last read before it
 // reads it again: a consumer paused with `idem consumer pause` stops
 // claiming within it, in every process. Between reads, checking the pause
-// costs an atomic load.
+// costs two atomic loads.
 const PauseTTL = time.Second
 
 // PauseHoldDelay is the delay of the disposition of a message held because
@@ -68,13 +68,13 @@ func (p *Processor[TTx]) Paused() idemstore.Pause {
 
 // checkPause returns a [*PausedError] while the consumer is paused, reading
 // the pause, in *in when it is not nil, when the one read last is older
-// than [PauseTTL]. A failed read keeps the pause read before: the
-// database's outage is the settings' and the claims' to report.
-func (p *Processor[TTx]) checkPause(ctx context.Context, in *TTx) error {
+// than [PauseTTL] at now (unix nanoseconds). A failed read keeps the pause
+// read before: the database's outage is the settings' and the claims' to
+// report.
+func (p *Processor[TTx]) checkPause(ctx context.Context, in *TTx, now int64) error {
 	if p.pauser == nil {
 		return nil
 	}
-	now := time.Now().UnixNano()
 	if next := p.pause.next.Load(); now >= next {
 		// The first read blocks the others: none may claim before the
 		// consumer's pause is known. Later ones go on with the pause read

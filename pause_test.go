@@ -120,3 +120,28 @@ func BenchmarkPauseCheckOverhead(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkCheckPause measures the check a batch makes between reads of
+// the pause (two atomic loads; the clock is read once for it and the
+// settings), next to the same call on a store without pauses.
+func BenchmarkCheckPause(b *testing.B) {
+	for _, pausable := range []bool{false, true} {
+		b.Run(fmt.Sprintf("pausable=%v", pausable), func(b *testing.B) {
+			var st idemstore.Store[struct{}] = nopStore{}
+			if pausable {
+				st = &pauseStore{}
+			}
+			p, err := NewProcessor[struct{}](st, &Config[struct{}]{Consumer: "x", Key: ByMessageID, Logger: slog.New(slog.DiscardHandler),
+				Handler: func(context.Context, struct{}, Message) error { return nil }})
+			if err != nil {
+				b.Fatal(err)
+			}
+			now := time.Now().UnixNano() // the clock is readyIn's, read once for both checks
+			for b.Loop() {
+				if err := p.checkPause(context.Background(), nil, now); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

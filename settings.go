@@ -42,18 +42,22 @@ func (p *Processor[TTx]) ready(ctx context.Context, force bool) error {
 // hold the pool's only connection. While the consumer is paused it fails
 // with a [*PausedError], which wraps [ErrPaused].
 func (p *Processor[TTx]) readyIn(ctx context.Context, force bool, in *TTx) error {
-	if err := p.readySettings(ctx, force, in); err != nil {
+	// One clock read for both checks: on some virtual machines a read of
+	// the clock is a system call.
+	now := time.Now().UnixNano()
+	if err := p.readySettings(ctx, force, in, now); err != nil {
 		return err
 	}
-	return p.checkPause(ctx, in)
+	return p.checkPause(ctx, in, now)
 }
 
-// readySettings reads the stored settings for readyIn.
-func (p *Processor[TTx]) readySettings(ctx context.Context, force bool, in *TTx) error {
+// readySettings reads the stored settings for readyIn, unless they were
+// read less than settingsTTL before now (unix nanoseconds).
+func (p *Processor[TTx]) readySettings(ctx context.Context, force bool, in *TTx, now int64) error {
 	if p.cfg.Natural {
 		return nil // a natural consumer keeps no markers: no inbox to read
 	}
-	if !force && time.Now().UnixNano() < p.inbox.next.Load() {
+	if !force && now < p.inbox.next.Load() {
 		return nil
 	}
 	if p.inbox.next.Load() != 0 && !force {
