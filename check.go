@@ -31,12 +31,13 @@ const checkKey = "idem.check"
 // writable, or (partitioned) has no partition for today.
 // Broker adapters call it at the start of Run and refuse to start on an
 // error, which wraps [ErrInboxNotReady] and says how to fix it. It writes
-// nothing.
+// nothing. A paused consumer passes: it starts, and holds its messages.
 func (p *Processor[TTx]) Check(ctx context.Context) error {
 	if err := p.checkSchema(ctx); err != nil {
 		return err
 	}
-	if err := p.ready(ctx, true); err != nil {
+	// A paused consumer starts, and holds its messages until resumed.
+	if err := p.ready(ctx, true); err != nil && !errors.Is(err, ErrPaused) {
 		return p.notReady(err)
 	}
 	p.checkDurability(ctx)

@@ -276,9 +276,9 @@ const (
 	ActionRedeliver
 	// ActionHold: the message was not applied and it is not its fault (the
 	// inbox database unreachable or misconfigured, a shutdown, a message
-	// ahead of it in order). Keep it without spending any delivery budget of
-	// the broker's (no nack into a quorum delivery limit, no DLQ) and try
-	// again after Delay.
+	// ahead of it in order, the consumer paused by an operator). Keep it
+	// without spending any delivery budget of the broker's (no nack into a
+	// quorum delivery limit, no DLQ) and try again after Delay.
 	ActionHold
 	// ActionDeadLetter: bad input, a permanent error, a message whose
 	// retries are exhausted, or one older than the retention window. Send
@@ -317,7 +317,8 @@ type Disposition struct {
 //     message's budget: a handler error not marked permanent is retried in
 //     place up to RetryPolicy.MaxAttempts runs, and only then dead-lettered.
 //   - Retry marked Blameless (outage, misconfigured inbox, shutdown, not
-//     attempted) → Hold after a backoff; nothing is spent.
+//     attempted) → Hold after a backoff; nothing is spent. A message of a
+//     paused consumer ([ErrPaused]) → Hold after [PauseHoldDelay].
 //   - any other Retry (the commit outcome is unknown) → Redeliver after a
 //     backoff; the try was counted, so a message whose commits always end
 //     that way is dead-lettered once its budget is gone.
@@ -338,7 +339,10 @@ func (p *Processor[TTx]) Dispose(r Result) Disposition {
 		if r.Blameless {
 			d.Action = ActionHold
 		}
-		if !errors.Is(r.Err, ErrNotAttempted) {
+		switch {
+		case errors.Is(r.Err, ErrPaused):
+			d.Delay = PauseHoldDelay
+		case !errors.Is(r.Err, ErrNotAttempted):
 			d.Delay = p.cfg.Retry.Backoff.Delay(max(r.Attempts, 1))
 		}
 	}

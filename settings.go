@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -38,12 +39,25 @@ func (p *Processor[TTx]) ready(ctx context.Context, force bool) error {
 
 // readyIn is ready, reading in *in, a transaction the caller holds, when in
 // is not nil ([idemstore.Store.SettingsIn]): the caller of ProcessTx may
-// hold the pool's only connection.
+// hold the pool's only connection. While the consumer is paused it fails
+// with a [*PausedError], which wraps [ErrPaused].
 func (p *Processor[TTx]) readyIn(ctx context.Context, force bool, in *TTx) error {
+	// One clock read for both checks: on some virtual machines a read of
+	// the clock is a system call.
+	now := time.Now().UnixNano()
+	if err := p.readySettings(ctx, force, in, now); err != nil {
+		return err
+	}
+	return p.checkPause(ctx, in, now)
+}
+
+// readySettings reads the stored settings for readyIn, unless they were
+// read less than settingsTTL before now (unix nanoseconds).
+func (p *Processor[TTx]) readySettings(ctx context.Context, force bool, in *TTx, now int64) error {
 	if p.cfg.Natural {
 		return nil // a natural consumer keeps no markers: no inbox to read
 	}
-	if !force && time.Now().UnixNano() < p.inbox.next.Load() {
+	if !force && now < p.inbox.next.Load() {
 		return nil
 	}
 	if p.inbox.next.Load() != 0 && !force {
@@ -155,8 +169,8 @@ func (p *Processor[TTx]) readyWait(ctx context.Context) error {
 	r := p.retrier(p.cfg.Retry)
 	for {
 		err := p.ready(ctx, false)
-		if err == nil {
-			return nil
+		if err == nil || errors.Is(err, ErrPaused) {
+			return err // a pause is held at once, not waited out
 		}
 		v := r.next(ctx, err)
 		if !v.again {

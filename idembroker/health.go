@@ -44,6 +44,15 @@ type Health struct {
 	Holding      bool      `json:"holding"`
 	HoldingSince time.Time `json:"holding_since,omitzero"`
 	HoldReason   string    `json:"hold_reason,omitempty"`
+	// Paused is set while messages are held because an operator paused
+	// the consumer (`idem consumer pause`): set when a message is held
+	// for it, cleared by the next message acked once it is resumed.
+	// PausedSince, PausedBy and PauseReason are the pause's when, who and
+	// why. A paused consumer is ready and alive: it holds by design.
+	Paused      bool      `json:"paused,omitempty"`
+	PausedSince time.Time `json:"paused_since,omitzero"`
+	PausedBy    string    `json:"paused_by,omitempty"`
+	PauseReason string    `json:"pause_reason,omitempty"`
 	// LastSuccess is when a message was last acked (applied or a
 	// duplicate) or durably dead-lettered.
 	LastSuccess time.Time `json:"last_success,omitzero"`
@@ -323,7 +332,8 @@ func (s *HealthState) hold(reason string, now time.Time) {
 // it out: an ack ends a hold and, like a dead letter, counts as a
 // success; a hold for an outage or a misconfigured inbox (r.Err wraps
 // [idem.ErrUnavailable], [idem.ErrMisconfigured] or [idem.ErrInboxNotReady]) begins or
-// continues one; a redelivery is a failure. A hold for any other reason
+// continues one; a hold of a paused consumer ([idem.ErrPaused]) sets
+// Health.Paused; a redelivery is a failure. A hold for any other reason
 // (a shutdown, a message ahead of it in order) changes nothing.
 func (s *HealthState) Settle(d idem.Disposition, r idem.Result, now time.Time) {
 	s.mu.Lock()
@@ -332,9 +342,13 @@ func (s *HealthState) Settle(d idem.Disposition, r idem.Result, now time.Time) {
 	case idem.ActionAck:
 		s.h.LastSuccess = now
 		s.endHold(now)
+		s.h.Paused, s.h.PausedSince, s.h.PausedBy, s.h.PauseReason = false, time.Time{}, "", ""
 	case idem.ActionDeadLetter:
 		s.h.LastSuccess = now
 	case idem.ActionHold:
+		if pe := (*idem.PausedError)(nil); errors.As(r.Err, &pe) {
+			s.h.Paused, s.h.PausedSince, s.h.PausedBy, s.h.PauseReason = true, pe.Since, pe.By, pe.Why
+		}
 		if outage(r.Err) {
 			s.hold(d.Reason, now)
 			s.failed(r.Err, now)

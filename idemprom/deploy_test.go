@@ -107,6 +107,7 @@ func exported(t *testing.T) map[string]*dto.MetricFamily {
 	m.OnRefuse(outbox.Record{Destination: "invoices"}, outbox.Refused(errors.New("no route")), true)
 	m.OnOutage(errors.New("connection refused"), time.Second)
 	idemprom.NewReconcile(reg).Observe("ledger", 0, time.Now())
+	m.OnPause("ledger", idemstore.Pause{Paused: true, Since: time.Now(), By: "alice", Why: "incident"})
 
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -387,7 +388,7 @@ func TestDeployNamesMatch(t *testing.T) {
 		"idem_inbox_consumer_headroom_seconds", "idem_inbox_consumer_oldest_marker_age_seconds", "idem_dead_letters_total",
 		"idem_settled_total", "idem_late_duplicates_total", "idem_untimed_total", "idem_messages_total",
 		"idem_outbox_unsent", "idem_outbox_oldest_unsent_age_seconds", "idem_outbox_parked", "idem_outbox_outages_total", "idem_outbox_stats_up",
-		"idem_reconcile_missing", "idem_reconcile_last_run_timestamp_seconds",
+		"idem_reconcile_missing", "idem_reconcile_last_run_timestamp_seconds", "idem_consumer_paused_since_timestamp_seconds",
 	} {
 		if !inRules[name] {
 			t.Errorf("no alert rule uses %s", name)

@@ -87,6 +87,8 @@ type Metrics struct {
 	pruned      *prometheus.CounterVec
 	dropped     *prometheus.CounterVec
 	oldest      *prometheus.GaugeVec
+	paused      *prometheus.GaugeVec
+	pausedSince *prometheus.GaugeVec
 	outbox      outboxMetrics
 }
 
@@ -150,8 +152,18 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "idem_inbox_oldest_marker_age_seconds",
 			Help: "Age of the oldest inbox marker when stats were last read; above the retention window means prune is late.",
 		}, []string{"table"}),
+		paused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "idem_consumer_paused",
+			Help: "1 while an operator has paused the consumer (idem consumer pause): its messages are held, unapplied, until it is resumed; 0 once resumed.",
+		}, []string{"consumer"}),
+		pausedSince: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "idem_consumer_paused_since_timestamp_seconds",
+			Help: "When the consumer was paused, as a Unix time; 0 when it is not paused.",
+		}, []string{"consumer"}),
 	}
 	if reg != nil {
+		m.paused = register(reg, m.paused)
+		m.pausedSince = register(reg, m.pausedSince)
 		m.pruned = register(reg, m.pruned)
 		m.dropped = register(reg, m.dropped)
 		m.oldest = register(reg, m.oldest)
@@ -189,6 +201,17 @@ func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
 		panic(err)
 	}
 	return c
+}
+
+// OnPause implements idem.PauseHook.
+func (m *Metrics) OnPause(consumer string, p idemstore.Pause) {
+	if !p.Paused {
+		m.paused.WithLabelValues(consumer).Set(0)
+		m.pausedSince.WithLabelValues(consumer).Set(0)
+		return
+	}
+	m.paused.WithLabelValues(consumer).Set(1)
+	m.pausedSince.WithLabelValues(consumer).Set(float64(p.Since.UnixNano()) / 1e9)
 }
 
 // OnOutcome implements idem.OutcomeHook.

@@ -260,6 +260,31 @@ type Settings struct {
 	Stored time.Duration
 }
 
+// Pauser is implemented by a store that keeps operators' pauses of
+// consumers beside its inbox (`idem consumer pause`): a processor whose
+// store is one reads its consumer's pause every few seconds and, while it
+// is paused, claims nothing and holds every message it is given. The
+// reads never fail on an inbox migrated before pauses existed: such an
+// inbox has no paused consumer.
+type Pauser[TTx any] interface {
+	// Paused reads consumer's pause; the zero Pause when it is not paused.
+	Paused(ctx context.Context, consumer string) (Pause, error)
+	// PausedIn is Paused read in tx, a transaction the caller holds.
+	PausedIn(ctx context.Context, tx TTx, consumer string) (Pause, error)
+}
+
+// Pause is an operator's pause of one consumer: while Paused, every
+// instance of the consumer holds its messages unapplied, without spending
+// their attempts, until it is resumed.
+type Pause struct {
+	Paused bool
+	// Since is when it was paused (the database's clock); By who paused
+	// it and Why why, as the operator gave them.
+	Since time.Time
+	By    string
+	Why   string
+}
+
 // PrunedSummary is a compact record of the keys whose markers a prune
 // deleted for one consumer: a Bloom filter, which may answer yes for a key
 // it never saw (at its false-positive rate) but never no for one it did.

@@ -637,4 +637,17 @@ func TestLeastPrivilegeConsumerStarts(t *testing.T) {
 	if r := proc.Process(ctx, idem.Message{ID: "evt-1", Body: []byte("x")}); r.Outcome != idem.Applied {
 		t.Fatalf("claim as the consumer role: %v %v", r.Outcome, r.Err)
 	}
+	// The role may not read the consumers' pauses either: reading its
+	// pause in the caller's transaction must not abort it.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if r, err := consumerOf(t, store).ProcessTx(ctx, tx, idem.Message{ID: "evt-2", Body: []byte("x")}); err != nil || r.Outcome != idem.Applied {
+		t.Fatalf("ProcessTx as the consumer role: %+v, %v", r, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/idemkit/idem/audit"
 	"github.com/idemkit/idem/cmd/idem/internal/console"
 	"github.com/idemkit/idem/dlq"
+	"github.com/idemkit/idem/pgxinbox"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -216,7 +217,13 @@ func (o *consoleOpts) open(ctx context.Context, pool *pgxpool.Pool, stderr io.Wr
 		auditors = append(auditors, a)
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
-	c, err := console.New(console.Config{Inbox: in, DB: pool, Sources: srcs, Guards: auditors, Token: o.token, ReadOnly: o.readOnly,
+	// The consumers page pauses and resumes the inbox's consumers (its
+	// statements are the same in either layout).
+	pauses, err := pgxinbox.New(pool, &pgxinbox.Config{Table: f.table, Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	c, err := console.New(console.Config{Inbox: in, DB: pool, Pauses: pauses, Sources: srcs, Guards: auditors, Token: o.token, ReadOnly: o.readOnly,
 		Hosts: o.hosts, CacheFor: o.cacheFor, Rate: o.rate, Logger: logger})
 	if err != nil {
 		return nil, err

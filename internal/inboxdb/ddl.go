@@ -155,8 +155,10 @@ $idem$`, key, sqlString(relkind), name, d.Layout)
 
 // down removes the table and its rows in the bookkeeping tables. The
 // bookkeeping tables are shared by every inbox of the schema: PostgreSQL
-// drops them once no inbox is recorded in them; SQLite, without
-// conditional DDL, keeps them.
+// drops them once no inbox is recorded in them; SQLite and MySQL, without
+// conditional DDL, keep them, and keep the pauses of the table's consumers
+// too: an inbox made before pauses existed has no pauses table to delete
+// from.
 func (d *Dialect) down(key string) []Block {
 	t := d.Table
 	out := []Block{{SQL: `DROP TABLE IF EXISTS ` + t.Quoted()}}
@@ -164,14 +166,21 @@ func (d *Dialect) down(key string) []Block {
 		out = append(out, Block{SQL: `DELETE FROM ` + t.Sibling(bk) + ` WHERE table_name = ` + key})
 	}
 	if d.Name == "postgres" {
+		// The pauses tables came later: an inbox made before them has
+		// none, and its consumers' pauses go with it.
 		out = append(out, Block{Compound: true, SQL: fmt.Sprintf(`DO $idem$
 BEGIN
+    IF to_regclass(%[7]s) IS NOT NULL THEN
+        DELETE FROM %[5]s WHERE table_name = %[8]s;
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM %[1]s) AND NOT EXISTS (SELECT 1 FROM %[2]s)
        AND NOT EXISTS (SELECT 1 FROM %[3]s) AND NOT EXISTS (SELECT 1 FROM %[4]s) THEN
         DROP TABLE %[1]s, %[2]s, %[3]s, %[4]s;
+        DROP TABLE IF EXISTS %[5]s, %[6]s;
     END IF;
 END
-$idem$`, t.Sibling(migrationsTable), t.Sibling(settingsTable), t.Sibling(horizonsTable), t.Sibling(prunedTable))})
+$idem$`, t.Sibling(migrationsTable), t.Sibling(settingsTable), t.Sibling(horizonsTable), t.Sibling(prunedTable),
+			t.Sibling(pausesTable), t.Sibling(pauseLogTable), sqlString(t.Sibling(pausesTable)), key)})
 	}
 	return out
 }

@@ -37,6 +37,7 @@ type Inbox struct {
 	Logger *slog.Logger
 
 	summaries summaryCache
+	pauses    pausesSeen
 }
 
 // Label is the table label of every metric and log line about the inbox:

@@ -204,6 +204,14 @@ type Dialect struct {
 	RecordHorizon  string   // $1 table, $2 consumer, $3 horizon_ms
 	Horizons       string   // $1 table → consumer, horizon_ms, seen_at; longest first
 
+	// Operators' pauses of consumers.
+	PausesExist string // → 0: no pauses table, 1: it exists, 2: it exists and the role may not read it (catalog only: never fails)
+	ReadPause   string // $1 table, $2 consumer → paused_at, paused_by, reason
+	ListPauses  string // $1 table → consumer, paused_at, paused_by, reason; by consumer
+	InsertPause string // $1 table, $2 consumer, $3 by, $4 why: affects no row when already paused
+	DeletePause string // $1 table, $2 consumer
+	LogPause    string // $1 table, $2 consumer, $3 action (pause, resume), $4 by, $5 why
+
 	// Pruned-key summaries (Bloom filters of the keys a prune deleted).
 	InsertSummary string // $1 table, $2 consumer, $3 pruned_at, $4 source, $5 keys, $6 filter
 	SummaryTimes  string // $1 table, $2 consumer → pruned_at, source, keys; newest first

@@ -29,6 +29,11 @@ const (
 	// prunedTable: summaries (Bloom filters) of the keys each prune deleted,
 	// per consumer, so a message whose marker is gone can still be told.
 	prunedTable = "idem_inbox_pruned"
+	// pausesTable: the consumers operators paused, one row each
+	// (`idem consumer pause`); pauseLogTable: every pause and resume,
+	// rows only ever inserted.
+	pausesTable   = "idem_consumer_pauses"
+	pauseLogTable = "idem_consumer_pause_log"
 )
 
 // migrationFS holds one directory of numbered templates per dialect and

@@ -47,6 +47,7 @@ func MySQL(t Table) *Dialect {
 	q := t.Quoted()
 	settings, horizons, book := t.Sibling(settingsTable), t.Sibling(horizonsTable), t.Sibling(migrationsTable)
 	pruned := t.Sibling(prunedTable)
+	pauses, pauseLog := t.Sibling(pausesTable), t.Sibling(pauseLogTable)
 	d := &Dialect{
 		Name:       "mysql",
 		Table:      t,
@@ -127,7 +128,29 @@ FROM ` + q
     filter     LONGBLOB NOT NULL,
     PRIMARY KEY (table_name, consumer, pruned_at, source)
 ) ENGINE=InnoDB`,
+		`CREATE TABLE IF NOT EXISTS ` + pauses + ` (
+    table_name ` + text + ` NOT NULL,
+    consumer   ` + bin + ` NOT NULL,
+    paused_at  DATETIME(6) NOT NULL DEFAULT (` + mysqlNow + `),
+    paused_by  TEXT NOT NULL,
+    reason     TEXT NOT NULL,
+    PRIMARY KEY (table_name, consumer)
+) ENGINE=InnoDB`,
+		`CREATE TABLE IF NOT EXISTS ` + pauseLog + ` (
+    table_name ` + text + ` NOT NULL,
+    consumer   ` + bin + ` NOT NULL,
+    at         DATETIME(6) NOT NULL DEFAULT (` + mysqlNow + `),
+    action     ` + text + ` NOT NULL,
+    actor      TEXT NOT NULL,
+    reason     TEXT NOT NULL
+) ENGINE=InnoDB`,
 	}
+	d.PausesExist = `SELECT count(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = '` + pausesTable + `'`
+	d.ReadPause = `SELECT paused_at, paused_by, reason FROM ` + pauses + ` WHERE table_name = ? AND consumer = ?`
+	d.ListPauses = `SELECT consumer, paused_at, paused_by, reason FROM ` + pauses + ` WHERE table_name = ? ORDER BY consumer`
+	d.InsertPause = `INSERT INTO ` + pauses + ` (table_name, consumer, paused_by, reason) VALUES (?, ?, ?, ?) ON DUPLICATE KEY UPDATE table_name = table_name`
+	d.DeletePause = `DELETE FROM ` + pauses + ` WHERE table_name = ? AND consumer = ?`
+	d.LogPause = `INSERT INTO ` + pauseLog + ` (table_name, consumer, action, actor, reason) VALUES (?, ?, ?, ?, ?)`
 	d.InsertSummary = `INSERT INTO ` + pruned + ` (table_name, consumer, pruned_at, source, "keys", filter) VALUES (?, ?, ?, ?, ?, ?)`
 	d.SummaryTimes = `SELECT pruned_at, source, "keys" FROM ` + pruned + ` WHERE table_name = ? AND consumer = ? ORDER BY pruned_at DESC`
 	d.ReadSummary = `SELECT filter FROM ` + pruned + ` WHERE table_name = ? AND consumer = ? AND pruned_at = ? AND source = ?`

@@ -2,6 +2,7 @@ package inboxdb
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/idemkit/idem/idemstore"
@@ -13,6 +14,7 @@ func Postgres(t Table, layout idemstore.Layout) *Dialect {
 	q := t.Quoted()
 	settings, horizons, book := t.Sibling(settingsTable), t.Sibling(horizonsTable), t.Sibling(migrationsTable)
 	pruned := t.Sibling(prunedTable)
+	pauses, pauseLog := t.Sibling(pausesTable), t.Sibling(pauseLogTable)
 	d := &Dialect{
 		Name:       "postgres",
 		Table:      t,
@@ -162,7 +164,34 @@ FROM ` + q
     filter     bytea       NOT NULL,
     PRIMARY KEY (table_name, consumer, pruned_at, source)
 )`,
+		`CREATE TABLE IF NOT EXISTS ` + pauses + ` (
+    table_name text NOT NULL,
+    consumer   text NOT NULL,
+    paused_at  timestamptz NOT NULL DEFAULT now(),
+    paused_by  text NOT NULL,
+    reason     text NOT NULL,
+    PRIMARY KEY (table_name, consumer)
+)`,
+		`CREATE TABLE IF NOT EXISTS ` + pauseLog + ` (
+    table_name text NOT NULL,
+    consumer   text NOT NULL,
+    at         timestamptz NOT NULL DEFAULT now(),
+    action     text NOT NULL,
+    actor      text NOT NULL,
+    reason     text NOT NULL
+)`,
 	}
+	// A role that may not read the pauses (granted only the inbox and
+	// its settings) is told apart without reading them: a failed read
+	// would abort the caller's transaction.
+	pausesLit := `'` + strings.ReplaceAll(pauses, "'", "''") + `'`
+	d.PausesExist = `SELECT CASE WHEN to_regclass(` + pausesLit + `) IS NULL THEN 0
+    WHEN has_table_privilege(to_regclass(` + pausesLit + `), 'SELECT') THEN 1 ELSE 2 END`
+	d.ReadPause = `SELECT paused_at, paused_by, reason FROM ` + pauses + ` WHERE table_name = $1 AND consumer = $2`
+	d.ListPauses = `SELECT consumer, paused_at, paused_by, reason FROM ` + pauses + ` WHERE table_name = $1 ORDER BY consumer`
+	d.InsertPause = `INSERT INTO ` + pauses + ` (table_name, consumer, paused_by, reason) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`
+	d.DeletePause = `DELETE FROM ` + pauses + ` WHERE table_name = $1 AND consumer = $2`
+	d.LogPause = `INSERT INTO ` + pauseLog + ` (table_name, consumer, action, actor, reason) VALUES ($1, $2, $3, $4, $5)`
 	d.InsertSummary = `INSERT INTO ` + pruned + ` (table_name, consumer, pruned_at, source, keys, filter) VALUES ($1, $2, $3, $4, $5, $6)`
 	d.SummaryTimes = `SELECT pruned_at, source, keys FROM ` + pruned + ` WHERE table_name = $1 AND consumer = $2 ORDER BY pruned_at DESC`
 	d.ReadSummary = `SELECT filter FROM ` + pruned + ` WHERE table_name = $1 AND consumer = $2 AND pruned_at = $3 AND source = $4`

@@ -23,6 +23,7 @@ const sqliteNow = `strftime('%Y-%m-%dT%H:%M:%f000Z', 'now')`
 func SQLite(t Table) *Dialect {
 	q := t.Quoted()
 	settings, horizons, book := t.Sibling(settingsTable), t.Sibling(horizonsTable), t.Sibling(migrationsTable)
+	pauses, pauseLog := t.Sibling(pausesTable), t.Sibling(pauseLogTable)
 	pruned := t.Sibling(prunedTable)
 	d := &Dialect{
 		Name:       "sqlite",
@@ -103,7 +104,29 @@ FROM ` + q
     filter     BLOB    NOT NULL,
     PRIMARY KEY (table_name, consumer, pruned_at, source)
 )`,
+		`CREATE TABLE IF NOT EXISTS ` + pauses + ` (
+    table_name TEXT NOT NULL,
+    consumer   TEXT NOT NULL,
+    paused_at  TEXT NOT NULL DEFAULT (` + sqliteNow + `),
+    paused_by  TEXT NOT NULL,
+    reason     TEXT NOT NULL,
+    PRIMARY KEY (table_name, consumer)
+)`,
+		`CREATE TABLE IF NOT EXISTS ` + pauseLog + ` (
+    table_name TEXT NOT NULL,
+    consumer   TEXT NOT NULL,
+    at         TEXT NOT NULL DEFAULT (` + sqliteNow + `),
+    action     TEXT NOT NULL,
+    actor      TEXT NOT NULL,
+    reason     TEXT NOT NULL
+)`,
 	}
+	d.PausesExist = `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = '` + pausesTable + `'`
+	d.ReadPause = `SELECT paused_at, paused_by, reason FROM ` + pauses + ` WHERE table_name = ?1 AND consumer = ?2`
+	d.ListPauses = `SELECT consumer, paused_at, paused_by, reason FROM ` + pauses + ` WHERE table_name = ?1 ORDER BY consumer`
+	d.InsertPause = `INSERT INTO ` + pauses + ` (table_name, consumer, paused_by, reason) VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING`
+	d.DeletePause = `DELETE FROM ` + pauses + ` WHERE table_name = ?1 AND consumer = ?2`
+	d.LogPause = `INSERT INTO ` + pauseLog + ` (table_name, consumer, action, actor, reason) VALUES (?1, ?2, ?3, ?4, ?5)`
 	d.InsertSummary = `INSERT INTO ` + pruned + ` (table_name, consumer, pruned_at, source, keys, filter) VALUES (?1, ?2, ?3, ?4, ?5, ?6)`
 	d.SummaryTimes = `SELECT pruned_at, source, keys FROM ` + pruned + ` WHERE table_name = ?1 AND consumer = ?2 ORDER BY pruned_at DESC`
 	d.ReadSummary = `SELECT filter FROM ` + pruned + ` WHERE table_name = ?1 AND consumer = ?2 AND pruned_at = ?3 AND source = ?4`

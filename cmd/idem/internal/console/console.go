@@ -69,6 +69,9 @@ type Config struct {
 	Sources []dlq.Source
 	// Guards are the guarded tables whose audit check is shown.
 	Guards []*audit.Auditor
+	// Pauses, when set, shows the paused consumers and pauses and resumes
+	// them (`idem consumer pause`); *pgxinbox.Store has it.
+	Pauses Pauses
 	// Token allows the actions; empty: the console only reads.
 	Token string
 	// ReadOnly refuses every action even with a token.
@@ -142,6 +145,10 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("GET /dlq/{n}/show", s.show)
 	mux.HandleFunc("GET /dlq/{n}/redrive", s.preview)
 	mux.HandleFunc("POST /dlq/{n}/redrive", s.redrive)
+	if cfg.Pauses != nil {
+		mux.HandleFunc("GET /consumers", s.consumersPage)
+		mux.HandleFunc("POST /consumers/{op}", s.pauseAction)
+	}
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, http.StatusForbidden, "refused: a cross-origin request may not change anything")
@@ -278,6 +285,8 @@ func (s *Server) sourceOf(w http.ResponseWriter, r *http.Request) (*source, int,
 type page struct {
 	Title    string
 	Writable bool
+	// Pauses is set when the console pauses and resumes consumers.
+	Pauses   bool
 	ReadOnly bool
 	Now      time.Time
 	Data     any
@@ -285,7 +294,7 @@ type page struct {
 
 func (s *Server) render(w http.ResponseWriter, status int, name, title string, data any) {
 	var b strings.Builder
-	err := s.tmpl.ExecuteTemplate(&b, name, page{Title: title, Writable: s.Writable(), ReadOnly: s.cfg.ReadOnly, Now: s.cfg.Now().UTC(), Data: data})
+	err := s.tmpl.ExecuteTemplate(&b, name, page{Title: title, Writable: s.Writable(), Pauses: s.cfg.Pauses != nil, ReadOnly: s.cfg.ReadOnly, Now: s.cfg.Now().UTC(), Data: data})
 	if err != nil {
 		s.cfg.Logger.Error("console: rendering", "page", name, "err", err)
 		http.Error(w, "rendering the page failed", http.StatusInternalServerError)
@@ -678,21 +687,32 @@ const formLife = time.Hour
 // formToken is a token for the redrive form of DLQ n, issued at now:
 // a nonce and an expiry signed with a key derived from the console token.
 func (s *Server) formToken(n int, now time.Time) string {
+	return s.formTokenFor(fmt.Sprintf("redrive %d", n), now)
+}
+
+// formTokenFor is a form token for the form of scope ("redrive 0",
+// "consumers").
+func (s *Server) formTokenFor(scope string, now time.Time) string {
 	var b [24]byte
 	_, _ = rand.Read(b[:16])
 	binary.BigEndian.PutUint64(b[16:], uint64(now.Add(formLife).Unix()))
-	return base64.RawURLEncoding.EncodeToString(b[:]) + "." + base64.RawURLEncoding.EncodeToString(s.formMAC(n, b[:]))
+	return base64.RawURLEncoding.EncodeToString(b[:]) + "." + base64.RawURLEncoding.EncodeToString(s.formMAC(scope, b[:]))
 }
 
-func (s *Server) formMAC(n int, b []byte) []byte {
+func (s *Server) formMAC(scope string, b []byte) []byte {
 	m := hmac.New(sha256.New, s.formKey)
-	fmt.Fprintf(m, "redrive %d\x00", n)
+	fmt.Fprintf(m, "%s\x00", scope)
 	m.Write(b)
 	return m.Sum(nil)
 }
 
 // formValid checks a form token for DLQ n.
 func (s *Server) formValid(n int, tok string) bool {
+	return s.formValidFor(fmt.Sprintf("redrive %d", n), tok)
+}
+
+// formValidFor checks a form token for the form of scope.
+func (s *Server) formValidFor(scope, tok string) bool {
 	if s.formKey == nil {
 		return false
 	}
@@ -705,7 +725,7 @@ func (s *Server) formValid(n int, tok string) bool {
 	if err1 != nil || err2 != nil || len(raw) != 24 {
 		return false
 	}
-	if !hmac.Equal(mac, s.formMAC(n, raw)) {
+	if !hmac.Equal(mac, s.formMAC(scope, raw)) {
 		return false
 	}
 	return s.cfg.Now().Unix() <= int64(binary.BigEndian.Uint64(raw[16:]))
@@ -821,4 +841,5 @@ var funcs = template.FuncMap{
 		return s
 	},
 	"more": func(g dlq.Group) bool { return g.Count > len(g.IDs) },
+	"list": func(s ...string) []string { return s },
 }
