@@ -58,7 +58,7 @@ type pauseState struct {
 
 // Paused returns the consumer's pause as the processor last read it (at
 // most [PauseTTL] ago while messages come); the zero Pause when it is not
-// paused or its store keeps no pauses ([idemstore.Pauser]).
+// paused or its store keeps no pauses.
 func (p *Processor[TTx]) Paused() idemstore.Pause {
 	if c := p.pause.cur.Load(); c != nil {
 		return *c
@@ -72,9 +72,6 @@ func (p *Processor[TTx]) Paused() idemstore.Pause {
 // read before: the database's outage is the settings' and the claims' to
 // report.
 func (p *Processor[TTx]) checkPause(ctx context.Context, in *TTx, now int64) error {
-	if p.pauser == nil {
-		return nil
-	}
 	if next := p.pause.next.Load(); now >= next {
 		// The first read blocks the others: none may claim before the
 		// consumer's pause is known. Later ones go on with the pause read
@@ -108,9 +105,9 @@ func (p *Processor[TTx]) refreshPause(ctx context.Context, in *TTx) {
 	var got idemstore.Pause
 	var err error
 	if in != nil {
-		got, err = p.pauser.PausedIn(ctx, *in, p.cfg.Consumer)
+		got, err = p.store.PausedIn(ctx, *in, p.cfg.Consumer)
 	} else {
-		got, err = p.pauser.Paused(ctx, p.cfg.Consumer)
+		got, err = p.store.Paused(ctx, p.cfg.Consumer)
 	}
 	// A failed read is tried again after PauseTTL too: a role that may not
 	// read the pauses must not read them at every message.

@@ -26,10 +26,8 @@ type Processor[TTx any] struct {
 	// force (p.horizon()) is derived from it and the stored settings.
 	userHorizon Horizon
 	inbox       inboxState
-	// pauser is the store, when it keeps operators' pauses; pause is what
-	// the processor last read of its consumer's.
-	pauser idemstore.Pauser[TTx]
-	pause  pauseState
+	// pause is what the processor last read of its consumer's pause.
+	pause pauseState
 	// spent remembers the attempts of messages given back to the broker
 	// with their tries counted, so that the budget holds across deliveries.
 	spent *attemptMemory
@@ -69,7 +67,6 @@ func NewProcessor[TTx any](store idemstore.Store[TTx], cfg *Config[TTx]) (*Proce
 	p := &Processor[TTx]{store: store, cfg: c, userHorizon: user, spent: newAttemptMemory(maxRememberedAttempts)}
 	h := c.Horizon
 	p.inbox.horizon.Store(&h)
-	p.pauser, _ = any(store).(idemstore.Pauser[TTx])
 	p.hooks = append(p.hooks, c.Hooks...)
 	Each(p.hooks, func(t TraceHook) { p.tracers = append(p.tracers, t) })
 	if store.Layout() == idemstore.LayoutPartitioned && !c.Natural {

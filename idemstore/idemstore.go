@@ -145,6 +145,15 @@ type Store[TTx any] interface {
 	// deliberate choice), and a store that cannot read the settings is
 	// logged, not refused.
 	Durability(ctx context.Context) (Durability, error)
+	// Paused reads consumer's pause, an operator's `idem consumer pause`
+	// kept beside the inbox; the zero Pause when it is not paused. A
+	// processor reads it every few seconds and, while it is paused, claims
+	// nothing and holds every message it is given. It never fails on an
+	// inbox migrated before pauses existed: such an inbox has no paused
+	// consumer. A store that keeps no pauses returns the zero Pause.
+	Paused(ctx context.Context, consumer string) (Pause, error)
+	// PausedIn is Paused read in tx, a transaction the caller holds.
+	PausedIn(ctx context.Context, tx TTx, consumer string) (Pause, error)
 }
 
 // ErrCommitUnknown is wrapped by a store's Commit error when the
@@ -258,19 +267,6 @@ type Settings struct {
 	// Stored is the window stored with the table (the one Window ramps up
 	// to); 0 means Window.
 	Stored time.Duration
-}
-
-// Pauser is implemented by a store that keeps operators' pauses of
-// consumers beside its inbox (`idem consumer pause`): a processor whose
-// store is one reads its consumer's pause every few seconds and, while it
-// is paused, claims nothing and holds every message it is given. The
-// reads never fail on an inbox migrated before pauses existed: such an
-// inbox has no paused consumer.
-type Pauser[TTx any] interface {
-	// Paused reads consumer's pause; the zero Pause when it is not paused.
-	Paused(ctx context.Context, consumer string) (Pause, error)
-	// PausedIn is Paused read in tx, a transaction the caller holds.
-	PausedIn(ctx context.Context, tx TTx, consumer string) (Pause, error)
 }
 
 // Pause is an operator's pause of one consumer: while Paused, every

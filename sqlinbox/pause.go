@@ -8,7 +8,7 @@ import (
 	"github.com/idemkit/idem/internal/inboxdb"
 )
 
-var _ idemstore.Pauser[*sql.Tx] = (*Store)(nil)
+var _ idemstore.Store[*sql.Tx] = (*Store)(nil)
 
 // ConsumerPause is one paused consumer of the inbox.
 type ConsumerPause = inboxdb.ConsumerPause
@@ -17,7 +17,7 @@ type ConsumerPause = inboxdb.ConsumerPause
 // paused.
 var ErrNotPaused = inboxdb.ErrNotPaused
 
-// Paused reads consumer's pause ([idemstore.Pauser]).
+// Paused reads consumer's pause ([idemstore.Store.Paused]).
 func (s *Store) Paused(ctx context.Context, consumer string) (idemstore.Pause, error) {
 	return s.inbox.Paused(ctx, consumer)
 }

@@ -24,7 +24,7 @@ type ConsumerPause struct {
 // reads of its pause, after the first, cost one query.
 type pausesSeen struct{ ok atomic.Bool }
 
-// Paused reads consumer's pause ([idemstore.Pauser]): the zero Pause when
+// Paused reads consumer's pause ([idemstore.Store.Paused]): the zero Pause when
 // it is not paused, or when the inbox was migrated before pauses existed.
 func (b *Inbox) Paused(ctx context.Context, consumer string) (p idemstore.Pause, err error) {
 	err = b.read(ctx, func(c Conn) (err error) { p, err = b.paused(ctx, c, consumer); return err })

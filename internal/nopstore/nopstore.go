@@ -94,3 +94,13 @@ func (Store[TTx]) Check(context.Context) ([]idemstore.SchemaProblem, error) { re
 func (Store[TTx]) Durability(context.Context) (idemstore.Durability, error) {
 	return idemstore.Durability{}, nil
 }
+
+// Paused reports no pause.
+func (Store[TTx]) Paused(context.Context, string) (idemstore.Pause, error) {
+	return idemstore.Pause{}, nil
+}
+
+// PausedIn reports no pause.
+func (Store[TTx]) PausedIn(context.Context, TTx, string) (idemstore.Pause, error) {
+	return idemstore.Pause{}, nil
+}
