@@ -767,27 +767,31 @@ type holdingSetup struct {
 	held  *heldWatch
 	rec   *settlements
 	cfg   *idemrabbitmq.Config
+	n     int // messages in all; the last quarter is published after the cut
 }
 
 func newHoldingSetup(t *testing.T, n int) *holdingSetup {
 	t.Helper()
-	s := &holdingSetup{conn: broker(t), held: newHeldWatch(), rec: newSettlements()}
+	s := &holdingSetup{conn: broker(t), held: newHeldWatch(), rec: newSettlements(), n: n}
 	s.topo = topology(t, s.conn, nil)
 	s.d = newDB(t, uniqueName(t))
 	s.proc, s.proxy = outageProcessor(t, s.d, 50*time.Millisecond, s.held)
-	publish(t, s.conn, s.topo.Queue, 0, n, msgID)
+	publish(t, s.conn, s.topo.Queue, 0, n-n/4, msgID)
 	s.cfg = config(t, s.topo.Queue)
 	s.cfg.BatchSize, s.cfg.Workers = 20, 2
 	s.cfg.Hooks = []idem.Hook{s.rec}
 	return s
 }
 
-// cutUntilHeld waits for some messages to be applied, cuts the database and
-// waits until the consumer holds deliveries and has processed one again.
+// cutUntilHeld waits for some messages to be applied, cuts the database,
+// publishes the last quarter of the messages (so that some arrive during
+// the outage however fast the first ones went) and waits until the
+// consumer holds deliveries and has processed one again.
 func (s *holdingSetup) cutUntilHeld(t *testing.T) {
 	t.Helper()
 	s.rec.waitUntil(t, 30*time.Second, "60 acked", func() bool { return s.rec.distinctAcked() >= 60 })
 	s.proxy.Refuse()
+	publish(t, s.conn, s.topo.Queue, s.n-s.n/4, s.n/4, msgID)
 	poll(t, 30*time.Second, "a delivery held and processed again during the outage", s.held.rerun)
 }
 
