@@ -89,7 +89,7 @@ func NewConsumer[TTx any](cl *kgo.Client, proc *idem.Processor[TTx], cfg *Config
 	cons.dlTopics = deadLetterTopics{cl: dlq, name: c.DeadLetterTopic, create: c.CreateDeadLetterTopics, known: map[string]bool{}}
 	cons.settler = settler{
 		deadLetter: cons.deadLetter,
-		minDelay: c.Backoff.Initial, stats: &cons.stats,
+		minDelay:   c.Backoff.Initial, stats: &cons.stats,
 	}
 	return cons, nil
 }

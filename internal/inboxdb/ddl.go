@@ -160,6 +160,13 @@ $idem$`, key, sqlString(relkind), name, d.Layout)
 func (d *Dialect) down(key string) []Block {
 	t := d.Table
 	out := []Block{{SQL: `DROP TABLE IF EXISTS ` + t.Quoted()}}
+	if d.Name != "postgres" {
+		// The positions table came after the others: a database migrated
+		// by an older build has none. Its CREATE is the last bookkeeping
+		// statement.
+		out = append(out, Block{SQL: d.Bookkeeping[len(d.Bookkeeping)-1]},
+			Block{SQL: `DELETE FROM ` + t.Sibling(positionsTable) + ` WHERE table_name = ` + key})
+	}
 	for _, bk := range []string{prunedTable, horizonsTable, settingsTable, migrationsTable} {
 		out = append(out, Block{SQL: `DELETE FROM ` + t.Sibling(bk) + ` WHERE table_name = ` + key})
 	}
@@ -170,8 +177,15 @@ BEGIN
        AND NOT EXISTS (SELECT 1 FROM %[3]s) AND NOT EXISTS (SELECT 1 FROM %[4]s) THEN
         DROP TABLE %[1]s, %[2]s, %[3]s, %[4]s;
     END IF;
+    IF to_regclass(%[6]s) IS NOT NULL THEN
+        DELETE FROM %[5]s WHERE table_name = %[7]s;
+        IF NOT EXISTS (SELECT 1 FROM %[5]s) AND to_regclass(%[8]s) IS NULL THEN
+            DROP TABLE %[5]s;
+        END IF;
+    END IF;
 END
-$idem$`, t.Sibling(migrationsTable), t.Sibling(settingsTable), t.Sibling(horizonsTable), t.Sibling(prunedTable))})
+$idem$`, t.Sibling(migrationsTable), t.Sibling(settingsTable), t.Sibling(horizonsTable), t.Sibling(prunedTable),
+			t.Sibling(positionsTable), sqlString(t.Sibling(positionsTable)), key, sqlString(t.Sibling(migrationsTable)))})
 	}
 	return out
 }

@@ -204,6 +204,11 @@ type Dialect struct {
 	RecordHorizon  string   // $1 table, $2 consumer, $3 horizon_ms
 	Horizons       string   // $1 table → consumer, horizon_ms, seen_at; longest first
 
+	// Positions of log-broker sources (docs/design.md 17).
+	RecordPosition  string // $1 table, $2 consumer, $3 source, $4 next
+	Positions       string // $1 table, $2 consumer → source, next, updated_at; by source
+	ForgetPositions string // $1 table, $2 consumer
+
 	// Pruned-key summaries (Bloom filters of the keys a prune deleted).
 	InsertSummary string // $1 table, $2 consumer, $3 pruned_at, $4 source, $5 keys, $6 filter
 	SummaryTimes  string // $1 table, $2 consumer → pruned_at, source, keys; newest first

@@ -29,6 +29,10 @@ const (
 	// prunedTable: summaries (Bloom filters) of the keys each prune deleted,
 	// per consumer, so a message whose marker is gone can still be told.
 	prunedTable = "idem_inbox_pruned"
+	// positionsTable: how far each consumer of an inbox has settled each
+	// source of a log broker (a Kafka partition), written in the
+	// transaction of the claims it vouches for (docs/design.md 17).
+	positionsTable = "idem_inbox_positions"
 )
 
 // migrationFS holds one directory of numbered templates per dialect and

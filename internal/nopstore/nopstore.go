@@ -94,3 +94,14 @@ func (Store[TTx]) Check(context.Context) ([]idemstore.SchemaProblem, error) { re
 func (Store[TTx]) Durability(context.Context) (idemstore.Durability, error) {
 	return idemstore.Durability{}, nil
 }
+
+// RecordPositions records nothing.
+func (Store[TTx]) RecordPositions(context.Context, TTx, string, []idemstore.Position) error {
+	return nil
+}
+
+// Positions reports none.
+func (Store[TTx]) Positions(context.Context, string) ([]idemstore.Position, error) { return nil, nil }
+
+// ForgetPositions deletes nothing.
+func (Store[TTx]) ForgetPositions(context.Context, string) (int64, error) { return 0, nil }
