@@ -8,8 +8,8 @@ import (
 
 	"github.com/idemkit/idem/idemstore"
 	"github.com/idemkit/idem/pgxinbox"
-	"github.com/idemkit/idem/sqliteinbox"
 	"github.com/idemkit/idem/sqlinbox"
+	"github.com/idemkit/idem/sqliteinbox"
 )
 
 // TestInboxPositions: positions show lists a consumer's recorded
