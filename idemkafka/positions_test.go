@@ -416,3 +416,26 @@ func TestPositionsNeverPassARetry(t *testing.T) {
 		t.Errorf("positions %+v, want %+v", ps, want)
 	}
 }
+
+// A consumer with positions on refuses to start, naming the migration to
+// run, on a database migrated before the positions table existed.
+func TestPositionsNeedTheirTable(t *testing.T) {
+	t.Parallel()
+	k := newKafka(t)
+	topic := k.topic(t, "notable", 1)
+	d := newDB(t)
+	if _, err := d.pool.Exec(context.Background(), `DROP TABLE idem_inbox_positions`); err != nil {
+		t.Fatal(err)
+	}
+	c, err := idemkafka.NewConsumer(k.groupClient(t, k.group("notable"), []string{topic}), d.processor(t, newOutcomes(), nil),
+		&idemkafka.Config{Positions: idemkafka.PositionsRewind, Logger: testLogger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	err = c.Run(ctx)
+	if !errors.Is(err, idemkafka.ErrConfig) || !strings.Contains(err.Error(), "idem migrate") {
+		t.Fatalf("Run = %v, want ErrConfig naming idem migrate", err)
+	}
+}
