@@ -138,10 +138,18 @@ func (c *Consumer[TTx]) vouch(ctx context.Context, fetches kgo.Fetches) kgo.Fetc
 		}
 	})
 	now := time.Now()
+	var revoked map[string][]int32
 	v.mu.Lock()
 	for k, r := range v.refused {
 		if _, ok := committed[k]; !ok {
-			delete(v.refused, k) // revoked: its new owner compares
+			// Revoked: its new owner compares. The client keeps a pause
+			// across assignments; this member compares again should the
+			// partition come back.
+			delete(v.refused, k)
+			if revoked == nil {
+				revoked = map[string][]int32{}
+			}
+			revoked[k.topic] = append(revoked[k.topic], k.partition)
 			continue
 		}
 		if now.Sub(r.checked) >= c.cfg.Backoff.Max {
@@ -149,6 +157,9 @@ func (c *Consumer[TTx]) vouch(ctx context.Context, fetches kgo.Fetches) kgo.Fetc
 		}
 	}
 	v.mu.Unlock()
+	if revoked != nil {
+		c.cl.ResumeFetchPartitions(revoked)
+	}
 	if len(due) == 0 {
 		v.gen = gen
 		return c.dropRefused(fetches, nil)
