@@ -68,6 +68,11 @@ func (p *Processor[TTx]) runCall(ctx context.Context, msgs []Message, inOrder bo
 	for i, m := range msgs {
 		items[i] = &slab[i]
 		p.prepareInto(items[i], m)
+		if !inOrder {
+			// Out of order, a message after a Retry may settle: a position
+			// past it would vouch for a message not applied.
+			items[i].msg.Next = 0
+		}
 		if spans != nil {
 			items[i].ctx = spans[i]
 		}
@@ -77,6 +82,9 @@ func (p *Processor[TTx]) runCall(ctx context.Context, msgs []Message, inOrder bo
 	}
 	if stop := p.runBatch(ctx, valid, inOrder); stop != nil {
 		skipAfter(items, stop, inOrder)
+	}
+	if inOrder {
+		p.recordTail(ctx, items)
 	}
 	elapsed := time.Since(start)
 	results := make([]Result, len(items))
@@ -158,6 +166,68 @@ func (p *Processor[TTx]) oneByOne(ctx context.Context, valid []*item, inOrder bo
 		}
 	}
 	return nil
+}
+
+// recordTail records, in a transaction of its own, the position of a
+// source whose last settled messages of the batch were settled without a
+// transaction that recorded it (bad input, expired, dead-lettered after
+// their handler failed): without it the database's position would stay
+// behind the broker's, and a consumer comparing the two would consume
+// those messages again (and dead-letter them twice). Every message before
+// such a position is settled (see recordPositions), and a failure here is
+// logged only: the position lags, which costs a rewind over settled
+// messages, never a loss.
+func (p *Processor[TTx]) recordTail(ctx context.Context, items []*item) {
+	var tail, recorded map[string]int64
+	for _, it := range items {
+		if it.skipped || it.msg.Next <= 0 {
+			continue
+		}
+		switch it.res.Outcome {
+		case Applied, Duplicate:
+			if recorded == nil {
+				recorded = map[string]int64{}
+			}
+			recorded[it.msg.Source] = max(recorded[it.msg.Source], it.msg.Next)
+		case DeadLettered, Expired:
+			if tail == nil {
+				tail = map[string]int64{}
+			}
+			tail[it.msg.Source] = max(tail[it.msg.Source], it.msg.Next)
+		}
+	}
+	var ps []idemstore.Position
+	for src, next := range tail {
+		if next > recorded[src] {
+			ps = append(ps, idemstore.Position{Source: src, Next: next})
+		}
+	}
+	if len(ps) == 0 {
+		return
+	}
+	if err := p.writePositions(ctx, ps); err != nil {
+		p.cfg.Logger.Warn("recording the position after dead-lettered messages failed; the position lags, and a consumer comparing it with the broker's may consume them again",
+			"consumer", p.cfg.Consumer, "error", err)
+	}
+}
+
+// writePositions records ps in a transaction of their own.
+func (p *Processor[TTx]) writePositions(ctx context.Context, ps []idemstore.Position) error {
+	ctx = context.WithoutCancel(ctx)
+	if p.cfg.CommitTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, p.cfg.CommitTimeout)
+		defer cancel()
+	}
+	tx, err := p.store.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	if err := p.store.RecordPositions(ctx, tx, p.cfg.Consumer, ps); err != nil {
+		_ = p.store.Rollback(ctx, tx)
+		return err
+	}
+	return p.store.Commit(ctx, tx)
 }
 
 // skipAfter marks the messages after stop as not attempted. In order, bad

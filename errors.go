@@ -114,6 +114,8 @@ const (
 	stepLookup = "looking up duplicate markers"
 	stepCommit = "committing"
 	stepExtend = "extending markers"
+	// stepPositions records the positions of log-broker sources.
+	stepPositions = "recording positions"
 	// stepSettings reads the inbox's stored settings.
 	stepSettings = "reading inbox settings"
 )

@@ -48,6 +48,14 @@ type Message struct {
 	// dead-letters the message as bad input, with an error wrapping
 	// [ErrBadTime] and TimeErr, the same on every broker.
 	TimeErr error
+	// Next is the position in Source just past this message (a Kafka
+	// record's offset plus one), set by an adapter of a log broker that
+	// records positions (docs/design.md 17); 0 records none. Process and
+	// ProcessBatchInOrder record, in the transaction that settles a
+	// message, the highest Next of each Source in it (idemstore.Position);
+	// ProcessBatch, whose messages may settle out of order, and ProcessTx
+	// record none.
+	Next int64
 }
 
 // TimeSource is where a message's event time came from, most stable first.

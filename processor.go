@@ -545,7 +545,11 @@ func (p *Processor[TTx]) runTx(ctx context.Context, items []*item) error {
 	if err := p.fault(ctx, AfterHandler, items); err != nil {
 		return err
 	}
-	if len(fresh) == 0 && !extended && !p.needsCommit(tx) {
+	recorded, err := p.recordPositions(ctx, tx, items)
+	if err != nil {
+		return err
+	}
+	if len(fresh) == 0 && !extended && !recorded && !p.needsCommit(tx) {
 		return nil // all duplicates: nothing to commit, the deferred rollback ends it
 	}
 	// A consumer shutting down mid-commit is better served by a commit that
@@ -573,6 +577,71 @@ func (p *Processor[TTx]) runTx(ctx context.Context, items []*item) error {
 		return &afterCommitError{err}
 	}
 	return nil
+}
+
+// recordPositions records, in tx, the highest Message.Next of each source
+// among items, and reports whether it wrote any: the transaction must then
+// commit even when every message in it was a duplicate.
+//
+// The position vouches that every message of its source before it is
+// settled (applied, a duplicate, or dead-lettered and left to the
+// adapter, which acknowledges nothing past a dead letter before it is
+// durable), and that this database holds what was applied. That holds
+// because a position is written only in the transaction that settles its
+// messages, and only in order:
+//   - a transaction of several messages (a batch's shared try) commits
+//     only when every one of them is Applied or a Duplicate; when anything
+//     fails it rolls back, its position with it, and the batch falls back
+//     to one message at a time;
+//   - one message at a time, each transaction writes its own message's
+//     position only; ProcessBatchInOrder stops the walk at the first
+//     Retry, so no transaction after it runs, and no position past it is
+//     written; the messages dead-lettered before it without a transaction
+//     write none (the next settled message's position covers them);
+//   - a message refused as a late duplicate after its claim (Expired)
+//     writes none: its transaction must roll back;
+//   - ProcessBatch clears Next (out of order a message after a Retry may
+//     settle), and ProcessTx ignores it.
+//
+// A position may therefore lag what is settled, never lead it.
+func (p *Processor[TTx]) recordPositions(ctx context.Context, tx TTx, items []*item) (bool, error) {
+	var ps []idemstore.Position
+	for _, it := range items {
+		if it.msg.Next <= 0 {
+			continue
+		}
+		if it.res.Outcome != 0 && it.res.Outcome != Duplicate {
+			return false, nil // refused after its claim: nothing may commit
+		}
+		i := slices.IndexFunc(ps, func(q idemstore.Position) bool { return q.Source == it.msg.Source })
+		switch {
+		case i < 0:
+			ps = append(ps, idemstore.Position{Source: it.msg.Source, Next: it.msg.Next})
+		case it.msg.Next > ps[i].Next:
+			ps[i].Next = it.msg.Next
+		}
+	}
+	if len(ps) == 0 {
+		return false, nil
+	}
+	if err := p.store.RecordPositions(ctx, tx, p.cfg.Consumer, ps); err != nil {
+		return false, wrapStep(stepPositions, err)
+	}
+	return true, nil
+}
+
+// Positions returns the positions the consumer's transactions recorded
+// (see [Message.Next]), one per source: how far the database can vouch
+// that each source was settled.
+func (p *Processor[TTx]) Positions(ctx context.Context) ([]idemstore.Position, error) {
+	return p.store.Positions(ctx, p.cfg.Consumer)
+}
+
+// ForgetPositions deletes the consumer's recorded positions and returns
+// how many it deleted: after a database deliberately reset, an adapter
+// then trusts the broker's committed positions as they are.
+func (p *Processor[TTx]) ForgetPositions(ctx context.Context) (int64, error) {
+	return p.store.ForgetPositions(ctx, p.cfg.Consumer)
 }
 
 // claimAndExtend inserts the markers of items' distinct keys in sorted key

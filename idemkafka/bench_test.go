@@ -347,3 +347,81 @@ ON CONFLICT DO NOTHING RETURNING message_id`, sorted)
 		done += len(recs)
 	}
 }
+
+// BenchmarkPositions is BenchmarkPipeline's claim pipeline with and without
+// Config.Positions (PositionsRewind: one upsert of the partition's position
+// per batch, in the batch's transaction), in alternating order in the same
+// run, and reports each one's msgs/s and their ratio:
+//
+//	IDEM_BENCH_RECORDS=100000 go test -run '^$' -bench Positions -benchtime 1x ./idemkafka/
+func BenchmarkPositions(b *testing.B) {
+	n, rounds := envInt(b, "IDEM_BENCH_RECORDS", 20000), envInt(b, "IDEM_BENCH_ROUNDS", 3)
+	const parts = 6
+	k := newKafka(b)
+	topic := k.topic(b, "benchpos", parts)
+	produce(b, k.client(b), topic, parts, 0, n, msgID)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	type pipeline struct {
+		name  string
+		mode  idemkafka.Positions
+		db    *db
+		proc  *idem.Processor[pgx.Tx]
+		rates []float64
+	}
+	var pipes []*pipeline
+	for _, mode := range []idemkafka.Positions{idemkafka.PositionsOff, idemkafka.PositionsRewind} {
+		p := &pipeline{name: mode.String(), mode: mode, db: newDB(b)}
+		p.proc = p.db.processor(b, nil, nil, func(c *idem.Config[pgx.Tx]) {
+			c.Logger = quiet
+			c.Handler, c.HandleBatch = nil, writeBatch
+		})
+		pipes = append(pipes, p)
+	}
+	pass := 0
+	consume := func(p *pipeline) float64 {
+		pass++
+		obs := newCommits(b, ends(n, parts))
+		var start atomic.Pointer[time.Time]
+		assigned := kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) {
+			now := time.Now()
+			start.CompareAndSwap(nil, &now)
+		})
+		cl := k.groupClient(b, k.group("benchpos"+strconv.Itoa(pass)), []string{topic}, assigned)
+		c, err := idemkafka.NewConsumer(cl, p.proc, &idemkafka.Config{Hooks: []idem.Hook{obs}, Logger: quiet, Positions: p.mode})
+		if err != nil {
+			b.Fatal(err)
+		}
+		stop := run(b, c)
+		wait(b, obs.done, 10*time.Minute, "every partition committed")
+		elapsed := time.Since(*start.Load())
+		if err := stop(); err != nil {
+			b.Fatal(err)
+		}
+		cl.Close()
+		if rows, distinct := p.db.effects(b); rows != n || distinct != n {
+			b.Fatalf("%s: effects: %d rows, %d distinct; want %d", p.name, rows, distinct, n)
+		}
+		if _, err := p.db.pool.Exec(context.Background(), `TRUNCATE effects, idem_inbox, idem_inbox_positions`); err != nil {
+			b.Fatal(err)
+		}
+		return float64(n) / elapsed.Seconds()
+	}
+	b.ResetTimer()
+	for range b.N {
+		for r := range rounds {
+			order := []*pipeline{pipes[0], pipes[1]}
+			if r%2 == 1 {
+				order[0], order[1] = order[1], order[0]
+			}
+			for _, p := range order {
+				p.rates = append(p.rates, consume(p))
+			}
+		}
+	}
+	off, on := median(pipes[0].rates), median(pipes[1].rates)
+	b.ReportMetric(off, "off-msgs/s")
+	b.ReportMetric(on, "positions-msgs/s")
+	b.ReportMetric(on/off, "positions-x_off")
+	b.ReportMetric(0, "ns/op")
+	b.Logf("%d records over %d partitions, %d rounds: off %s msgs/s, positions %s msgs/s", n, parts, len(pipes[0].rates), rates(pipes[0].rates), rates(pipes[1].rates))
+}

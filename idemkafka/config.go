@@ -106,6 +106,13 @@ type Config struct {
 	// interfaces. [Consumer.Stats] counts the same events.
 	// Optional.
 	Hooks []idem.Hook
+	// Positions records, per partition, how far the database has applied
+	// it, in the transaction of the claims, and says what to do when the
+	// database is behind the broker at a partition's assignment (a
+	// failover to a replica that lagged, a backup restored): rewind to the
+	// database's position (PositionsRewind) or refuse the partition
+	// (PositionsRefuse). Defaults to PositionsOff. See [Positions].
+	Positions Positions
 	// Faults injects crashes between the database commit and the offset
 	// commit, for tests and drills. Optional; see [FaultFunc].
 	Faults FaultFunc
@@ -153,6 +160,9 @@ func (c *Config) validate(rebalance time.Duration) error {
 	}
 	if c.MaxPollRecords < 1 || c.MaxBatch < 1 {
 		errs = append(errs, fmt.Errorf("max poll records %d and max batch %d must be positive", c.MaxPollRecords, c.MaxBatch))
+	}
+	if c.Positions < PositionsOff || c.Positions > PositionsRefuse {
+		errs = append(errs, fmt.Errorf("unknown positions setting %d", int(c.Positions)))
 	}
 	if c.CommitTimeout <= 0 || c.RebalanceGrace <= 0 {
 		errs = append(errs, fmt.Errorf("commit timeout %v and rebalance grace %v must be positive", c.CommitTimeout, c.RebalanceGrace))

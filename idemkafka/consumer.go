@@ -40,6 +40,9 @@ type Consumer[TTx any] struct {
 	lag     lagTracker
 	marks   commitMarks
 	pending pendingCommits
+	// vouching compares the database's positions with the broker's
+	// (Config.Positions).
+	vouching vouching
 	// pollFailed is set after a poll that brought only errors, and
 	// cleared by one the broker served.
 	pollFailed atomic.Bool
@@ -86,6 +89,8 @@ func NewConsumer[TTx any](cl *kgo.Client, proc *idem.Processor[TTx], cfg *Config
 		crashed: make(chan struct{}),
 		health:  kit.Health(),
 	}
+	cons.vouching.checked = map[tp]int32{}
+	cons.vouching.refused = map[tp]refusal{}
 	cons.dlTopics = deadLetterTopics{cl: dlq, name: c.DeadLetterTopic, create: c.CreateDeadLetterTopics, known: map[string]bool{}}
 	cons.settler = settler{
 		deadLetter: cons.deadLetter,
@@ -205,6 +210,9 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 		rebalance := sig.arm()
 		fetches := c.poll(ctx)
 		closed := fetches.IsClientClosed()
+		if c.cfg.Positions != PositionsOff && !closed && ctx.Err() == nil {
+			fetches = c.vouch(ctx, fetches)
+		}
 		rd := newRound(ctx, c.cl, c.runPartition, c.cfg.MaxPollRecords, c.cfg.RebalanceGrace, rebalance, c.cfg.Logger, &c.stats)
 		rd.observe = c.observePoll
 		rd.run(fetches)
@@ -245,6 +253,15 @@ func (c *Consumer[TTx]) Run(ctx context.Context) error {
 // The client holds rebalances after such a poll as after any other.
 func (c *Consumer[TTx]) poll(ctx context.Context) kgo.Fetches {
 	due, ok := c.pending.due()
+	if c.cfg.Positions != PositionsOff {
+		// A partition assigned is compared with the database's position
+		// even when it brings no record (a consumer at the end of a log
+		// whose database lost its last effects), and a refused one is
+		// checked again: the poll ends in time for it, records or not.
+		if wake := c.vouching.wake(c.cl, c.cfg.Backoff); !ok || wake.Before(due) {
+			due, ok = wake, true
+		}
+	}
 	if !ok {
 		return c.cl.PollRecords(ctx, c.cfg.MaxPollRecords)
 	}
@@ -291,6 +308,16 @@ func (c *Consumer[TTx]) start(ctx context.Context) error {
 			"consumer", c.proc.Consumer(), "error", err)
 	default:
 		return fmt.Errorf("idemkafka: not starting: %w", err)
+	}
+	if c.cfg.Positions != PositionsOff && err == nil {
+		// The database answered: a table it cannot read positions from
+		// was migrated by an older build.
+		pctx, cancel := context.WithTimeout(ctx, c.cfg.CommitTimeout)
+		_, perr := c.proc.Positions(pctx)
+		cancel()
+		if perr != nil && ctx.Err() == nil {
+			return fmt.Errorf("idemkafka: not starting: %w: Config.Positions is %s, and the database's positions cannot be read (run `idem migrate` to create the positions table): %w", ErrConfig, c.cfg.Positions, perr)
+		}
 	}
 	topics, _ := c.cl.OptValue(kgo.ConsumeTopics).([]string)
 	if regex, _ := c.cl.OptValue(kgo.ConsumeRegex).(bool); regex {

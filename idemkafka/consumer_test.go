@@ -139,6 +139,17 @@ func TestCrashAfterDatabaseCommitBeforeOffsetCommit(t *testing.T) {
 // report their commits and as the broker reports them.
 func TestRebalanceStorm(t *testing.T) {
 	t.Parallel()
+	rebalanceStorm(t, idemkafka.PositionsOff)
+}
+
+// The storm with positions recorded: the same, and every partition's
+// recorded position reaches its end.
+func TestRebalanceStormWithPositions(t *testing.T) {
+	t.Parallel()
+	rebalanceStorm(t, idemkafka.PositionsRewind)
+}
+
+func rebalanceStorm(t *testing.T, positions idemkafka.Positions) {
 	n := 20000
 	if testing.Short() {
 		n = 4000
@@ -152,7 +163,7 @@ func TestRebalanceStorm(t *testing.T) {
 	out := newOutcomes()
 	proc := d.processor(t, out, nil)
 	member := func(h idem.Hook, opts ...kgo.Opt) *idemkafka.Consumer[pgx.Tx] {
-		c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}, opts...), proc, &idemkafka.Config{MaxBatch: 200, Hooks: []idem.Hook{h}})
+		c, err := idemkafka.NewConsumer(k.groupClient(t, group, []string{topic}, opts...), proc, &idemkafka.Config{MaxBatch: 200, Hooks: []idem.Hook{h}, Positions: positions})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -237,6 +248,14 @@ func TestRebalanceStorm(t *testing.T) {
 		total += len(l)
 	}
 	t.Logf("storm: %d records, %d applied, %d duplicates, %d offset commits", n, out.get(idem.Applied), out.get(idem.Duplicate), total)
+	if positions != idemkafka.PositionsOff {
+		got := d.positions(t, proc, topic)
+		for p, end := range ends(n, parts) {
+			if got[p] != end {
+				t.Errorf("recorded position of partition %d = %d, want its end %d", p, got[p], end)
+			}
+		}
+	}
 }
 
 // Resetting the group to the earliest offsets replays everything: the inbox

@@ -31,6 +31,12 @@ func (c *Consumer[TTx]) Health() idembroker.Health {
 		h.ConnectedSince = time.Time{}
 	}
 	h.Lag, h.TotalLag = c.lag.lags(c.cl.CommittedOffsets())
+	if why, since, refused := c.vouching.reason(); refused && h.Running {
+		h.Holding, h.HoldReason = true, why
+		if h.HoldingSince.IsZero() || since.Before(h.HoldingSince) {
+			h.HoldingSince = since
+		}
+	}
 	return h
 }
 

@@ -43,6 +43,9 @@ func (c *Consumer[TTx]) message(r *kgo.Record, attempt int) (m idem.Message, noI
 			m.Headers[h.Key] = string(h.Value)
 		}
 	}
+	if c.cfg.Positions != PositionsOff {
+		m.Next = r.Offset + 1
+	}
 	m.ID, noID = c.id(r)
 	if noID == nil && m.ID == "" {
 		noID = fmt.Errorf("%w: record has no %s header", idem.ErrNoMessageID, c.cfg.IDHeader)

@@ -36,12 +36,17 @@ type Stats struct {
 	// GivenUp counts records given up at a rebalance or a shutdown, to be
 	// run again by whoever owns their partition next.
 	GivenUp uint64
+	// Rewinds counts partitions consumed again from the database's
+	// position because it was behind the broker's committed offset
+	// (Config.Positions); Rewound counts the records between the two.
+	// Refusals counts partitions refused for the same reason.
+	Rewinds, Rewound, Refusals uint64
 }
 
 type counters struct {
 	delivered, applied, duplicates, retried, held, deadLettered atomic.Uint64
 	commits, commitErrors, commitRetries, rebalances, givenUp   atomic.Uint64
-	dataLosses                                                  atomic.Uint64
+	dataLosses, rewinds, rewound, refusals                      atomic.Uint64
 }
 
 // Stats returns the consumer's counters.
@@ -57,6 +62,9 @@ func (c *Consumer[TTx]) Stats() Stats {
 		Commits:       s.commits.Load(),
 		CommitErrors:  s.commitErrors.Load(),
 		CommitRetries: s.commitRetries.Load(),
+		Rewinds:       s.rewinds.Load(),
+		Rewound:       s.rewound.Load(),
+		Refusals:      s.refusals.Load(),
 		DataLosses:    s.dataLosses.Load(),
 		Rebalances:    s.rebalances.Load(),
 		GivenUp:       s.givenUp.Load(),

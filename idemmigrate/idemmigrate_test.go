@@ -48,12 +48,12 @@ type engine struct {
 
 // tables are the tables every component's migration creates, per engine.
 var tables = map[idemmigrate.Engine][]string{
-	idemmigrate.Postgres: {"idem_inbox", "idem_migrations", "idem_inbox_settings", "idem_inbox_horizons", "idem_inbox_pruned",
+	idemmigrate.Postgres: {"idem_inbox", "idem_migrations", "idem_inbox_settings", "idem_inbox_horizons", "idem_inbox_pruned", "idem_inbox_positions",
 		"idem_outbox", "idem_outbox_leases", "idem_outbox_relays", "idem_outbox_meta",
 		"idem_idempotency_keys", "idem_inbox_retired", "idem_dlq_actions"},
-	idemmigrate.SQLite: {"idem_inbox", "idem_migrations", "idem_inbox_settings", "idem_inbox_horizons", "idem_inbox_pruned",
+	idemmigrate.SQLite: {"idem_inbox", "idem_migrations", "idem_inbox_settings", "idem_inbox_horizons", "idem_inbox_pruned", "idem_inbox_positions",
 		"idem_outbox", "idem_outbox_leases", "idem_outbox_relays", "idem_outbox_meta"},
-	idemmigrate.MySQL: {"idem_inbox", "idem_migrations", "idem_inbox_settings", "idem_inbox_horizons", "idem_inbox_pruned"},
+	idemmigrate.MySQL: {"idem_inbox", "idem_migrations", "idem_inbox_settings", "idem_inbox_horizons", "idem_inbox_pruned", "idem_inbox_positions"},
 }
 
 func postgres(t *testing.T) engine {

@@ -107,7 +107,7 @@ type Config struct {
 
 	// Hooks are hooks of this consumer alone, called after the
 	// processor's: idembroker.SettleHook, idembroker.DeadLetterHook, and this
-	// package's [AckHook], [ClaimHook] and [DeadLetterEntryHook].
+	// package's [AckHook] and [ClaimHook].
 	Hooks []idem.Hook
 	// Faults injects crashes between the database commit and the XACK,
 	// for tests and drills. Optional.

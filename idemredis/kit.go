@@ -68,12 +68,6 @@ type ClaimHook interface {
 	OnClaim(stream string, ids, deleted []string)
 }
 
-// DeadLetterEntryHook follows the copy of an entry to its dead-letter
-// stream; err is nil when the copy and the XACK were applied together.
-type DeadLetterEntryHook interface {
-	OnDeadLetterEntry(e Entry, res idem.Result, err error)
-}
-
 // acked tells the [AckHook]s about one XACK.
 func (c *Consumer[TTx]) acked(stream string, ids []string, err error) {
 	idem.Each(c.set.Hooks(), func(h AckHook) { h.OnAck(stream, ids, err) })
@@ -85,10 +79,9 @@ func (c *Consumer[TTx]) claimed(stream string, ids, deleted []string) {
 	idem.Each(c.set.Hooks(), func(h ClaimHook) { h.OnClaim(stream, ids, deleted) })
 }
 
-// deadLettered tells the [DeadLetterEntryHook]s and the settler
-// (idembroker.DeadLetterHook) that a dead letter was written to dlq, or
-// failed to be (err).
-func (c *Consumer[TTx]) deadLettered(e Entry, dlq string, res idem.Result, err error) {
-	idem.Each(c.set.Hooks(), func(h DeadLetterEntryHook) { h.OnDeadLetterEntry(e, res, err) })
+// deadLettered tells the settler (idembroker.DeadLetterHook) that a dead
+// letter was written to dlq, or failed to be (err): the copy and the XACK
+// were applied together, or neither was.
+func (c *Consumer[TTx]) deadLettered(_ Entry, dlq string, res idem.Result, err error) {
 	c.set.DeadLetter(dlq, res, err)
 }

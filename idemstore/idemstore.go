@@ -154,6 +154,36 @@ type Store[TTx any] interface {
 	Paused(ctx context.Context, consumer string) (Pause, error)
 	// PausedIn is Paused read in tx, a transaction the caller holds.
 	PausedIn(ctx context.Context, tx TTx, consumer string) (Pause, error)
+
+	// RecordPositions records, in tx, how far consumer has settled each
+	// source of ps (docs/design.md 17): an upsert of one small row per
+	// source, committed or rolled back with the claims and effects of the
+	// same transaction, so that the database never vouches for a position
+	// whose records it does not hold. The processor calls it before COMMIT
+	// for a batch whose messages carry positions (idem.Message.Next).
+	RecordPositions(ctx context.Context, tx TTx, consumer string, ps []Position) error
+	// Positions returns the positions recorded for consumer, one per
+	// source, in source order. None when nothing is recorded (positions
+	// never recorded, or forgotten).
+	Positions(ctx context.Context, consumer string) ([]Position, error)
+	// ForgetPositions deletes the positions recorded for consumer and
+	// returns how many it deleted: after a database deliberately reset,
+	// the broker's committed positions are then trusted as they are.
+	ForgetPositions(ctx context.Context, consumer string) (int64, error)
+}
+
+// Position is how far a consumer has settled one source (a Kafka
+// partition, as "topic/partition"): every record before Next was
+// applied, was a duplicate or was dead-lettered, and the database that
+// holds the position holds the effects and markers of those applied.
+type Position struct {
+	Source string
+	// Next is the source's position just past the last settled record
+	// (a Kafka offset plus one).
+	Next int64
+	// Updated is when the position was last recorded (zero when the store
+	// does not say).
+	Updated time.Time
 }
 
 // ErrCommitUnknown is wrapped by a store's Commit error when the

@@ -25,8 +25,9 @@ type SnapshotOptions struct {
 	Tables []string
 	// Exclude names tables to leave out. The inbox ("idem_inbox") and its
 	// bookkeeping tables ("idem_migrations", "idem_inbox_settings",
-	// "idem_inbox_horizons", "idem_inbox_pruned") are always left out unless named
-	// in Tables: a marker is written by every first delivery, so counting it
+	// "idem_inbox_horizons", "idem_inbox_pruned", "idem_inbox_positions",
+	// "idem_consumer_pauses", "idem_consumer_pause_log") are always left out
+	// unless named in Tables: a marker is written by every first delivery, so counting it
 	// would make a consumer that does nothing look effective. Name a custom
 	// inbox table here.
 	Exclude []string
@@ -37,7 +38,8 @@ type SnapshotOptions struct {
 }
 
 // inboxTables are left out of every snapshot unless asked for by name.
-var inboxTables = []string{"idem_inbox", "idem_migrations", "idem_inbox_settings", "idem_inbox_horizons", "idem_inbox_pruned"}
+var inboxTables = []string{"idem_inbox", "idem_migrations", "idem_inbox_settings", "idem_inbox_horizons", "idem_inbox_pruned", "idem_inbox_positions",
+	"idem_consumer_pauses", "idem_consumer_pause_log"}
 
 // PgxQuerier is what the PostgreSQL snapshotter reads through: a
 // *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.

@@ -513,3 +513,21 @@ func (s *Store) PrunedSummaries(ctx context.Context, consumer string) ([]idemsto
 func (s *Store) PrunedSummariesIn(ctx context.Context, tx pgx.Tx, consumer string) ([]idemstore.PrunedSummary, error) {
 	return s.inbox.PrunedSummariesIn(ctx, inboxdb.PgxTxConn(tx), consumer)
 }
+
+// RecordPositions records consumer's position in each source of ps, in tx
+// ([idemstore.Store.RecordPositions]).
+func (s *Store) RecordPositions(ctx context.Context, tx pgx.Tx, consumer string, ps []idemstore.Position) error {
+	return s.inbox.RecordPositions(ctx, inboxdb.PgxTxConn(tx), consumer, ps)
+}
+
+// Positions returns the positions recorded for consumer, by source
+// ([idemstore.Store.Positions]).
+func (s *Store) Positions(ctx context.Context, consumer string) ([]idemstore.Position, error) {
+	return s.inbox.Positions(ctx, consumer)
+}
+
+// ForgetPositions deletes the positions recorded for consumer
+// ([idemstore.Store.ForgetPositions]).
+func (s *Store) ForgetPositions(ctx context.Context, consumer string) (int64, error) {
+	return s.inbox.ForgetPositions(ctx, consumer)
+}

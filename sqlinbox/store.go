@@ -461,3 +461,21 @@ func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
 // NeedsCommit is false: a claim leaves nothing in a transaction that only
 // its COMMIT completes ([idemstore.Store.NeedsCommit]).
 func (*Store) NeedsCommit(*sql.Tx) bool { return false }
+
+// RecordPositions records consumer's position in each source of ps, in tx
+// ([idemstore.Store.RecordPositions]).
+func (s *Store) RecordPositions(ctx context.Context, tx *sql.Tx, consumer string, ps []idemstore.Position) error {
+	return s.inbox.RecordPositions(ctx, inboxdb.SQLTxConn(tx), consumer, ps)
+}
+
+// Positions returns the positions recorded for consumer, by source
+// ([idemstore.Store.Positions]).
+func (s *Store) Positions(ctx context.Context, consumer string) ([]idemstore.Position, error) {
+	return s.inbox.Positions(ctx, consumer)
+}
+
+// ForgetPositions deletes the positions recorded for consumer
+// ([idemstore.Store.ForgetPositions]).
+func (s *Store) ForgetPositions(ctx context.Context, consumer string) (int64, error) {
+	return s.inbox.ForgetPositions(ctx, consumer)
+}

@@ -55,6 +55,8 @@ var inboxCommands = map[string]inboxSub{
 	"window set":        {inboxWindowSet, "change the stored window (<duration>; logged; --force under 1h or below a consumer's horizon)"},
 	"ddl":               {inboxDDL, "print the SQL migrate runs, for golang-migrate, goose, Atlas or Flyway (--format)"},
 	"check":             {inboxCheck, "verify the table, indexes, layout, stored window, schema version and partitions; each problem with its fix"},
+	"positions show":    {inboxPositionsShow, "the position a Kafka consumer recorded per partition (--consumer)"},
+	"positions forget":  {inboxPositionsForget, "delete a consumer's recorded positions, after a database reset on purpose (--consumer)"},
 }
 
 func inboxNames() []string {

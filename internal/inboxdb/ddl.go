@@ -162,25 +162,37 @@ $idem$`, key, sqlString(relkind), name, d.Layout)
 func (d *Dialect) down(key string) []Block {
 	t := d.Table
 	out := []Block{{SQL: `DROP TABLE IF EXISTS ` + t.Quoted()}}
+	if d.Name != "postgres" {
+		// The positions table came after the others: a database migrated
+		// by an older build has none. Its CREATE is the last bookkeeping
+		// statement.
+		out = append(out, Block{SQL: d.Bookkeeping[len(d.Bookkeeping)-1]},
+			Block{SQL: `DELETE FROM ` + t.Sibling(positionsTable) + ` WHERE table_name = ` + key})
+	}
 	for _, bk := range []string{prunedTable, horizonsTable, settingsTable, migrationsTable} {
 		out = append(out, Block{SQL: `DELETE FROM ` + t.Sibling(bk) + ` WHERE table_name = ` + key})
 	}
 	if d.Name == "postgres" {
-		// The pauses tables came later: an inbox made before them has
-		// none, and its consumers' pauses go with it.
+		// The pauses and positions tables came later: an inbox made
+		// before them has none, and its consumers' pauses and positions go
+		// with it.
 		out = append(out, Block{Compound: true, SQL: fmt.Sprintf(`DO $idem$
 BEGIN
     IF to_regclass(%[7]s) IS NOT NULL THEN
         DELETE FROM %[5]s WHERE table_name = %[8]s;
     END IF;
+    IF to_regclass(%[10]s) IS NOT NULL THEN
+        DELETE FROM %[9]s WHERE table_name = %[8]s;
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM %[1]s) AND NOT EXISTS (SELECT 1 FROM %[2]s)
        AND NOT EXISTS (SELECT 1 FROM %[3]s) AND NOT EXISTS (SELECT 1 FROM %[4]s) THEN
         DROP TABLE %[1]s, %[2]s, %[3]s, %[4]s;
-        DROP TABLE IF EXISTS %[5]s, %[6]s;
+        DROP TABLE IF EXISTS %[5]s, %[6]s, %[9]s;
     END IF;
 END
 $idem$`, t.Sibling(migrationsTable), t.Sibling(settingsTable), t.Sibling(horizonsTable), t.Sibling(prunedTable),
-			t.Sibling(pausesTable), t.Sibling(pauseLogTable), sqlString(t.Sibling(pausesTable)), key)})
+			t.Sibling(pausesTable), t.Sibling(pauseLogTable), sqlString(t.Sibling(pausesTable)), key,
+			t.Sibling(positionsTable), sqlString(t.Sibling(positionsTable)))})
 	}
 	return out
 }

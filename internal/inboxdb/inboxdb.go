@@ -211,6 +211,10 @@ type Dialect struct {
 	InsertPause string // $1 table, $2 consumer, $3 by, $4 why: affects no row when already paused
 	DeletePause string // $1 table, $2 consumer
 	LogPause    string // $1 table, $2 consumer, $3 action (pause, resume), $4 by, $5 why
+	// Positions of log-broker sources (docs/design.md 17).
+	RecordPosition  string // $1 table, $2 consumer, $3 source, $4 next
+	Positions       string // $1 table, $2 consumer → source, next, updated_at; by source
+	ForgetPositions string // $1 table, $2 consumer
 
 	// Pruned-key summaries (Bloom filters of the keys a prune deleted).
 	InsertSummary string // $1 table, $2 consumer, $3 pruned_at, $4 source, $5 keys, $6 filter

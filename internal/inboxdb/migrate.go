@@ -34,6 +34,10 @@ const (
 	// rows only ever inserted.
 	pausesTable   = "idem_consumer_pauses"
 	pauseLogTable = "idem_consumer_pause_log"
+	// positionsTable: how far each consumer of an inbox has settled each
+	// source of a log broker (a Kafka partition), written in the
+	// transaction of the claims it vouches for (docs/design.md 17).
+	positionsTable = "idem_inbox_positions"
 )
 
 // migrationFS holds one directory of numbered templates per dialect and

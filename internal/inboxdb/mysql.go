@@ -48,6 +48,7 @@ func MySQL(t Table) *Dialect {
 	settings, horizons, book := t.Sibling(settingsTable), t.Sibling(horizonsTable), t.Sibling(migrationsTable)
 	pruned := t.Sibling(prunedTable)
 	pauses, pauseLog := t.Sibling(pausesTable), t.Sibling(pauseLogTable)
+	positions := t.Sibling(positionsTable)
 	d := &Dialect{
 		Name:       "mysql",
 		Table:      t,
@@ -144,6 +145,14 @@ FROM ` + q
     actor      TEXT NOT NULL,
     reason     TEXT NOT NULL
 ) ENGINE=InnoDB`,
+		`CREATE TABLE IF NOT EXISTS ` + positions + ` (
+    table_name  ` + text + ` NOT NULL,
+    consumer    ` + bin + ` NOT NULL,
+    source      ` + text + ` NOT NULL,
+    next_offset BIGINT NOT NULL,
+    updated_at  DATETIME(6) NOT NULL DEFAULT (` + mysqlNow + `),
+    PRIMARY KEY (table_name, consumer, source)
+) ENGINE=InnoDB`,
 	}
 	d.PausesExist = `SELECT count(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = '` + pausesTable + `'`
 	d.ReadPause = `SELECT paused_at, paused_by, reason FROM ` + pauses + ` WHERE table_name = ? AND consumer = ?`
@@ -180,6 +189,10 @@ SET s.window_ms = a.w, s.previous_window_ms = a.p,
 	d.RecordHorizon = `INSERT INTO ` + horizons + ` (table_name, consumer, horizon_ms) VALUES (?, ?, ?)
 ON DUPLICATE KEY UPDATE horizon_ms = VALUES(horizon_ms), seen_at = ` + mysqlNow
 	d.Horizons = `SELECT consumer, horizon_ms, seen_at FROM ` + horizons + ` WHERE table_name = ? ORDER BY horizon_ms DESC, consumer`
+	d.RecordPosition = `INSERT INTO ` + positions + ` (table_name, consumer, source, next_offset) VALUES (?, ?, ?, ?)
+ON DUPLICATE KEY UPDATE next_offset = VALUES(next_offset), updated_at = ` + mysqlNow
+	d.Positions = `SELECT source, next_offset, updated_at FROM ` + positions + ` WHERE table_name = ? AND consumer = ? ORDER BY source`
+	d.ForgetPositions = `DELETE FROM ` + positions + ` WHERE table_name = ? AND consumer = ?`
 	return d
 }
 

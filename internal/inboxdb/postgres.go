@@ -15,6 +15,7 @@ func Postgres(t Table, layout idemstore.Layout) *Dialect {
 	settings, horizons, book := t.Sibling(settingsTable), t.Sibling(horizonsTable), t.Sibling(migrationsTable)
 	pruned := t.Sibling(prunedTable)
 	pauses, pauseLog := t.Sibling(pausesTable), t.Sibling(pauseLogTable)
+	positions := t.Sibling(positionsTable)
 	d := &Dialect{
 		Name:       "postgres",
 		Table:      t,
@@ -180,6 +181,14 @@ FROM ` + q
     actor      text NOT NULL,
     reason     text NOT NULL
 )`,
+		`CREATE TABLE IF NOT EXISTS ` + positions + ` (
+    table_name text   NOT NULL,
+    consumer   text   NOT NULL,
+    source     text   NOT NULL, -- a log broker's partition: topic/partition
+    next_offset bigint NOT NULL, -- the position just past the last settled record
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (table_name, consumer, source)
+)`,
 	}
 	// A role that may not read the pauses (granted only the inbox and
 	// its settings) is told apart without reading them: a failed read
@@ -214,6 +223,10 @@ WHERE table_name = $1`
 	d.RecordHorizon = `INSERT INTO ` + horizons + ` (table_name, consumer, horizon_ms) VALUES ($1, $2, $3)
 ON CONFLICT (table_name, consumer) DO UPDATE SET horizon_ms = EXCLUDED.horizon_ms, seen_at = now()`
 	d.Horizons = `SELECT consumer, horizon_ms, seen_at FROM ` + horizons + ` WHERE table_name = $1 ORDER BY horizon_ms DESC, consumer`
+	d.RecordPosition = `INSERT INTO ` + positions + ` (table_name, consumer, source, next_offset) VALUES ($1, $2, $3, $4)
+ON CONFLICT (table_name, consumer, source) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()`
+	d.Positions = `SELECT source, next_offset, updated_at FROM ` + positions + ` WHERE table_name = $1 AND consumer = $2 ORDER BY source`
+	d.ForgetPositions = `DELETE FROM ` + positions + ` WHERE table_name = $1 AND consumer = $2`
 	return d
 }
 

@@ -25,6 +25,7 @@ func SQLite(t Table) *Dialect {
 	settings, horizons, book := t.Sibling(settingsTable), t.Sibling(horizonsTable), t.Sibling(migrationsTable)
 	pauses, pauseLog := t.Sibling(pausesTable), t.Sibling(pauseLogTable)
 	pruned := t.Sibling(prunedTable)
+	positions := t.Sibling(positionsTable)
 	d := &Dialect{
 		Name:       "sqlite",
 		Table:      t,
@@ -120,6 +121,14 @@ FROM ` + q
     actor      TEXT NOT NULL,
     reason     TEXT NOT NULL
 )`,
+		`CREATE TABLE IF NOT EXISTS ` + positions + ` (
+    table_name  TEXT    NOT NULL,
+    consumer    TEXT    NOT NULL,
+    source      TEXT    NOT NULL, -- a log broker's partition: topic/partition
+    next_offset INTEGER NOT NULL, -- the position just past the last settled record
+    updated_at  TEXT    NOT NULL DEFAULT (` + sqliteNow + `),
+    PRIMARY KEY (table_name, consumer, source)
+)`,
 	}
 	d.PausesExist = `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = '` + pausesTable + `'`
 	d.ReadPause = `SELECT paused_at, paused_by, reason FROM ` + pauses + ` WHERE table_name = ?1 AND consumer = ?2`
@@ -146,6 +155,10 @@ WHERE table_name = ?1`
 	d.RecordHorizon = `INSERT INTO ` + horizons + ` (table_name, consumer, horizon_ms) VALUES (?1, ?2, ?3)
 ON CONFLICT (table_name, consumer) DO UPDATE SET horizon_ms = excluded.horizon_ms, seen_at = excluded.seen_at`
 	d.Horizons = `SELECT consumer, horizon_ms, seen_at FROM ` + horizons + ` WHERE table_name = ?1 ORDER BY horizon_ms DESC, consumer`
+	d.RecordPosition = `INSERT INTO ` + positions + ` (table_name, consumer, source, next_offset) VALUES (?1, ?2, ?3, ?4)
+ON CONFLICT (table_name, consumer, source) DO UPDATE SET next_offset = excluded.next_offset, updated_at = excluded.updated_at`
+	d.Positions = `SELECT source, next_offset, updated_at FROM ` + positions + ` WHERE table_name = ?1 AND consumer = ?2 ORDER BY source`
+	d.ForgetPositions = `DELETE FROM ` + positions + ` WHERE table_name = ?1 AND consumer = ?2`
 	return d
 }
 

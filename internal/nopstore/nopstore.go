@@ -104,3 +104,14 @@ func (Store[TTx]) Paused(context.Context, string) (idemstore.Pause, error) {
 func (Store[TTx]) PausedIn(context.Context, TTx, string) (idemstore.Pause, error) {
 	return idemstore.Pause{}, nil
 }
+
+// RecordPositions records nothing.
+func (Store[TTx]) RecordPositions(context.Context, TTx, string, []idemstore.Position) error {
+	return nil
+}
+
+// Positions reports none.
+func (Store[TTx]) Positions(context.Context, string) ([]idemstore.Position, error) { return nil, nil }
+
+// ForgetPositions deletes nothing.
+func (Store[TTx]) ForgetPositions(context.Context, string) (int64, error) { return 0, nil }
