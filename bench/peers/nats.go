@@ -141,7 +141,10 @@ func prepareStream(ctx context.Context, opts *Options, run string, w *Workload) 
 		return "", nil, err
 	}
 	defer nc.Close()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: run, Subjects: []string{run + ".msgs"}, Storage: jetstream.FileStorage}); err != nil {
+	// A day's retention: shorter than the inbox window, as idemnats
+	// requires (a replay cannot reach past the horizon).
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: run, Subjects: []string{run + ".msgs"}, Storage: jetstream.FileStorage,
+		MaxAge: 24 * time.Hour}); err != nil {
 		return "", nil, fmt.Errorf("creating stream %s: %w", run, err)
 	}
 	cleanup := func() {
