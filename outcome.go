@@ -79,7 +79,9 @@ type Result struct {
 	// probably applied a second time; an Expired one was refused for it.
 	PrunedOn time.Time
 	// Disposition is what the adapter does with the delivery, decided by
-	// [Processor.Dispose] when Process, ProcessBatch, ProcessBatchInOrder or
-	// ProcessTx returns: the adapter carries it out and decides nothing.
+	// [Processor.Dispose] when Process, ProcessBatch or ProcessBatchInOrder
+	// returns, or ProcessTx returns a nil error: the adapter carries it out
+	// and decides nothing. After a ProcessTx error it is zero: the caller
+	// rolls back and decides what becomes of the delivery.
 	Disposition Disposition
 }

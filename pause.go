@@ -76,11 +76,21 @@ func (p *Processor[TTx]) checkPause(ctx context.Context, in *TTx, now int64) err
 		// The first read blocks the others: none may claim before the
 		// consumer's pause is known. Later ones go on with the pause read
 		// last while one caller reads it again.
-		if next == 0 {
+		switch {
+		case next == 0 && in != nil && !p.pause.mu.TryLock():
+			// The caller holds a connection (its transaction): it never
+			// waits for the reader that holds the lock, which may be
+			// waiting for a connection of the pool (docs/design.md 13);
+			// it reads in its own transaction.
+			p.refreshPause(ctx, in)
+		case next == 0 && in != nil:
+			p.refreshPause(ctx, in)
+			p.pause.mu.Unlock()
+		case next == 0:
 			p.pause.mu.Lock()
 			p.refreshPause(ctx, in)
 			p.pause.mu.Unlock()
-		} else if p.pause.mu.TryLock() {
+		case p.pause.mu.TryLock():
 			p.refreshPause(ctx, in)
 			p.pause.mu.Unlock()
 		}
@@ -92,7 +102,8 @@ func (p *Processor[TTx]) checkPause(ctx context.Context, in *TTx, now int64) err
 }
 
 // refreshPause reads the pause unless another caller did meanwhile; the
-// caller holds p.pause.mu.
+// caller holds p.pause.mu, or reads in its own transaction (in) while
+// another holds it: two reads then store the same pause.
 func (p *Processor[TTx]) refreshPause(ctx context.Context, in *TTx) {
 	if time.Now().UnixNano() < p.pause.next.Load() {
 		return

@@ -185,11 +185,16 @@ func (p *Processor[TTx]) ProcessBatchInOrder(ctx context.Context, msgs []Message
 func (p *Processor[TTx]) ProcessTx(ctx context.Context, tx TTx, msg Message) (Result, error) {
 	if len(p.tracers) == 0 {
 		r, err := p.processTx(ctx, tx, msg)
-		return p.disposed(r), err
+		if err == nil {
+			r = p.disposed(r)
+		}
+		return r, err
 	}
 	ctx, end := p.startMessage(ctx, msg)
 	r, err := p.processTx(ctx, tx, msg)
-	r = p.disposed(r)
+	if err == nil {
+		r = p.disposed(r)
+	}
 	if err != nil {
 		// The caller rolls back: the message is not applied.
 		traced := r
