@@ -60,16 +60,26 @@ func (p *Processor[TTx]) readySettings(ctx context.Context, force bool, in *TTx,
 	if !force && now < p.inbox.next.Load() {
 		return nil
 	}
-	if p.inbox.next.Load() != 0 && !force {
+	locked := true
+	switch {
+	case p.inbox.next.Load() != 0 && !force:
 		// Settings were read before: one caller reads them again while
 		// the others go on with those it read last.
 		if !p.inbox.mu.TryLock() {
 			return nil
 		}
-	} else {
+	case in != nil:
+		// The caller holds a connection (its transaction): it never waits
+		// for the reader that holds the lock, which may be waiting for a
+		// connection of the pool (docs/design.md 13); it reads in its own
+		// transaction, and two reads store the same settings.
+		locked = p.inbox.mu.TryLock()
+	default:
 		p.inbox.mu.Lock()
 	}
-	defer p.inbox.mu.Unlock()
+	if locked {
+		defer p.inbox.mu.Unlock()
+	}
 	if !force && time.Now().UnixNano() < p.inbox.next.Load() {
 		return nil // another call read them meanwhile
 	}
